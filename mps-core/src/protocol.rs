@@ -1,0 +1,981 @@
+//! The wire protocol between a client and its server.
+//!
+//! A client talks to the server through two shared-memory rings: a submission ring of 64-byte
+//! [`Command`] slots that the client writes, and a completion ring of [`Completion`] slots that
+//! the server writes. A command whose payload (kernel parameters, a kernel name) does not fit in
+//! its slot continues in the following `extra_slots` slots. Bulk data (pageable copies, module
+//! images) travels through the client's staging area; host buffers from `mps_host_alloc` are
+//! shared pages that both sides map.
+//!
+//! The server answers a command with a completion only when the command asks for one
+//! ([`flags::REPLY`]) or when it fails; stream progress is published separately, in the server's
+//! status page, for commands that carry [`flags::MARK`].
+//!
+//! Every structure here is `#[repr(C)]` and [`bytemuck::Pod`], so that it can be copied out of
+//! shared memory byte for byte and then validated: [`Request::decode`] turns an untrusted command
+//! into a typed request or an error, never a panic.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::status::{Error, Result, Status};
+
+/// Bumped on every incompatible change of anything in this module or of the shared layout.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// First word of every handshake message ("MPS!" little-endian).
+pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
+
+/// Size of one submission slot: one cache line.
+pub const SLOT_BYTES: usize = 64;
+/// The most kernel-parameter bytes one launch may carry (CUDA's classic limit).
+pub const MAX_PARAM_BYTES: usize = 4096;
+/// The most bytes of a kernel name.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// The most slots one command may take, header included.
+pub const MAX_COMMAND_SLOTS: usize = 1 + MAX_PARAM_BYTES / SLOT_BYTES;
+/// Streams per client, the default stream (slot 0) included.
+pub const MAX_STREAMS: usize = 256;
+/// Events per client.
+pub const MAX_EVENTS: usize = 4096;
+/// The largest module image the server accepts.
+pub const MAX_MODULE_BYTES: u64 = 256 << 20;
+/// Bytes of message or reply data a completion carries.
+pub const COMPLETION_DATA_BYTES: usize = 200;
+/// (offset, size) pairs of parameter info one completion carries.
+pub const PARAMS_PER_REPLY: usize = COMPLETION_DATA_BYTES / 8;
+
+/// Bits of [`Command::flags`].
+pub mod flags {
+    /// Post a completion even when the command succeeds.
+    pub const REPLY: u16 = 1;
+    /// Publish this command's sequence number in its stream's progress slot once it completes.
+    pub const MARK: u16 = 2;
+    /// Every flag this version defines.
+    pub const ALL: u16 = REPLY | MARK;
+}
+
+/// One submission slot as it sits in shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Command {
+    /// An [`Opcode`] value.
+    pub opcode: u16,
+    /// [`flags`] bits.
+    pub flags: u16,
+    /// Slots of payload that follow this one.
+    pub extra_slots: u16,
+    /// Zero.
+    pub reserved: u16,
+    /// The client's sequence number for this command, echoed in its completion; strictly
+    /// increasing per client.
+    pub seq: u64,
+    /// The stream a stream-ordered command belongs to (0: the client's default stream).
+    pub stream: u64,
+    /// Opcode-specific arguments.
+    pub args: [u64; 5],
+}
+
+const _: () = assert!(size_of::<Command>() == SLOT_BYTES);
+
+/// What a command asks for.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Opcode {
+    MemAlloc = 1,
+    MemFree = 2,
+    MemGetInfo = 3,
+    HostAlloc = 4,
+    HostFree = 5,
+    CopyHtoD = 6,
+    CopyDtoH = 7,
+    CopyDtoD = 8,
+    Memset = 9,
+    ModuleData = 10,
+    ModuleUnload = 11,
+    GetFunction = 12,
+    ParamInfo = 13,
+    Launch = 14,
+    StreamCreate = 15,
+    StreamDestroy = 16,
+    Mark = 17,
+    EventCreate = 18,
+    EventDestroy = 19,
+    EventRecord = 20,
+    StreamWaitEvent = 21,
+    EventElapsed = 22,
+}
+
+impl Opcode {
+    const ALL: [Opcode; 22] = [
+        Opcode::MemAlloc,
+        Opcode::MemFree,
+        Opcode::MemGetInfo,
+        Opcode::HostAlloc,
+        Opcode::HostFree,
+        Opcode::CopyHtoD,
+        Opcode::CopyDtoH,
+        Opcode::CopyDtoD,
+        Opcode::Memset,
+        Opcode::ModuleData,
+        Opcode::ModuleUnload,
+        Opcode::GetFunction,
+        Opcode::ParamInfo,
+        Opcode::Launch,
+        Opcode::StreamCreate,
+        Opcode::StreamDestroy,
+        Opcode::Mark,
+        Opcode::EventCreate,
+        Opcode::EventDestroy,
+        Opcode::EventRecord,
+        Opcode::StreamWaitEvent,
+        Opcode::EventElapsed,
+    ];
+
+    /// The opcode with this wire value.
+    pub fn from_u16(v: u16) -> Option<Opcode> {
+        Self::ALL.iter().copied().find(|o| *o as u16 == v)
+    }
+
+    /// Whether commands of this kind run in stream order (and so may carry [`flags::MARK`]).
+    pub fn is_stream_ordered(self) -> bool {
+        matches!(
+            self,
+            Opcode::CopyHtoD
+                | Opcode::CopyDtoH
+                | Opcode::CopyDtoD
+                | Opcode::Memset
+                | Opcode::Launch
+                | Opcode::Mark
+                | Opcode::EventRecord
+                | Opcode::StreamWaitEvent
+        )
+    }
+}
+
+/// Host memory named by a copy: the client's staging area, or a buffer from `mps_host_alloc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostRef {
+    /// `offset` bytes into the staging area.
+    Staging {
+        /// Byte offset.
+        offset: u64,
+    },
+    /// `offset` bytes into a host buffer.
+    Buffer {
+        /// The host buffer's handle.
+        handle: u64,
+        /// Byte offset.
+        offset: u64,
+    },
+}
+
+impl HostRef {
+    fn encode(self) -> (u64, u64) {
+        match self {
+            HostRef::Staging { offset } => (0, offset),
+            HostRef::Buffer { handle, offset } => (handle, offset),
+        }
+    }
+
+    fn decode(handle: u64, offset: u64) -> HostRef {
+        if handle == 0 {
+            HostRef::Staging { offset }
+        } else {
+            HostRef::Buffer { handle, offset }
+        }
+    }
+}
+
+/// A launch geometry (as `dim3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Dim3 {
+    /// x extent.
+    pub x: u32,
+    /// y extent.
+    pub y: u32,
+    /// z extent.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// Product of the extents, or `None` on overflow.
+    pub fn volume(self) -> Option<u64> {
+        (self.x as u64)
+            .checked_mul(self.y as u64)?
+            .checked_mul(self.z as u64)
+    }
+}
+
+/// A decoded, statically valid command. Handles and ranges are not yet checked against the
+/// client's tables: that is the server's job.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum Request<'a> {
+    MemAlloc {
+        size: u64,
+    },
+    MemFree {
+        ptr: u64,
+    },
+    MemGetInfo,
+    HostAlloc {
+        size: u64,
+    },
+    HostFree {
+        handle: u64,
+    },
+    CopyHtoD {
+        dst: u64,
+        src: HostRef,
+        len: u64,
+    },
+    CopyDtoH {
+        dst: HostRef,
+        src: u64,
+        len: u64,
+    },
+    CopyDtoD {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    /// `count` elements of `elem_size` (1 or 4) bytes set to `value`.
+    Memset {
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+    },
+    /// `len` bytes of module image in the staging area at `staging_offset`; `last` loads the
+    /// image gathered so far and replies with the module handle.
+    ModuleData {
+        staging_offset: u64,
+        len: u64,
+        last: bool,
+    },
+    ModuleUnload {
+        module: u64,
+    },
+    GetFunction {
+        module: u64,
+        name: &'a [u8],
+    },
+    /// Parameter layout of `function`, starting at parameter `first`.
+    ParamInfo {
+        function: u64,
+        first: u32,
+    },
+    Launch {
+        function: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        params: &'a [u8],
+    },
+    StreamCreate {
+        priority: i32,
+    },
+    StreamDestroy {
+        stream: u64,
+    },
+    /// Nothing to do but publish progress (used to synchronise a stream).
+    Mark,
+    EventCreate,
+    EventDestroy {
+        event: u64,
+    },
+    /// Record `event` in the command's stream; `generation` is the client's count of records of
+    /// this event, published in the event's progress slot once the record is reached.
+    EventRecord {
+        event: u64,
+        generation: u64,
+    },
+    StreamWaitEvent {
+        event: u64,
+    },
+    EventElapsed {
+        start: u64,
+        end: u64,
+    },
+}
+
+impl Request<'_> {
+    /// The opcode of this request.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::MemAlloc { .. } => Opcode::MemAlloc,
+            Request::MemFree { .. } => Opcode::MemFree,
+            Request::MemGetInfo => Opcode::MemGetInfo,
+            Request::HostAlloc { .. } => Opcode::HostAlloc,
+            Request::HostFree { .. } => Opcode::HostFree,
+            Request::CopyHtoD { .. } => Opcode::CopyHtoD,
+            Request::CopyDtoH { .. } => Opcode::CopyDtoH,
+            Request::CopyDtoD { .. } => Opcode::CopyDtoD,
+            Request::Memset { .. } => Opcode::Memset,
+            Request::ModuleData { .. } => Opcode::ModuleData,
+            Request::ModuleUnload { .. } => Opcode::ModuleUnload,
+            Request::GetFunction { .. } => Opcode::GetFunction,
+            Request::ParamInfo { .. } => Opcode::ParamInfo,
+            Request::Launch { .. } => Opcode::Launch,
+            Request::StreamCreate { .. } => Opcode::StreamCreate,
+            Request::StreamDestroy { .. } => Opcode::StreamDestroy,
+            Request::Mark => Opcode::Mark,
+            Request::EventCreate => Opcode::EventCreate,
+            Request::EventDestroy { .. } => Opcode::EventDestroy,
+            Request::EventRecord { .. } => Opcode::EventRecord,
+            Request::StreamWaitEvent { .. } => Opcode::StreamWaitEvent,
+            Request::EventElapsed { .. } => Opcode::EventElapsed,
+        }
+    }
+
+    /// The header slot and the payload bytes (to be written into the following slots) of this
+    /// request.
+    pub fn encode(&self, seq: u64, stream: u64, flags: u16) -> (Command, &[u8]) {
+        let mut args = [0u64; 5];
+        let mut payload: &[u8] = &[];
+        match *self {
+            Request::MemAlloc { size } | Request::HostAlloc { size } => args[0] = size,
+            Request::MemFree { ptr } => args[0] = ptr,
+            Request::HostFree { handle } => args[0] = handle,
+            Request::MemGetInfo | Request::Mark | Request::EventCreate => {}
+            Request::CopyHtoD { dst, src, len } => {
+                let (h, o) = src.encode();
+                args = [dst, h, o, len, 0];
+            }
+            Request::CopyDtoH { dst, src, len } => {
+                let (h, o) = dst.encode();
+                args = [h, o, src, len, 0];
+            }
+            Request::CopyDtoD { dst, src, len } => args = [dst, src, len, 0, 0],
+            Request::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => args = [dst, value as u64, elem_size as u64, count, 0],
+            Request::ModuleData {
+                staging_offset,
+                len,
+                last,
+            } => args = [staging_offset, len, last as u64, 0, 0],
+            Request::ModuleUnload { module } => args[0] = module,
+            Request::GetFunction { module, name } => {
+                args = [module, name.len() as u64, 0, 0, 0];
+                payload = name;
+            }
+            Request::ParamInfo { function, first } => args = [function, first as u64, 0, 0, 0],
+            Request::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => {
+                args = [
+                    function,
+                    pack(grid.x, grid.y),
+                    pack(grid.z, block.x),
+                    pack(block.y, block.z),
+                    pack(shared_mem, params.len() as u32),
+                ];
+                payload = params;
+            }
+            Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
+            Request::StreamDestroy { stream } => args[0] = stream,
+            Request::EventDestroy { event } | Request::StreamWaitEvent { event } => args[0] = event,
+            Request::EventRecord { event, generation } => args = [event, generation, 0, 0, 0],
+            Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
+        }
+        let cmd = Command {
+            opcode: self.opcode() as u16,
+            flags,
+            extra_slots: payload.len().div_ceil(SLOT_BYTES) as u16,
+            reserved: 0,
+            seq,
+            stream,
+            args,
+        };
+        (cmd, payload)
+    }
+
+    /// Decodes a command copied out of shared memory. `payload` holds the bytes of its
+    /// `extra_slots` continuation slots. Anything a well-behaved client never sends is an error.
+    pub fn decode<'a>(cmd: &Command, payload: &'a [u8]) -> Result<Request<'a>> {
+        let op = Opcode::from_u16(cmd.opcode).ok_or_else(|| {
+            Error::invalid_value(format!(
+                "command {} has unknown opcode {}",
+                cmd.seq, cmd.opcode
+            ))
+        })?;
+        if cmd.flags & !flags::ALL != 0 || cmd.reserved != 0 {
+            return Err(Error::invalid_value(format!(
+                "command {} ({op:?}) has undefined flag or reserved bits set",
+                cmd.seq
+            )));
+        }
+        if cmd.flags & flags::MARK != 0 && !op.is_stream_ordered() {
+            return Err(Error::invalid_value(format!(
+                "command {} ({op:?}) is not stream-ordered and cannot carry MARK",
+                cmd.seq
+            )));
+        }
+        if payload.len() != cmd.extra_slots as usize * SLOT_BYTES {
+            return Err(Error::internal("payload length does not match extra_slots"));
+        }
+        let a = cmd.args;
+        let expect_payload = |len: u64, max: usize, what: &str| -> Result<&'a [u8]> {
+            if len as usize > max || len as usize > payload.len() {
+                return Err(Error::invalid_value(format!(
+                    "command {}: {what} of {len} bytes is longer than {max} bytes or than its payload",
+                    cmd.seq
+                )));
+            }
+            if payload.len() != (len as usize).div_ceil(SLOT_BYTES) * SLOT_BYTES {
+                return Err(Error::invalid_value(format!(
+                    "command {}: {} payload slots for {len} bytes of {what}",
+                    cmd.seq, cmd.extra_slots
+                )));
+            }
+            Ok(&payload[..len as usize])
+        };
+        if !matches!(op, Opcode::GetFunction | Opcode::Launch) && cmd.extra_slots != 0 {
+            return Err(Error::invalid_value(format!(
+                "command {} ({op:?}) takes no payload but has {} extra slots",
+                cmd.seq, cmd.extra_slots
+            )));
+        }
+        let req = match op {
+            Opcode::MemAlloc => Request::MemAlloc { size: a[0] },
+            Opcode::MemFree => Request::MemFree { ptr: a[0] },
+            Opcode::MemGetInfo => Request::MemGetInfo,
+            Opcode::HostAlloc => Request::HostAlloc { size: a[0] },
+            Opcode::HostFree => Request::HostFree { handle: a[0] },
+            Opcode::CopyHtoD => Request::CopyHtoD {
+                dst: a[0],
+                src: HostRef::decode(a[1], a[2]),
+                len: a[3],
+            },
+            Opcode::CopyDtoH => Request::CopyDtoH {
+                dst: HostRef::decode(a[0], a[1]),
+                src: a[2],
+                len: a[3],
+            },
+            Opcode::CopyDtoD => Request::CopyDtoD {
+                dst: a[0],
+                src: a[1],
+                len: a[2],
+            },
+            Opcode::Memset => {
+                let elem_size = match a[2] {
+                    1 => 1,
+                    4 => 4,
+                    n => {
+                        return Err(Error::invalid_value(format!(
+                            "memset element size {n} is neither 1 nor 4"
+                        )));
+                    }
+                };
+                if a[1] > u32::MAX as u64 || (elem_size == 1 && a[1] > 0xff) {
+                    return Err(Error::invalid_value(format!(
+                        "memset value {:#x} does not fit its {elem_size}-byte element",
+                        a[1]
+                    )));
+                }
+                Request::Memset {
+                    dst: a[0],
+                    value: a[1] as u32,
+                    elem_size,
+                    count: a[3],
+                }
+            }
+            Opcode::ModuleData => Request::ModuleData {
+                staging_offset: a[0],
+                len: a[1],
+                last: match a[2] {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::invalid_value("module data 'last' is not 0 or 1")),
+                },
+            },
+            Opcode::ModuleUnload => Request::ModuleUnload { module: a[0] },
+            Opcode::GetFunction => Request::GetFunction {
+                module: a[0],
+                name: expect_payload(a[1], MAX_NAME_BYTES, "kernel name")?,
+            },
+            Opcode::ParamInfo => Request::ParamInfo {
+                function: a[0],
+                first: u32::try_from(a[1])
+                    .map_err(|_| Error::invalid_value("parameter index out of range"))?,
+            },
+            Opcode::Launch => {
+                let (gx, gy) = unpack(a[1]);
+                let (gz, bx) = unpack(a[2]);
+                let (by, bz) = unpack(a[3]);
+                let (shared_mem, plen) = unpack(a[4]);
+                Request::Launch {
+                    function: a[0],
+                    grid: Dim3 {
+                        x: gx,
+                        y: gy,
+                        z: gz,
+                    },
+                    block: Dim3 {
+                        x: bx,
+                        y: by,
+                        z: bz,
+                    },
+                    shared_mem,
+                    params: expect_payload(plen as u64, MAX_PARAM_BYTES, "kernel parameters")?,
+                }
+            }
+            Opcode::StreamCreate => Request::StreamCreate {
+                priority: u32::try_from(a[0])
+                    .map_err(|_| Error::invalid_value("stream priority out of range"))?
+                    as i32,
+            },
+            Opcode::StreamDestroy => Request::StreamDestroy { stream: a[0] },
+            Opcode::Mark => Request::Mark,
+            Opcode::EventCreate => Request::EventCreate,
+            Opcode::EventDestroy => Request::EventDestroy { event: a[0] },
+            Opcode::EventRecord => Request::EventRecord {
+                event: a[0],
+                generation: a[1],
+            },
+            Opcode::StreamWaitEvent => Request::StreamWaitEvent { event: a[0] },
+            Opcode::EventElapsed => Request::EventElapsed {
+                start: a[0],
+                end: a[1],
+            },
+        };
+        Ok(req)
+    }
+}
+
+fn pack(lo: u32, hi: u32) -> u64 {
+    lo as u64 | (hi as u64) << 32
+}
+
+fn unpack(v: u64) -> (u32, u32) {
+    (v as u32, (v >> 32) as u32)
+}
+
+/// What a completion reports.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// The answer to the command with this sequence number.
+    Reply = 0,
+    /// Work that was accepted earlier failed while running (a kernel fault); `seq` names the
+    /// command, and every later command of this client fails the same way.
+    AsyncError = 1,
+}
+
+/// One completion slot as it sits in shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Completion {
+    /// The sequence number of the command this answers.
+    pub seq: u64,
+    /// A [`Status`] value.
+    pub status: u32,
+    /// A [`CompletionKind`] value.
+    pub kind: u32,
+    /// Reply values (meaning per opcode).
+    pub values: [u64; 4],
+    /// Bytes of `data` in use.
+    pub data_len: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The error message (UTF-8), or reply data.
+    pub data: [u8; COMPLETION_DATA_BYTES],
+}
+
+const _: () = assert!(size_of::<Completion>() == 256);
+
+impl Default for Completion {
+    fn default() -> Self {
+        Zeroable::zeroed()
+    }
+}
+
+impl Completion {
+    /// A successful reply to `seq` carrying `values`.
+    pub fn reply(seq: u64, values: [u64; 4]) -> Completion {
+        Completion {
+            seq,
+            values,
+            ..Default::default()
+        }
+    }
+
+    /// A failed reply (or an asynchronous error) for `seq`; the message is cut to fit.
+    pub fn error(seq: u64, kind: CompletionKind, err: &Error) -> Completion {
+        let mut c = Completion {
+            seq,
+            status: err.status as u32,
+            kind: kind as u32,
+            ..Default::default()
+        };
+        let mut len = err.message.len().min(COMPLETION_DATA_BYTES);
+        while !err.message.is_char_boundary(len) {
+            len -= 1;
+        }
+        c.data[..len].copy_from_slice(&err.message.as_bytes()[..len]);
+        c.data_len = len as u32;
+        c
+    }
+
+    /// `Ok(values)` for a successful reply, the error it carries otherwise.
+    pub fn result(&self) -> Result<[u64; 4]> {
+        match Status::from_u32(self.status) {
+            Some(Status::Success) => Ok(self.values),
+            Some(status) => Err(Error::new(status, self.message())),
+            None => Err(Error::internal(format!(
+                "completion of command {} has unknown status {}",
+                self.seq, self.status
+            ))),
+        }
+    }
+
+    /// The data area as reply bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data[..(self.data_len as usize).min(COMPLETION_DATA_BYTES)]
+    }
+
+    /// The data area as a message.
+    pub fn message(&self) -> String {
+        String::from_utf8_lossy(self.data()).into_owned()
+    }
+}
+
+/// The layout of one kernel parameter, as `cuFuncGetParamInfo` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct ParamInfo {
+    /// Byte offset in the packed parameter buffer.
+    pub offset: u32,
+    /// Size in bytes.
+    pub size: u32,
+}
+
+/// Which backend a server runs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU simulator.
+    Sim = 0,
+    /// A CUDA device.
+    Cuda = 1,
+}
+
+/// Device description sent in the handshake.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct DeviceInfoWire {
+    /// Device name, NUL-padded UTF-8.
+    pub name: [u8; 64],
+    /// Device memory in bytes.
+    pub total_mem: u64,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Compute capability, major.
+    pub cc_major: u32,
+    /// Compute capability, minor.
+    pub cc_minor: u32,
+    /// A [`BackendKind`] value.
+    pub backend: u32,
+}
+
+/// First message of the handshake, client to server, over the Unix socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Hello {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// The client's [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Zero.
+    pub reserved: [u32; 2],
+}
+
+/// The server's answer to [`Hello`]; on success the two segment file descriptors travel with it
+/// (client-writable first, then the server's read-only one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Welcome {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// The server's [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// A [`Status`] value: anything but success means no session, and `message` says why.
+    pub status: u32,
+    /// The server-assigned client id.
+    pub client_id: u32,
+    /// Slots of the submission ring.
+    pub submit_slots: u32,
+    /// Slots of the completion ring.
+    pub complete_slots: u32,
+    /// Bytes of the staging area.
+    pub staging_bytes: u64,
+    /// Bytes of the client-writable segment.
+    pub client_segment_bytes: u64,
+    /// Bytes of the server-written segment.
+    pub server_segment_bytes: u64,
+    /// The device.
+    pub device: DeviceInfoWire,
+    /// NUL-padded UTF-8 message (why the handshake failed).
+    pub message: [u8; 192],
+}
+
+/// Message on the socket that carries a host buffer's file descriptor, sent right before the
+/// reply to [`Opcode::HostAlloc`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostBufferFd {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The buffer's handle.
+    pub handle: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// Copies `s` into a NUL-padded fixed-size field, cut at a character boundary.
+pub fn put_str<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut len = s.len().min(N - 1);
+    while !s.is_char_boundary(len) {
+        len -= 1;
+    }
+    out[..len].copy_from_slice(&s.as_bytes()[..len]);
+    out
+}
+
+/// The string in a NUL-padded fixed-size field.
+pub fn get_str(b: &[u8]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(req: Request<'_>) {
+        let (cmd, payload) = req.encode(42, 7, flags::REPLY);
+        let mut padded = payload.to_vec();
+        padded.resize(cmd.extra_slots as usize * SLOT_BYTES, 0);
+        let back = Request::decode(&cmd, &padded).unwrap();
+        assert_eq!(back, req);
+        assert_eq!(cmd.seq, 42);
+        assert_eq!(cmd.stream, 7);
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        let params = [7u8; 100];
+        let name = b"saxpy_f32";
+        for req in [
+            Request::MemAlloc { size: 1 << 40 },
+            Request::MemFree { ptr: 0x1234 },
+            Request::MemGetInfo,
+            Request::HostAlloc { size: 4096 },
+            Request::HostFree { handle: 9 },
+            Request::CopyHtoD {
+                dst: 1,
+                src: HostRef::Staging { offset: 64 },
+                len: 3,
+            },
+            Request::CopyHtoD {
+                dst: 1,
+                src: HostRef::Buffer {
+                    handle: 5,
+                    offset: 6,
+                },
+                len: 3,
+            },
+            Request::CopyDtoH {
+                dst: HostRef::Buffer {
+                    handle: 5,
+                    offset: 0,
+                },
+                src: 77,
+                len: 3,
+            },
+            Request::CopyDtoD {
+                dst: 1,
+                src: 2,
+                len: 3,
+            },
+            Request::Memset {
+                dst: 8,
+                value: 0xdeadbeef,
+                elem_size: 4,
+                count: 10,
+            },
+            Request::Memset {
+                dst: 8,
+                value: 0xab,
+                elem_size: 1,
+                count: 10,
+            },
+            Request::ModuleData {
+                staging_offset: 0,
+                len: 10,
+                last: true,
+            },
+            Request::ModuleUnload { module: 3 },
+            Request::GetFunction {
+                module: 3,
+                name: name.as_slice(),
+            },
+            Request::ParamInfo {
+                function: 4,
+                first: 25,
+            },
+            Request::Launch {
+                function: 4,
+                grid: Dim3 { x: 1, y: 2, z: 3 },
+                block: Dim3 {
+                    x: 128,
+                    y: 1,
+                    z: u32::MAX,
+                },
+                shared_mem: 48 << 10,
+                params: &params,
+            },
+            Request::Launch {
+                function: 4,
+                grid: Dim3 { x: 1, y: 1, z: 1 },
+                block: Dim3 { x: 1, y: 1, z: 1 },
+                shared_mem: 0,
+                params: &[],
+            },
+            Request::StreamCreate { priority: -5 },
+            Request::StreamDestroy { stream: 11 },
+            Request::Mark,
+            Request::EventCreate,
+            Request::EventDestroy { event: 2 },
+            Request::EventRecord {
+                event: 2,
+                generation: 17,
+            },
+            Request::StreamWaitEvent { event: 2 },
+            Request::EventElapsed { start: 1, end: 2 },
+        ] {
+            roundtrip(req);
+        }
+    }
+
+    #[test]
+    fn hostile_commands_are_errors_not_panics() {
+        // Flip every bit pattern we can think of through each field: decode must answer.
+        let mut x: u64 = 1;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let cmd = Command {
+                opcode: (x % 30) as u16,
+                flags: ((x >> 8) % 8) as u16,
+                extra_slots: if i % 2 == 0 {
+                    0
+                } else {
+                    ((x >> 16) % 80) as u16
+                },
+                reserved: (i % 97 == 0) as u16,
+                seq: i,
+                stream: x,
+                args: [
+                    x,
+                    x.rotate_left(7),
+                    (x >> 3) % 5,
+                    x % 4100,
+                    x.rotate_right(9),
+                ],
+            };
+            let payload = vec![0xa5u8; cmd.extra_slots as usize * SLOT_BYTES];
+            if let Ok(req) = Request::decode(&cmd, &payload) {
+                // Whatever decodes must re-encode to the same header.
+                let (again, _) = req.encode(cmd.seq, cmd.stream, cmd.flags);
+                assert_eq!(again.opcode, cmd.opcode);
+                assert_eq!(again.extra_slots, cmd.extra_slots);
+            }
+        }
+    }
+
+    #[test]
+    fn specific_rejections_name_the_problem() {
+        let (mut cmd, _) = Request::MemGetInfo.encode(1, 0, 0);
+        cmd.opcode = 999;
+        let e = Request::decode(&cmd, &[]).unwrap_err();
+        assert!(e.message.contains("unknown opcode 999"), "{e}");
+
+        let (cmd, _) = Request::MemAlloc { size: 1 }.encode(1, 0, flags::MARK);
+        assert!(
+            Request::decode(&cmd, &[])
+                .unwrap_err()
+                .message
+                .contains("MARK")
+        );
+
+        let params = [0u8; 8];
+        let launch = Request::Launch {
+            function: 1,
+            grid: Dim3::default(),
+            block: Dim3::default(),
+            shared_mem: 0,
+            params: &params,
+        };
+        let (mut cmd, _) = launch.encode(1, 0, 0);
+        cmd.args[4] = pack(0, 5000);
+        let e = Request::decode(&cmd, &[0; 64]).unwrap_err();
+        assert!(e.message.contains("kernel parameters of 5000 bytes"), "{e}");
+        cmd.args[4] = pack(0, 8);
+        cmd.extra_slots = 2;
+        assert!(
+            Request::decode(&cmd, &[0; 128]).is_err(),
+            "too many payload slots"
+        );
+
+        let (mut cmd, _) = Request::Memset {
+            dst: 0,
+            value: 0,
+            elem_size: 1,
+            count: 1,
+        }
+        .encode(1, 0, 0);
+        cmd.args[1] = 0x100;
+        assert!(Request::decode(&cmd, &[]).is_err(), "byte memset of 0x100");
+        cmd.args[1] = 0;
+        cmd.args[2] = 2;
+        assert!(Request::decode(&cmd, &[]).is_err(), "element size 2");
+    }
+
+    #[test]
+    fn completions_carry_errors_and_cut_long_messages() {
+        let long = "é".repeat(300);
+        let c = Completion::error(5, CompletionKind::AsyncError, &Error::invalid_value(long));
+        let e = c.result().unwrap_err();
+        assert_eq!(e.status, Status::InvalidValue);
+        assert!(e.message.len() <= COMPLETION_DATA_BYTES);
+        assert!(e.message.chars().all(|ch| ch == 'é'));
+        assert_eq!(
+            Completion::reply(1, [1, 2, 3, 4]).result().unwrap(),
+            [1, 2, 3, 4]
+        );
+        let mut bad = Completion::reply(1, [0; 4]);
+        bad.status = 1000;
+        assert_eq!(bad.result().unwrap_err().status, Status::Internal);
+    }
+
+    #[test]
+    fn fixed_strings_round_trip_and_cut() {
+        let f: [u8; 8] = put_str("hello world");
+        assert_eq!(get_str(&f), "hello w");
+        let f: [u8; 8] = put_str("ab");
+        assert_eq!(get_str(&f), "ab");
+    }
+}

@@ -1,0 +1,187 @@
+//! The one status enum that the server, the Rust client and the C ABI share, and the error that
+//! carries it with a message.
+
+use std::fmt;
+
+/// Result of every mps operation. The numeric values are part of the C ABI and of the wire
+/// protocol: they never change, new ones are only appended.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// The operation completed.
+    Success = 0,
+    /// An argument is out of range, null where it must not be, or inconsistent with another.
+    InvalidValue = 1,
+    /// A handle (pointer, stream, event, module, function, host buffer) is unknown to this client.
+    InvalidHandle = 2,
+    /// The device (or the simulator's memory) cannot satisfy an allocation.
+    OutOfMemory = 3,
+    /// Work is still pending (a query, not a failure).
+    NotReady = 4,
+    /// A named object (a kernel in a module) does not exist.
+    NotFound = 5,
+    /// A kernel or copy touched memory outside the client's allocations.
+    IllegalAddress = 6,
+    /// A kernel could not be launched or failed while running.
+    LaunchFailed = 7,
+    /// The server is unreachable, or the connection to it was lost.
+    Connection = 8,
+    /// Client and server speak different protocol versions.
+    ProtocolMismatch = 9,
+    /// The caller is not allowed to do this.
+    PermissionDenied = 10,
+    /// A per-client limit (memory, streams, events, ...) would be exceeded.
+    QuotaExceeded = 11,
+    /// The operation is not supported by this server or backend.
+    Unsupported = 12,
+    /// A bug or an unexpected failure inside mps; the message says where.
+    Internal = 13,
+    /// A module image is neither PTX, cubin nor fatbin, or does not parse.
+    InvalidImage = 14,
+}
+
+impl Status {
+    /// Every status, in numeric order.
+    pub const ALL: [Status; 15] = [
+        Status::Success,
+        Status::InvalidValue,
+        Status::InvalidHandle,
+        Status::OutOfMemory,
+        Status::NotReady,
+        Status::NotFound,
+        Status::IllegalAddress,
+        Status::LaunchFailed,
+        Status::Connection,
+        Status::ProtocolMismatch,
+        Status::PermissionDenied,
+        Status::QuotaExceeded,
+        Status::Unsupported,
+        Status::Internal,
+        Status::InvalidImage,
+    ];
+
+    /// The status with this wire value, or `None` for a value no version defines.
+    pub fn from_u32(v: u32) -> Option<Status> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    /// The C name of the status, e.g. `MPS_ERROR_INVALID_HANDLE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Success => "MPS_SUCCESS",
+            Status::InvalidValue => "MPS_ERROR_INVALID_VALUE",
+            Status::InvalidHandle => "MPS_ERROR_INVALID_HANDLE",
+            Status::OutOfMemory => "MPS_ERROR_OUT_OF_MEMORY",
+            Status::NotReady => "MPS_ERROR_NOT_READY",
+            Status::NotFound => "MPS_ERROR_NOT_FOUND",
+            Status::IllegalAddress => "MPS_ERROR_ILLEGAL_ADDRESS",
+            Status::LaunchFailed => "MPS_ERROR_LAUNCH_FAILED",
+            Status::Connection => "MPS_ERROR_CONNECTION",
+            Status::ProtocolMismatch => "MPS_ERROR_PROTOCOL_MISMATCH",
+            Status::PermissionDenied => "MPS_ERROR_PERMISSION_DENIED",
+            Status::QuotaExceeded => "MPS_ERROR_QUOTA_EXCEEDED",
+            Status::Unsupported => "MPS_ERROR_UNSUPPORTED",
+            Status::Internal => "MPS_ERROR_INTERNAL",
+            Status::InvalidImage => "MPS_ERROR_INVALID_IMAGE",
+        }
+    }
+
+    /// The same name as a NUL-terminated C string, for `mps_status_string`.
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Status::Success => c"MPS_SUCCESS",
+            Status::InvalidValue => c"MPS_ERROR_INVALID_VALUE",
+            Status::InvalidHandle => c"MPS_ERROR_INVALID_HANDLE",
+            Status::OutOfMemory => c"MPS_ERROR_OUT_OF_MEMORY",
+            Status::NotReady => c"MPS_ERROR_NOT_READY",
+            Status::NotFound => c"MPS_ERROR_NOT_FOUND",
+            Status::IllegalAddress => c"MPS_ERROR_ILLEGAL_ADDRESS",
+            Status::LaunchFailed => c"MPS_ERROR_LAUNCH_FAILED",
+            Status::Connection => c"MPS_ERROR_CONNECTION",
+            Status::ProtocolMismatch => c"MPS_ERROR_PROTOCOL_MISMATCH",
+            Status::PermissionDenied => c"MPS_ERROR_PERMISSION_DENIED",
+            Status::QuotaExceeded => c"MPS_ERROR_QUOTA_EXCEEDED",
+            Status::Unsupported => c"MPS_ERROR_UNSUPPORTED",
+            Status::Internal => c"MPS_ERROR_INTERNAL",
+            Status::InvalidImage => c"MPS_ERROR_INVALID_IMAGE",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed operation: its status and a message that says what happened, to which object, and
+/// what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// The status (never `Success`).
+    pub status: Status,
+    /// What happened, in one line.
+    pub message: String,
+}
+
+/// Shorthand used across mps.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An error with this status and message.
+    pub fn new(status: Status, message: impl Into<String>) -> Error {
+        debug_assert_ne!(status, Status::Success);
+        Error {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// `MPS_ERROR_INVALID_VALUE` with a message.
+    pub fn invalid_value(message: impl Into<String>) -> Error {
+        Error::new(Status::InvalidValue, message)
+    }
+
+    /// `MPS_ERROR_INVALID_HANDLE` with a message.
+    pub fn invalid_handle(message: impl Into<String>) -> Error {
+        Error::new(Status::InvalidHandle, message)
+    }
+
+    /// `MPS_ERROR_INTERNAL` with a message.
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(Status::Internal, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_values_are_stable_and_round_trip() {
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as u32, i as u32);
+            assert_eq!(Status::from_u32(i as u32), Some(*s));
+            assert_eq!(s.c_name().to_str().unwrap(), s.name());
+        }
+        assert_eq!(Status::from_u32(Status::ALL.len() as u32), None);
+        assert_eq!(Status::from_u32(u32::MAX), None);
+    }
+
+    #[test]
+    fn display_names_status_and_message() {
+        let e = Error::invalid_handle("stream 7 belongs to another client");
+        assert_eq!(
+            e.to_string(),
+            "MPS_ERROR_INVALID_HANDLE: stream 7 belongs to another client"
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! Inter-process plumbing of mps: shared-memory segments ([`segment`]), single-producer
+//! single-consumer rings of fixed-size slots ([`ring`]), process-shared futex doorbells
+//! ([`doorbell`]), the layout of one client's channel ([`channel`]), and the handshake over a Unix
+//! socket ([`socket`]).
+//!
+//! Built with `--cfg loom`, only the ring and its atomics facade are compiled, so that loom can
+//! check the ring protocol exhaustively (`tests/loom_ring.rs`).
+
+pub mod ring;
+pub mod sync;
+
+#[cfg(not(loom))]
+pub mod channel;
+#[cfg(not(loom))]
+pub mod doorbell;
+#[cfg(not(loom))]
+pub mod segment;
+#[cfg(not(loom))]
+pub mod socket;
