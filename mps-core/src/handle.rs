@@ -172,6 +172,11 @@ impl<T> HandleTable<T> {
         self.entries.drain()
     }
 
+    /// Keeps only the objects for which `keep` returns true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.entries.retain(|_, v| keep(v));
+    }
+
     /// Iterates over the objects.
     pub fn iter(&self) -> impl Iterator<Item = (&Handle, &T)> {
         self.entries.iter()

@@ -12,5 +12,6 @@ pub mod ordering;
 pub mod protocol;
 pub mod ptx;
 pub mod status;
+pub mod units;
 
 pub use status::{Error, Result, Status};

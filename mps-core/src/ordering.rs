@@ -41,28 +41,29 @@ impl StreamClock {
     }
 }
 
-/// One event's records, as the client tracks them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One event's records, as the client tracks them. A record's generation is the sequence number
+/// of the command that made it, so generations only grow, even across events that reuse a slot
+/// (the server publishes them with a maximum, never a plain store).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventClock {
-    generation: u64,
+    last_record: u64,
 }
 
 impl EventClock {
-    /// A new event whose progress slot currently reads `base` (slots are reused, so a fresh
-    /// event starts from whatever its slot last held).
-    pub fn new(base: u64) -> EventClock {
-        EventClock { generation: base }
+    /// Notes a record made by command `seq` (threads racing to record one event may note their
+    /// records out of order; the latest in the ring wins).
+    pub fn recorded(&mut self, seq: u64) {
+        self.last_record = self.last_record.max(seq);
     }
 
-    /// The generation the next record will publish.
-    pub fn record(&mut self) -> u64 {
-        self.generation += 1;
-        self.generation
+    /// Whether the event was ever recorded.
+    pub fn was_recorded(&self) -> bool {
+        self.last_record != 0
     }
 
     /// Whether the latest record has completed (an event never recorded is complete, as in CUDA).
     pub fn is_complete(&self, published: u64) -> bool {
-        published >= self.generation
+        published >= self.last_record
     }
 }
 
@@ -88,13 +89,16 @@ mod tests {
     }
 
     #[test]
-    fn event_clock_counts_records_from_its_base() {
-        let mut e = EventClock::new(10);
-        assert!(e.is_complete(10));
-        assert_eq!(e.record(), 11);
+    fn event_clock_follows_its_latest_record() {
+        let mut e = EventClock::default();
+        assert!(e.is_complete(0));
+        assert!(!e.was_recorded());
+        e.recorded(11);
+        assert!(e.was_recorded());
         assert!(!e.is_complete(10));
         assert!(e.is_complete(11));
-        assert_eq!(e.record(), 12);
+        e.recorded(12);
         assert!(!e.is_complete(11));
+        assert!(e.is_complete(40));
     }
 }

@@ -38,6 +38,8 @@ pub const MAX_STREAMS: usize = 256;
 pub const MAX_EVENTS: usize = 4096;
 /// The largest module image the server accepts.
 pub const MAX_MODULE_BYTES: u64 = 256 << 20;
+/// The most dynamic shared memory a block may ask for (Hopper's limit).
+pub const MAX_SHARED_MEM: u32 = 227 << 10;
 /// Bytes of message or reply data a completion carries.
 pub const COMPLETION_DATA_BYTES: usize = 200;
 /// (offset, size) pairs of parameter info one completion carries.
@@ -284,11 +286,10 @@ pub enum Request<'a> {
     EventDestroy {
         event: u64,
     },
-    /// Record `event` in the command's stream; `generation` is the client's count of records of
-    /// this event, published in the event's progress slot once the record is reached.
+    /// Record `event` in the command's stream; the command's sequence number is published in the
+    /// event's progress slot once the record is reached.
     EventRecord {
         event: u64,
-        generation: u64,
     },
     StreamWaitEvent {
         event: u64,
@@ -382,8 +383,9 @@ impl Request<'_> {
             }
             Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
             Request::StreamDestroy { stream } => args[0] = stream,
-            Request::EventDestroy { event } | Request::StreamWaitEvent { event } => args[0] = event,
-            Request::EventRecord { event, generation } => args = [event, generation, 0, 0, 0],
+            Request::EventDestroy { event }
+            | Request::StreamWaitEvent { event }
+            | Request::EventRecord { event } => args[0] = event,
             Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
         }
         let cmd = Command {
@@ -537,10 +539,7 @@ impl Request<'_> {
             Opcode::Mark => Request::Mark,
             Opcode::EventCreate => Request::EventCreate,
             Opcode::EventDestroy => Request::EventDestroy { event: a[0] },
-            Opcode::EventRecord => Request::EventRecord {
-                event: a[0],
-                generation: a[1],
-            },
+            Opcode::EventRecord => Request::EventRecord { event: a[0] },
             Opcode::StreamWaitEvent => Request::StreamWaitEvent { event: a[0] },
             Opcode::EventElapsed => Request::EventElapsed {
                 start: a[0],
@@ -549,6 +548,36 @@ impl Request<'_> {
         };
         Ok(req)
     }
+}
+
+/// Checks a launch geometry against the limits every supported device has: no zero extent,
+/// grid at most (2^31-1, 65535, 65535), at most 1024 threads per block (64 in z), and at most
+/// [`MAX_SHARED_MEM`] bytes of dynamic shared memory.
+pub fn check_geometry(grid: Dim3, block: Dim3, shared_mem: u32) -> Result<()> {
+    if grid.volume() == Some(0) || block.volume() == Some(0) {
+        return Err(Error::invalid_value(format!(
+            "launch geometry grid ({}, {}, {}) block ({}, {}, {}) has a zero extent",
+            grid.x, grid.y, grid.z, block.x, block.y, block.z
+        )));
+    }
+    if grid.x > i32::MAX as u32 || grid.y > 65535 || grid.z > 65535 {
+        return Err(Error::invalid_value(format!(
+            "grid ({}, {}, {}) exceeds the device limits (2^31-1, 65535, 65535)",
+            grid.x, grid.y, grid.z
+        )));
+    }
+    if block.volume().is_none_or(|v| v > 1024) || block.z > 64 {
+        return Err(Error::invalid_value(format!(
+            "block ({}, {}, {}) exceeds 1024 threads (or 64 in z)",
+            block.x, block.y, block.z
+        )));
+    }
+    if shared_mem > MAX_SHARED_MEM {
+        return Err(Error::invalid_value(format!(
+            "{shared_mem} bytes of dynamic shared memory exceed the {MAX_SHARED_MEM}-byte limit"
+        )));
+    }
+    Ok(())
 }
 
 fn pack(lo: u32, hi: u32) -> u64 {
@@ -858,10 +887,7 @@ mod tests {
             Request::Mark,
             Request::EventCreate,
             Request::EventDestroy { event: 2 },
-            Request::EventRecord {
-                event: 2,
-                generation: 17,
-            },
+            Request::EventRecord { event: 2 },
             Request::StreamWaitEvent { event: 2 },
             Request::EventElapsed { start: 1, end: 2 },
         ] {

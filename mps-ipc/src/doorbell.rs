@@ -33,6 +33,12 @@ impl<'a> Doorbell<'a> {
         Doorbell { word, sleepers }
     }
 
+    /// The current value of the futex word: a waiter that reads it before checking its
+    /// condition can wait for it to change (`wait(.., || bell.value() != seen)`).
+    pub fn value(&self) -> u32 {
+        self.word.load(Ordering::SeqCst)
+    }
+
     /// Rings: call after publishing whatever the waiter's condition looks at.
     pub fn ring(&self) {
         self.word.fetch_add(1, Ordering::SeqCst);

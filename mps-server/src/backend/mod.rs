@@ -1,0 +1,237 @@
+//! What the server needs from a device, and the two devices it knows: the CPU simulator
+//! ([`sim`]) and, where a GPU exists, CUDA.
+//!
+//! The server validates every command against the client's own tables before it reaches a
+//! backend, so backends may trust handles and ranges; they still bounds-check device addresses
+//! wherever a mistake could touch the server's own memory.
+
+pub mod sim;
+
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mps_core::alloc::AllocTable;
+use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
+use mps_core::{Error, Result};
+use mps_ipc::channel::Channel;
+use mps_ipc::segment::Segment;
+
+/// A description of the device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Marketing name.
+    pub name: String,
+    /// Device memory in bytes.
+    pub total_mem: u64,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Compute capability.
+    pub cc: (u32, u32),
+    /// Which backend.
+    pub kind: BackendKind,
+}
+
+/// Host memory a copy reads or writes: shared pages (a host buffer, the staging area) or, for a
+/// pageable host-to-device copy, the bytes the server took from the staging area.
+#[derive(Debug)]
+pub enum HostBytes {
+    /// `len` bytes at `offset` in a shared segment.
+    Shared {
+        /// The segment, kept mapped while the copy is pending.
+        segment: Arc<Segment>,
+        /// Byte offset (checked against the segment by the server).
+        offset: usize,
+        /// Byte count.
+        len: usize,
+    },
+    /// A private copy of the source bytes.
+    Owned(Box<[u8]>),
+}
+
+impl HostBytes {
+    /// Base address and length.
+    pub fn as_raw(&self) -> (*mut u8, usize) {
+        match self {
+            HostBytes::Shared {
+                segment,
+                offset,
+                len,
+            } => {
+                debug_assert!(offset + len <= segment.len());
+                // SAFETY: the server checked offset + len against the segment's length.
+                (unsafe { segment.as_ptr().add(*offset) }, *len)
+            }
+            HostBytes::Owned(b) => (b.as_ptr() as *mut u8, b.len()),
+        }
+    }
+}
+
+/// Where a completed command's progress is published: a stream's or an event's slot in the
+/// client's server segment.
+#[derive(Debug, Clone)]
+pub struct Publish {
+    /// The client's channel.
+    pub channel: Channel,
+    /// Stream or event slot.
+    pub target: PublishTarget,
+    /// The sequence number to publish.
+    pub seq: u64,
+}
+
+/// Which progress slot.
+#[derive(Debug, Clone, Copy)]
+pub enum PublishTarget {
+    /// A stream slot.
+    Stream(u32),
+    /// An event slot.
+    Event(u32),
+}
+
+impl Publish {
+    /// Publishes from the host: raise the slot to `seq` (a maximum, so a late publish of an older
+    /// command can never move progress backwards) and wake sleeping client threads.
+    pub fn publish(&self) {
+        let word = match self.target {
+            PublishTarget::Stream(s) => self.channel.stream_done(s),
+            PublishTarget::Event(s) => self.channel.event_done(s),
+        };
+        word.fetch_max(self.seq, Ordering::Release);
+        self.channel.progress_bell().ring();
+    }
+}
+
+/// What a backend knows of the client a stream belongs to.
+#[derive(Debug, Clone)]
+pub struct ClientContext {
+    /// Server-assigned client id (for logs).
+    pub id: u32,
+    /// The client's allocations; the simulator checks every access of a kernel against them.
+    pub allocations: Arc<RwLock<AllocTable>>,
+    /// Set when the client is going away: pending work is dropped, blocking work gives up.
+    pub closing: Arc<AtomicBool>,
+    /// Where a failure of accepted work is reported.
+    pub faults: Arc<dyn FaultSink>,
+}
+
+/// Receives failures of work that was accepted earlier (a kernel fault).
+pub trait FaultSink: Send + Sync + std::fmt::Debug {
+    /// Command `seq` failed with `err`.
+    fn fault(&self, seq: u64, err: Error);
+    /// Whether the client already faulted (its later work is skipped).
+    fn has_faulted(&self) -> bool;
+}
+
+/// One unit of stream-ordered work.
+#[derive(Debug)]
+pub enum Op<B: Backend> {
+    /// A kernel launch with its packed parameters.
+    Launch {
+        /// The kernel.
+        function: Arc<B::Function>,
+        /// Grid.
+        grid: Dim3,
+        /// Block.
+        block: Dim3,
+        /// Dynamic shared memory bytes.
+        shared_mem: u32,
+        /// Packed parameter buffer, laid out by the function's parameter info.
+        params: Box<[u8]>,
+    },
+    /// Host to device.
+    CopyHtoD {
+        /// Device address.
+        dst: u64,
+        /// Source bytes.
+        src: HostBytes,
+    },
+    /// Device to host.
+    CopyDtoH {
+        /// Destination bytes (shared pages).
+        dst: HostBytes,
+        /// Device address.
+        src: u64,
+    },
+    /// Device to device.
+    CopyDtoD {
+        /// Destination address.
+        dst: u64,
+        /// Source address.
+        src: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Fill `count` elements of `elem_size` bytes with `value`.
+    Memset {
+        /// Destination address.
+        dst: u64,
+        /// Value (low byte for 1-byte elements).
+        value: u32,
+        /// 1 or 4.
+        elem_size: u8,
+        /// Elements.
+        count: u64,
+    },
+    /// Record an event.
+    Record(Arc<B::Event>),
+    /// Wait for the latest record of an event made before this wait.
+    Wait(Arc<B::Event>),
+    /// Nothing; exists to carry a publish.
+    Nop,
+    /// Signals the sender once everything queued before it has run (used to synchronise).
+    Notify(std::sync::mpsc::Sender<()>),
+}
+
+/// A device.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A stream.
+    type Stream: Send;
+    /// An event.
+    type Event: Send + Sync + std::fmt::Debug;
+    /// A loaded module.
+    type Module: Send + Sync;
+    /// A kernel.
+    type Function: Send + Sync + std::fmt::Debug;
+
+    /// The device.
+    fn info(&self) -> &DeviceInfo;
+    /// Allocates device memory (size > 0, already checked).
+    fn mem_alloc(&self, size: u64) -> Result<u64>;
+    /// Frees what `mem_alloc` returned; `size` is what was asked for.
+    fn mem_free(&self, ptr: u64, size: u64);
+    /// Free and total device memory.
+    fn mem_get_info(&self) -> (u64, u64);
+    /// Makes a host buffer usable for direct copies (page-locks it on a GPU).
+    fn host_register(&self, segment: &Segment) -> Result<()>;
+    /// Undoes `host_register`; called once no pending copy uses the buffer.
+    fn host_unregister(&self, segment: &Segment);
+    /// Loads a module image.
+    fn module_load(&self, image: &[u8]) -> Result<Self::Module>;
+    /// A kernel of a module and the layout of its parameters.
+    fn module_function(
+        &self,
+        module: &Self::Module,
+        name: &str,
+    ) -> Result<(Self::Function, Vec<ParamInfo>)>;
+    /// Creates a stream for a client.
+    fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<Self::Stream>;
+    /// Queues `op` on `stream`, to be followed by `publish` once it completes. Failures while
+    /// running go to the client's [`FaultSink`]; an error here means nothing was queued.
+    fn submit(
+        &self,
+        stream: &Self::Stream,
+        seq: u64,
+        op: Op<Self>,
+        publish: Option<Publish>,
+    ) -> Result<()>;
+    /// Waits until everything queued on `stream` has run (or, while waiting, `closing` is set).
+    fn stream_synchronize(&self, stream: &Self::Stream, closing: &AtomicBool) -> Result<()>;
+    /// Destroys a stream: work already queued still runs, unless the client is closing.
+    /// Returns once the stream's resources can be released (for a closing client, once no
+    /// work of the stream runs any more).
+    fn stream_destroy(&self, stream: Self::Stream);
+    /// Creates an event.
+    fn event_create(&self) -> Result<Self::Event>;
+    /// Milliseconds between the completions of the latest records of two events.
+    fn event_elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
+}

@@ -1,0 +1,409 @@
+//! The CPU simulator: the semantics of the CUDA backend without a GPU.
+//!
+//! Device memory is host memory ([`memory`]); each stream is a worker thread that runs its work
+//! in order, so different streams (of one client or of many) run concurrently; kernels are CPU
+//! implementations bound by PTX entry name ([`kernels`]); events carry completion timestamps.
+
+mod kernels;
+pub mod memory;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mps_core::protocol::{BackendKind, ParamInfo};
+use mps_core::ptx::{self, ImageFormat};
+use mps_core::{Error, Result, Status};
+use mps_ipc::segment::Segment;
+
+use super::{Backend, ClientContext, DeviceInfo, Op, Publish};
+use kernels::{Builtin, KernelEnv};
+use memory::DeviceMemory;
+
+/// Settings of the simulated device.
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Bytes of device memory.
+    pub memory_bytes: u64,
+    /// Simulated SMs: a kernel's blocks run in waves of this many.
+    pub sm_count: u32,
+}
+
+/// The simulator.
+#[derive(Debug)]
+pub struct SimBackend {
+    info: DeviceInfo,
+    memory: Arc<DeviceMemory>,
+    epoch: Instant,
+}
+
+impl SimBackend {
+    /// A simulated device.
+    pub fn new(cfg: SimConfig) -> Result<SimBackend> {
+        if cfg.sm_count == 0 {
+            return Err(Error::invalid_value("the simulator needs at least one SM"));
+        }
+        Ok(SimBackend {
+            info: DeviceInfo {
+                name: format!("mps simulator ({} SMs)", cfg.sm_count),
+                total_mem: cfg.memory_bytes,
+                sm_count: cfg.sm_count,
+                cc: (9, 0),
+                kind: BackendKind::Sim,
+            },
+            memory: Arc::new(DeviceMemory::new(cfg.memory_bytes)?),
+            epoch: Instant::now(),
+        })
+    }
+}
+
+/// A module: its PTX entries.
+#[derive(Debug)]
+pub struct SimModule {
+    entries: Vec<ptx::Entry>,
+}
+
+/// A kernel bound to its CPU implementation.
+#[derive(Debug)]
+pub struct SimFunction {
+    builtin: &'static Builtin,
+    layout: Vec<ParamInfo>,
+}
+
+impl std::fmt::Debug for Builtin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+#[derive(Debug, Default)]
+struct EventState {
+    /// Number of the latest record that completed.
+    completed: u64,
+    /// When it completed, in ns since the backend started.
+    at_ns: u64,
+}
+
+/// An event: records are numbered as they are queued; waits wait for the number current when
+/// they were queued.
+#[derive(Debug, Default)]
+pub struct SimEvent {
+    queued: AtomicU64,
+    state: Mutex<EventState>,
+    changed: Condvar,
+}
+
+impl SimEvent {
+    fn state(&self) -> std::sync::MutexGuard<'_, EventState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Job {
+    seq: u64,
+    op: Op<SimBackend>,
+    publish: Option<Publish>,
+    /// For a record, its number; for a wait, the record number to wait for.
+    event_no: u64,
+}
+
+/// A stream: a worker thread fed through a channel.
+#[derive(Debug)]
+pub struct SimStream {
+    jobs: mpsc::Sender<Job>,
+    worker: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("seq", &self.seq).finish()
+    }
+}
+
+struct Worker {
+    memory: Arc<DeviceMemory>,
+    client: ClientContext,
+    sm_count: u32,
+    epoch: Instant,
+}
+
+impl Worker {
+    fn run(self, jobs: mpsc::Receiver<Job>) {
+        for job in jobs {
+            if let Op::Notify(done) = &job.op {
+                // Synchronisation is answered even for a closing or faulted client.
+                let _ = done.send(());
+                continue;
+            }
+            if self.client.closing.load(Ordering::Relaxed) || self.client.faults.has_faulted() {
+                // A closing or faulted client's queued work is dropped, as a GPU context's is.
+                continue;
+            }
+            match self.execute(&job) {
+                Ok(()) => {
+                    if let Some(p) = &job.publish {
+                        p.publish();
+                    }
+                }
+                Err(e) => self.client.faults.fault(job.seq, e),
+            }
+        }
+    }
+
+    fn device(&self, addr: u64, len: u64, what: &str) -> Result<*mut u8> {
+        let table = self
+            .client
+            .allocations
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        table.check_range(addr, len, what, Status::IllegalAddress)?;
+        self.memory.host_ptr(addr, len)
+    }
+
+    fn execute(&self, job: &Job) -> Result<()> {
+        match &job.op {
+            Op::Launch {
+                function,
+                grid,
+                params,
+                ..
+            } => {
+                let table = self
+                    .client
+                    .allocations
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner());
+                let env = KernelEnv {
+                    name: function.builtin.name,
+                    memory: &self.memory,
+                    allocations: &table,
+                    closing: &self.client.closing,
+                    sm_count: self.sm_count,
+                    grid: *grid,
+                    params,
+                    layout: &function.layout,
+                };
+                (function.builtin.run)(&env)
+            }
+            Op::CopyHtoD { dst, src } => {
+                let (s, len) = src.as_raw();
+                let d = self.device(*dst, len as u64, "copy destination")?;
+                // SAFETY: both ranges are `len` bytes of live mappings (device memory checked
+                // above; the host bytes are kept alive by `src`); they cannot overlap, device
+                // memory being a mapping of its own.
+                unsafe { std::ptr::copy_nonoverlapping(s, d, len) };
+                Ok(())
+            }
+            Op::CopyDtoH { dst, src } => {
+                let (d, len) = dst.as_raw();
+                let s = self.device(*src, len as u64, "copy source")?;
+                // SAFETY: as for CopyHtoD, in the other direction.
+                unsafe { std::ptr::copy_nonoverlapping(s, d, len) };
+                Ok(())
+            }
+            Op::CopyDtoD { dst, src, len } => {
+                let s = self.device(*src, *len, "copy source")?;
+                let d = self.device(*dst, *len, "copy destination")?;
+                // SAFETY: both ranges lie in device memory; `copy` allows overlap.
+                unsafe { std::ptr::copy(s, d, *len as usize) };
+                Ok(())
+            }
+            Op::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => {
+                let len = count.checked_mul(*elem_size as u64).ok_or_else(|| {
+                    Error::invalid_value(format!("memset of {count} elements overflows"))
+                })?;
+                let d = self.device(*dst, len, "memset destination")?;
+                if *elem_size == 1 {
+                    // SAFETY: len bytes at d lie in device memory.
+                    unsafe { std::ptr::write_bytes(d, *value as u8, len as usize) };
+                } else {
+                    for i in 0..*count as usize {
+                        // SAFETY: count 4-byte elements at d lie in device memory.
+                        unsafe { (d as *mut u32).add(i).write_unaligned(*value) };
+                    }
+                }
+                Ok(())
+            }
+            Op::Record(ev) => {
+                let mut st = ev.state();
+                if job.event_no > st.completed {
+                    st.completed = job.event_no;
+                    st.at_ns = self.epoch.elapsed().as_nanos() as u64;
+                }
+                ev.changed.notify_all();
+                Ok(())
+            }
+            Op::Wait(ev) => {
+                let mut st = ev.state();
+                while st.completed < job.event_no && !self.client.closing.load(Ordering::Relaxed) {
+                    st = ev
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(10))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                Ok(())
+            }
+            Op::Nop | Op::Notify(_) => Ok(()),
+        }
+    }
+}
+
+impl Backend for SimBackend {
+    type Stream = SimStream;
+    type Event = SimEvent;
+    type Module = SimModule;
+    type Function = SimFunction;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_alloc(&self, size: u64) -> Result<u64> {
+        self.memory.alloc(size)
+    }
+
+    fn mem_free(&self, ptr: u64, size: u64) {
+        self.memory.free(ptr, size)
+    }
+
+    fn mem_get_info(&self) -> (u64, u64) {
+        self.memory.info()
+    }
+
+    fn host_register(&self, _segment: &Segment) -> Result<()> {
+        Ok(())
+    }
+
+    fn host_unregister(&self, _segment: &Segment) {}
+
+    fn module_load(&self, image: &[u8]) -> Result<SimModule> {
+        match ImageFormat::detect(image)? {
+            ImageFormat::Ptx => Ok(SimModule {
+                entries: ptx::parse_entries(image)?,
+            }),
+            other => Err(Error::new(
+                Status::Unsupported,
+                format!("the simulator loads PTX modules only, not a {other:?} image"),
+            )),
+        }
+    }
+
+    fn module_function(
+        &self,
+        module: &SimModule,
+        name: &str,
+    ) -> Result<(SimFunction, Vec<ParamInfo>)> {
+        let entry = module
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| {
+                Error::new(
+                    Status::NotFound,
+                    format!("the module has no kernel named {name:?}"),
+                )
+            })?;
+        let builtin = kernels::bind(name, &entry.params)?;
+        let f = SimFunction {
+            builtin,
+            layout: entry.params.clone(),
+        };
+        Ok((f, entry.params.clone()))
+    }
+
+    fn stream_create(&self, _priority: i32, client: &ClientContext) -> Result<SimStream> {
+        let (tx, rx) = mpsc::channel();
+        let worker = Worker {
+            memory: self.memory.clone(),
+            client: client.clone(),
+            sm_count: self.info.sm_count,
+            epoch: self.epoch,
+        };
+        let worker = std::thread::Builder::new()
+            .name(format!("sim-stream-c{}", client.id))
+            .spawn(move || worker.run(rx))
+            .map_err(|e| {
+                Error::new(
+                    Status::OutOfMemory,
+                    format!("cannot start a simulator stream thread: {e}"),
+                )
+            })?;
+        Ok(SimStream { jobs: tx, worker })
+    }
+
+    fn submit(
+        &self,
+        stream: &SimStream,
+        seq: u64,
+        op: Op<SimBackend>,
+        publish: Option<Publish>,
+    ) -> Result<()> {
+        let event_no = match &op {
+            Op::Record(ev) => ev.queued.fetch_add(1, Ordering::AcqRel) + 1,
+            Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
+            _ => 0,
+        };
+        stream
+            .jobs
+            .send(Job {
+                seq,
+                op,
+                publish,
+                event_no,
+            })
+            .map_err(|_| Error::internal("simulator stream worker has stopped"))
+    }
+
+    fn stream_synchronize(&self, stream: &SimStream, closing: &AtomicBool) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        self.submit(stream, 0, Op::Notify(tx), None)?;
+        // Wait in slices so a client that goes away meanwhile is noticed.
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::RecvTimeoutError::Timeout) if !closing.load(Ordering::Relaxed) => {}
+                Err(_) => return Err(Error::internal("stream synchronisation was abandoned")),
+            }
+        }
+    }
+
+    fn stream_destroy(&self, stream: SimStream) {
+        // Closing the channel lets the worker finish what is queued (or drop it, for a closing
+        // client) and exit; waiting for it guarantees no work of the stream outlives it.
+        drop(stream.jobs);
+        let _ = stream.worker.join();
+    }
+
+    fn event_create(&self) -> Result<SimEvent> {
+        Ok(SimEvent::default())
+    }
+
+    fn event_elapsed_ms(&self, start: &SimEvent, end: &SimEvent) -> Result<f32> {
+        let read = |ev: &SimEvent, which: &str| -> Result<u64> {
+            let queued = ev.queued.load(Ordering::Acquire);
+            let st = ev.state();
+            if queued == 0 {
+                return Err(Error::invalid_value(format!(
+                    "the {which} event was never recorded"
+                )));
+            }
+            if st.completed < queued {
+                return Err(Error::new(
+                    Status::NotReady,
+                    format!("the {which} event's latest record has not completed yet"),
+                ));
+            }
+            Ok(st.at_ns)
+        };
+        let (s, e) = (read(start, "start")?, read(end, "end")?);
+        Ok((e as f64 - s as f64) as f32 / 1e6)
+    }
+}

@@ -1,0 +1,9 @@
+//! The mps server: one device context shared by many client processes.
+//!
+//! [`server::Server`] listens on the pipe directory's socket and runs one session thread per
+//! client ([`session`]); sessions execute on a [`backend::Backend`].
+
+pub mod backend;
+mod outbox;
+pub mod server;
+mod session;

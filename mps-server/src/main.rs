@@ -1,0 +1,172 @@
+//! `mps-server`: serves clients in the foreground.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, ValueEnum};
+use mps_core::units::parse_size;
+use mps_ipc::channel::Layout;
+use mps_server::backend::Backend;
+use mps_server::backend::sim::{SimBackend, SimConfig};
+use mps_server::server::{Server, ServerConfig};
+use tracing_subscriber::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendChoice {
+    /// CUDA where a device exists, else the simulator.
+    Auto,
+    /// A CUDA device.
+    Cuda,
+    /// The CPU simulator.
+    Sim,
+}
+
+/// Serves mps clients in the foreground: one device context shared by every client process.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Directory of the socket clients connect to [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
+    #[arg(long)]
+    pipe_dir: Option<PathBuf>,
+    /// Directory of server.log [default: $MPS_LOG_DIRECTORY, else /tmp/mps-log]
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// Which device to serve.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendChoice,
+    /// Simulated device memory (simulator only), e.g. 4GiB.
+    #[arg(long, default_value = "4GiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    sim_memory: u64,
+    /// Simulated SMs (simulator only).
+    #[arg(long, default_value_t = 16)]
+    sim_sm_count: u32,
+    /// Staging area per client for pageable copies and module images, e.g. 4MiB.
+    #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    staging: u64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> nix::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }?;
+    }
+    // A client that vanishes mid-send must not kill the server.
+    // SAFETY: ignoring SIGPIPE installs no handler code.
+    unsafe {
+        sigaction(
+            Signal::SIGPIPE,
+            &SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty()),
+        )
+    }?;
+    Ok(())
+}
+
+fn init_logging(log_dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(log_dir)
+        .map_err(|e| format!("cannot create log directory {}: {e}", log_dir.display()))?;
+    let path = log_dir.join("server.log");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file)),
+        )
+        .init();
+    Ok(())
+}
+
+fn env_dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
+}
+
+fn serve<B: Backend>(backend: B, cfg: ServerConfig) -> Result<(), String> {
+    let server = Server::bind(Arc::new(backend), cfg).map_err(|e| e.to_string())?;
+    tracing::info!("listening on {}", server.socket_path().display());
+    server.run(&STOP).map_err(|e| e.to_string())?;
+    tracing::info!("stopping");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let log_dir = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
+    if let Err(e) = init_logging(&log_dir) {
+        eprintln!("mps-server: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    if let Err(e) = install_signal_handlers() {
+        tracing::error!("cannot install signal handlers: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let layout = Layout {
+        staging_bytes: args.staging as usize,
+        ..Layout::default()
+    };
+    let cfg = ServerConfig {
+        pipe_dir: args
+            .pipe_dir
+            .clone()
+            .unwrap_or_else(mps_ipc::socket::default_pipe_dir),
+        layout,
+    };
+    let result = match args.backend {
+        BackendChoice::Cuda => {
+            Err("--backend cuda: this build has no CUDA backend yet; use --backend sim".to_string())
+        }
+        BackendChoice::Auto | BackendChoice::Sim => {
+            if args.backend == BackendChoice::Auto {
+                tracing::info!("backend auto: no CUDA backend in this build, using the simulator");
+            }
+            let sim = SimConfig {
+                memory_bytes: args.sim_memory,
+                sm_count: args.sim_sm_count,
+            };
+            match SimBackend::new(sim) {
+                Ok(b) => {
+                    tracing::info!(
+                        "backend: simulator, {} bytes of device memory, {} SMs",
+                        sim.memory_bytes,
+                        sim.sm_count
+                    );
+                    serve(b, cfg)
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

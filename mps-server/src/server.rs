@@ -1,0 +1,234 @@
+//! The listening socket in the pipe directory, the handshake, and one session thread per client.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mps_core::handle::HandleSource;
+use mps_core::protocol::{DeviceInfoWire, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str};
+use mps_core::{Error, Result, Status};
+use mps_ipc::channel::{Channel, Layout};
+use mps_ipc::socket::{self, Peer, SOCKET_NAME};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use crate::backend::Backend;
+use crate::session::{Session, check_hello};
+
+/// How a server is set up.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Directory holding the socket.
+    pub pipe_dir: PathBuf,
+    /// Ring and staging sizes of each client's channel.
+    pub layout: Layout,
+}
+
+/// A server bound to its socket.
+#[derive(Debug)]
+pub struct Server<B: Backend> {
+    backend: Arc<B>,
+    cfg: ServerConfig,
+    listener: UnixListener,
+    socket_path: PathBuf,
+    handles: Arc<Mutex<HandleSource>>,
+    next_client: AtomicU32,
+}
+
+impl<B: Backend> Server<B> {
+    /// Binds the socket `mps.sock` in the pipe directory (creating the directory). Fails if
+    /// another server answers on it; a stale socket file from a server that died is replaced.
+    pub fn bind(backend: Arc<B>, cfg: ServerConfig) -> Result<Server<B>> {
+        let dir = &cfg.pipe_dir;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::new(
+                Status::PermissionDenied,
+                format!("cannot create pipe directory {}: {e}", dir.display()),
+            )
+        })?;
+        let path = dir.join(SOCKET_NAME);
+        if UnixStream::connect(&path).is_ok() {
+            return Err(Error::new(
+                Status::PermissionDenied,
+                format!(
+                    "another server is already listening on {}; stop it or choose another --pipe-dir",
+                    path.display()
+                ),
+            ));
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            Error::new(
+                Status::PermissionDenied,
+                format!("cannot listen on {}: {e}", path.display()),
+            )
+        })?;
+        // Only this user (and root) may connect; the handshake checks the uid again.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
+            Error::new(
+                Status::PermissionDenied,
+                format!("cannot restrict {}: {e}", path.display()),
+            )
+        })?;
+        Ok(Server {
+            backend,
+            cfg,
+            listener,
+            socket_path: path,
+            handles: Arc::new(Mutex::new(HandleSource::default())),
+            next_client: AtomicU32::new(1),
+        })
+    }
+
+    /// The socket's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Accepts clients until `stop` is set, each served by a thread of its own.
+    pub fn run(&self, stop: &AtomicBool) -> Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(200u16)) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(e) => return Err(Error::internal(format!("poll on the listener: {e}"))),
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => self.spawn_client(stream),
+                Err(e) => tracing::warn!("accept failed: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn_client(&self, stream: UnixStream) {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let backend = self.backend.clone();
+        let handles = self.handles.clone();
+        let layout = self.cfg.layout;
+        let spawned = std::thread::Builder::new()
+            .name(format!("client-{id}"))
+            .spawn(move || match handshake(&*backend, stream, id, layout) {
+                Ok((peer, channel, socket)) => {
+                    match Session::new(backend, handles, id, peer, channel, socket) {
+                        Ok(session) => {
+                            if let Err(e) = session.spawn_watcher() {
+                                tracing::error!(client = id, "cannot watch the socket: {e}");
+                                return;
+                            }
+                            session.run();
+                        }
+                        Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
+                    }
+                }
+                Err(e) => tracing::warn!(client = id, "handshake failed: {e}"),
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start a client thread: {e}");
+        }
+    }
+}
+
+impl<B: Backend> Drop for Server<B> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
+    let info = backend.info();
+    DeviceInfoWire {
+        name: put_str(&info.name),
+        total_mem: info.total_mem,
+        sm_count: info.sm_count,
+        cc_major: info.cc.0,
+        cc_minor: info.cc.1,
+        backend: info.kind as u32,
+    }
+}
+
+fn refuse(stream: &UnixStream, err: &Error) {
+    let w = Welcome {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        status: err.status as u32,
+        message: put_str(&err.message),
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let _ = socket::send(stream, bytemuck::bytes_of(&w), &[]);
+}
+
+/// Reads the hello, checks who is calling, creates the channel and sends the welcome with the
+/// two segment descriptors.
+fn handshake<B: Backend>(
+    backend: &B,
+    stream: UnixStream,
+    id: u32,
+    layout: Layout,
+) -> Result<(Peer, Channel, Arc<UnixStream>)> {
+    let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| io("set_read_timeout", e))?;
+    let peer = socket::peer(&stream).map_err(|e| io("SO_PEERCRED", e))?;
+    let mut hello: Hello = bytemuck::Zeroable::zeroed();
+    socket::recv(&stream, bytemuck::bytes_of_mut(&mut hello), 0)
+        .map_err(|e| io("reading the hello", e))?;
+    let checked = check_hello(&hello).and_then(|()| {
+        let me = nix::unistd::geteuid().as_raw();
+        if peer.uid != me && peer.uid != 0 {
+            return Err(Error::new(
+                Status::PermissionDenied,
+                format!(
+                    "this server serves uid {me}; uid {} must use its own server",
+                    peer.uid
+                ),
+            ));
+        }
+        Ok(())
+    });
+    if let Err(e) = checked {
+        refuse(&stream, &e);
+        return Err(e);
+    }
+    let channel = match Channel::create(layout) {
+        Ok(c) => c,
+        Err(e) => {
+            refuse(&stream, &e);
+            return Err(e);
+        }
+    };
+    let w = Welcome {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        status: Status::Success as u32,
+        client_id: id,
+        submit_slots: layout.submit_slots,
+        complete_slots: layout.complete_slots,
+        staging_bytes: layout.staging_bytes as u64,
+        client_segment_bytes: layout.client_bytes() as u64,
+        server_segment_bytes: layout.server_bytes() as u64,
+        device: device_wire(backend),
+        message: [0; 192],
+    };
+    socket::send(
+        &stream,
+        bytemuck::bytes_of(&w),
+        &[channel.client_segment().fd(), channel.server_segment().fd()],
+    )
+    .map_err(|e| io("sending the welcome", e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| io("set_read_timeout", e))?;
+    tracing::info!(
+        client = id,
+        pid = peer.pid,
+        uid = peer.uid,
+        "client connected"
+    );
+    Ok((peer, channel, Arc::new(stream)))
+}

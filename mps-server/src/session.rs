@@ -1,0 +1,744 @@
+//! One client's session: its thread reads the client's submission ring under the hostile-client
+//! rules, checks every command against the client's own tables, hands work to the backend and
+//! posts completions. When the client goes away, everything it held is released here.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use mps_core::alloc::AllocTable;
+use mps_core::handle::{Handle, HandleKind, HandleSource, HandleTable, SlotPool};
+use mps_core::protocol::{
+    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, MAGIC, MAX_COMMAND_SLOTS,
+    MAX_EVENTS, MAX_MODULE_BYTES, MAX_STREAMS, PARAMS_PER_REPLY, ParamInfo, Request, SLOT_BYTES,
+    flags,
+};
+use mps_core::{Error, Result, Status};
+use mps_ipc::channel::{Channel, ShmRing};
+use mps_ipc::ring::Consumer;
+use mps_ipc::segment::Segment;
+use mps_ipc::socket::{self, Peer};
+
+use crate::backend::{Backend, ClientContext, HostBytes, Op, Publish, PublishTarget};
+use crate::outbox::Outbox;
+
+/// Limits on what one client may hold.
+const MAX_MODULES: usize = 1024;
+const MAX_FUNCTIONS: usize = 1 << 16;
+const MAX_HOST_BUFFERS: usize = 4096;
+/// The largest single host buffer.
+const MAX_HOST_BUFFER_BYTES: u64 = 1 << 40;
+
+/// How long the session thread spins for new commands before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+/// How long it sleeps before looking at the closing flag again (a safety net only: the
+/// watcher rings the bell when the client hangs up).
+const NAP: Duration = Duration::from_millis(200);
+
+struct StreamEntry<B: Backend> {
+    slot: u32,
+    stream: B::Stream,
+}
+
+struct EventEntry<B: Backend> {
+    slot: u32,
+    event: Arc<B::Event>,
+}
+
+struct FunctionEntry<B: Backend> {
+    module: Handle,
+    function: Arc<B::Function>,
+    params: Vec<ParamInfo>,
+}
+
+/// One connected client.
+pub(crate) struct Session<B: Backend> {
+    backend: Arc<B>,
+    handles: Arc<Mutex<HandleSource>>,
+    id: u32,
+    peer: Peer,
+    channel: Channel,
+    socket: Arc<UnixStream>,
+    commands: Consumer<Command, ShmRing<Command>>,
+    outbox: Arc<Outbox>,
+    ctx: ClientContext,
+    default_stream: Option<StreamEntry<B>>,
+    streams: HandleTable<StreamEntry<B>>,
+    stream_slots: SlotPool,
+    events: HandleTable<EventEntry<B>>,
+    event_slots: SlotPool,
+    modules: HandleTable<Arc<B::Module>>,
+    functions: HandleTable<FunctionEntry<B>>,
+    host: HandleTable<Arc<Segment>>,
+    pending_image: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl<B: Backend> Session<B> {
+    /// A session over a channel whose handshake has completed.
+    pub(crate) fn new(
+        backend: Arc<B>,
+        handles: Arc<Mutex<HandleSource>>,
+        id: u32,
+        peer: Peer,
+        channel: Channel,
+        socket: Arc<UnixStream>,
+    ) -> Result<Self> {
+        let closing = Arc::new(AtomicBool::new(false));
+        let outbox = Arc::new(Outbox::new(
+            channel.clone(),
+            closing.clone(),
+            socket.clone(),
+        ));
+        let ctx = ClientContext {
+            id,
+            allocations: Arc::new(RwLock::new(AllocTable::default())),
+            closing,
+            faults: outbox.clone(),
+        };
+        let default_stream = StreamEntry {
+            slot: 0,
+            stream: backend.stream_create(0, &ctx)?,
+        };
+        Ok(Session {
+            commands: channel.submit_consumer(),
+            backend,
+            handles,
+            id,
+            peer,
+            socket,
+            outbox,
+            ctx,
+            default_stream: Some(default_stream),
+            streams: HandleTable::new(HandleKind::Stream, MAX_STREAMS - 1),
+            stream_slots: SlotPool::new(1, MAX_STREAMS as u32),
+            events: HandleTable::new(HandleKind::Event, MAX_EVENTS),
+            event_slots: SlotPool::new(0, MAX_EVENTS as u32),
+            modules: HandleTable::new(HandleKind::Module, MAX_MODULES),
+            functions: HandleTable::new(HandleKind::Function, MAX_FUNCTIONS),
+            host: HandleTable::new(HandleKind::HostBuffer, MAX_HOST_BUFFERS),
+            pending_image: Vec::new(),
+            payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
+            channel,
+        })
+    }
+
+    /// Watches the socket for the client's hang-up (or for bytes it must not send), on a thread
+    /// of its own so that the session thread can sleep on the submission doorbell alone.
+    pub(crate) fn spawn_watcher(&self) -> std::io::Result<()> {
+        let sock = self.socket.clone();
+        let outbox = self.outbox.clone();
+        std::thread::Builder::new()
+            .name(format!("watch-c{}", self.id))
+            .spawn(move || {
+                let mut buf = [0u8; 64];
+                let reason = match std::io::Read::read(&mut &*sock, &mut buf) {
+                    Ok(0) => "hung up".to_string(),
+                    Ok(_) => "sent bytes on its socket after the handshake".to_string(),
+                    Err(e) => format!("socket error: {e}"),
+                };
+                outbox.disconnect(reason);
+            })
+            .map(drop)
+    }
+
+    /// Serves the client until it goes away, then releases everything it held.
+    pub(crate) fn run(mut self) {
+        self.serve();
+        self.teardown();
+    }
+
+    fn closing(&self) -> bool {
+        self.ctx.closing.load(Ordering::Relaxed)
+    }
+
+    fn serve(&mut self) {
+        loop {
+            if self.closing() {
+                return;
+            }
+            let avail = match self.commands.available() {
+                Ok(n) => n,
+                Err(e) => {
+                    return self
+                        .outbox
+                        .disconnect(format!("corrupted its submission ring: {e}"));
+                }
+            };
+            if avail == 0 {
+                let commands = &self.commands;
+                let closing = &self.ctx.closing;
+                self.channel.submit_bell().wait(SPIN, NAP, || {
+                    closing.load(Ordering::Relaxed) || commands.available() != Ok(0)
+                });
+                continue;
+            }
+            let cmd = self.commands.peek(0);
+            let extra = cmd.extra_slots as u32;
+            if extra as usize >= MAX_COMMAND_SLOTS {
+                return self.outbox.disconnect(format!(
+                    "sent command #{} claiming {extra} payload slots (at most {})",
+                    cmd.seq,
+                    MAX_COMMAND_SLOTS - 1
+                ));
+            }
+            if avail < 1 + extra {
+                // Clients publish a command and its payload together.
+                return self.outbox.disconnect(format!(
+                    "published command #{} without its {extra} payload slots",
+                    cmd.seq
+                ));
+            }
+            self.payload.clear();
+            for i in 1..=extra {
+                let slot = self.commands.peek(i);
+                self.payload.extend_from_slice(bytemuck::bytes_of(&slot));
+            }
+            self.commands.advance(1 + extra);
+            // A client waiting for ring space sleeps on the progress bell.
+            self.channel.progress_bell().ring();
+            let payload = std::mem::take(&mut self.payload);
+            self.handle(&cmd, &payload);
+            self.payload = payload;
+        }
+    }
+
+    fn handle(&mut self, cmd: &Command, payload: &[u8]) {
+        let result = match self.outbox.fault() {
+            Some(fault) => Err(fault),
+            None => Request::decode(cmd, payload).and_then(|req| self.execute(cmd, req)),
+        };
+        match result {
+            Ok(reply) => {
+                if cmd.flags & flags::REPLY != 0 {
+                    self.outbox.post(reply);
+                }
+            }
+            Err(err) => {
+                tracing::debug!(client = self.id, seq = cmd.seq, "command failed: {err}");
+                self.outbox
+                    .post(Completion::error(cmd.seq, CompletionKind::Reply, &err));
+                // The client may be waiting for this command's stream progress: publish it in
+                // stream order, so that the wait ends (and sees the error) without claiming
+                // that earlier work is done.
+                if cmd.flags & flags::MARK != 0
+                    && self.outbox.fault().is_none()
+                    && let Ok(publish) = self.stream_publish(cmd.stream, cmd.seq)
+                    && let Ok(s) = self.stream(cmd.stream)
+                {
+                    let _ = self
+                        .backend
+                        .submit(&s.stream, cmd.seq, Op::Nop, Some(publish));
+                }
+            }
+        }
+    }
+
+    fn next_handle(&self, kind: HandleKind) -> Handle {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next(kind)
+    }
+
+    fn stream(&self, handle: u64) -> Result<&StreamEntry<B>> {
+        if handle == 0 {
+            return self
+                .default_stream
+                .as_ref()
+                .ok_or_else(|| Error::internal("default stream missing"));
+        }
+        self.streams.get(handle)
+    }
+
+    fn stream_publish(&self, stream: u64, seq: u64) -> Result<Publish> {
+        Ok(Publish {
+            channel: self.channel.clone(),
+            target: PublishTarget::Stream(self.stream(stream)?.slot),
+            seq,
+        })
+    }
+
+    fn allocations(&self) -> std::sync::RwLockReadGuard<'_, AllocTable> {
+        self.ctx
+            .allocations
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_device(&self, addr: u64, len: u64, what: &str) -> Result<()> {
+        self.allocations()
+            .check_range(addr, len, what, Status::InvalidHandle)
+    }
+
+    /// Host bytes named by a copy. The staging area's bytes are taken now for a host-to-device
+    /// copy (`take`), so the client may reuse the staging area as soon as the reply arrives.
+    fn host_bytes(&self, r: HostRef, len: u64, take: bool) -> Result<HostBytes> {
+        let (segment, base, limit, what) = match r {
+            HostRef::Staging { offset } => {
+                let (ptr, staging_len) = self.channel.staging();
+                let seg = self.channel.client_segment();
+                (
+                    seg.clone(),
+                    ptr as usize - seg.as_ptr() as usize,
+                    staging_len,
+                    offset,
+                )
+            }
+            HostRef::Buffer { handle, offset } => {
+                let seg = self.host.get(handle)?;
+                (seg.clone(), 0, seg.len(), offset)
+            }
+        };
+        let end = what.checked_add(len);
+        if end.is_none_or(|e| e > limit as u64) {
+            return Err(Error::invalid_value(format!(
+                "host range {what}+{len} runs past the end of its {limit}-byte {}",
+                match r {
+                    HostRef::Staging { .. } => "staging area",
+                    HostRef::Buffer { .. } => "host buffer",
+                }
+            )));
+        }
+        let offset = base + what as usize;
+        if take {
+            let mut copy = vec![0u8; len as usize].into_boxed_slice();
+            // SAFETY: offset + len lies inside the segment (checked above); the client may be
+            // writing these bytes concurrently, which can only change what we copy.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    segment.as_ptr().add(offset),
+                    copy.as_mut_ptr(),
+                    len as usize,
+                )
+            };
+            return Ok(HostBytes::Owned(copy));
+        }
+        Ok(HostBytes::Shared {
+            segment,
+            offset,
+            len: len as usize,
+        })
+    }
+
+    /// Queues stream-ordered work, publishing the command's stream progress if it asks.
+    fn enqueue(&self, cmd: &Command, op: Op<B>) -> Result<Completion> {
+        let s = self.stream(cmd.stream)?;
+        let publish = if cmd.flags & flags::MARK != 0 {
+            Some(self.stream_publish(cmd.stream, cmd.seq)?)
+        } else {
+            None
+        };
+        self.backend.submit(&s.stream, cmd.seq, op, publish)?;
+        Ok(Completion::reply(cmd.seq, [0; 4]))
+    }
+
+    /// Waits for all of this client's work (before freeing memory it may use, as cuMemFree
+    /// does).
+    fn synchronize_all(&self) -> Result<()> {
+        let streams = self
+            .default_stream
+            .iter()
+            .chain(self.streams.iter().map(|(_, s)| s));
+        for s in streams {
+            self.backend
+                .stream_synchronize(&s.stream, &self.ctx.closing)?;
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, cmd: &Command, req: Request<'_>) -> Result<Completion> {
+        let seq = cmd.seq;
+        let ok = |values| Ok(Completion::reply(seq, values));
+        if !matches!(req.opcode(), o if o.is_stream_ordered()) && cmd.stream != 0 {
+            return Err(Error::invalid_value(format!(
+                "{:?} is not stream-ordered but names stream {:#x}",
+                req.opcode(),
+                cmd.stream
+            )));
+        }
+        match req {
+            Request::MemAlloc { size } => {
+                if size == 0 {
+                    return Err(Error::invalid_value("cannot allocate 0 bytes"));
+                }
+                let ptr = self.backend.mem_alloc(size)?;
+                let mut table = self
+                    .ctx
+                    .allocations
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = table.insert(ptr, size) {
+                    self.backend.mem_free(ptr, size);
+                    return Err(e);
+                }
+                ok([ptr, 0, 0, 0])
+            }
+            Request::MemFree { ptr } => {
+                // Fail early (before synchronising) on a pointer that is not ours.
+                let found = self.allocations().find(ptr);
+                let size = match found {
+                    Some((start, size)) if start == ptr => size,
+                    _ => {
+                        let mut table = self
+                            .ctx
+                            .allocations
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner());
+                        return Err(table
+                            .remove(ptr)
+                            .expect_err("pointer was not found a moment ago"));
+                    }
+                };
+                self.synchronize_all()?;
+                self.ctx
+                    .allocations
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(ptr)?;
+                self.backend.mem_free(ptr, size);
+                ok([0; 4])
+            }
+            Request::MemGetInfo => {
+                let (free, total) = self.backend.mem_get_info();
+                ok([free, total, 0, 0])
+            }
+            Request::HostAlloc { size } => self.host_alloc(seq, size),
+            Request::HostFree { handle } => {
+                self.host.get(handle)?;
+                self.synchronize_all()?;
+                let seg = self.host.remove(handle)?;
+                self.backend.host_unregister(&seg);
+                ok([0; 4])
+            }
+            Request::CopyHtoD { dst, src, len } => {
+                self.check_device(dst, len, "copy destination")?;
+                let src = self.host_bytes(src, len, matches!(src, HostRef::Staging { .. }))?;
+                self.enqueue(cmd, Op::CopyHtoD { dst, src })
+            }
+            Request::CopyDtoH { dst, src, len } => {
+                self.check_device(src, len, "copy source")?;
+                let dst = self.host_bytes(dst, len, false)?;
+                self.enqueue(cmd, Op::CopyDtoH { dst, src })
+            }
+            Request::CopyDtoD { dst, src, len } => {
+                self.check_device(src, len, "copy source")?;
+                self.check_device(dst, len, "copy destination")?;
+                self.enqueue(cmd, Op::CopyDtoD { dst, src, len })
+            }
+            Request::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => {
+                let len = count.checked_mul(elem_size as u64).ok_or_else(|| {
+                    Error::invalid_value(format!("memset of {count} elements overflows"))
+                })?;
+                self.check_device(dst, len, "memset destination")?;
+                self.enqueue(
+                    cmd,
+                    Op::Memset {
+                        dst,
+                        value,
+                        elem_size,
+                        count,
+                    },
+                )
+            }
+            Request::ModuleData {
+                staging_offset,
+                len,
+                last,
+            } => self.module_data(seq, staging_offset, len, last),
+            Request::ModuleUnload { module } => {
+                let m = self.modules.remove(module)?;
+                self.functions.retain(|f| f.module != Handle(module));
+                drop(m);
+                ok([0; 4])
+            }
+            Request::GetFunction { module, name } => {
+                let m = self.modules.get(module)?.clone();
+                let name = std::str::from_utf8(name)
+                    .map_err(|_| Error::invalid_value("kernel name is not UTF-8"))?;
+                if self.functions.is_full() {
+                    return Err(Error::new(
+                        Status::QuotaExceeded,
+                        format!("this client already holds {MAX_FUNCTIONS} functions"),
+                    ));
+                }
+                let (function, params) = self.backend.module_function(&m, name)?;
+                let h = self.next_handle(HandleKind::Function);
+                let bytes = params.last().map_or(0, |p| p.offset + p.size);
+                let count = params.len() as u64;
+                self.functions.insert(
+                    h,
+                    FunctionEntry {
+                        module: Handle(module),
+                        function: Arc::new(function),
+                        params,
+                    },
+                )?;
+                ok([h.0, count, bytes as u64, 0])
+            }
+            Request::ParamInfo { function, first } => {
+                let f = self.functions.get(function)?;
+                let rest = f.params.get(first as usize..).unwrap_or(&[]);
+                let page = &rest[..rest.len().min(PARAMS_PER_REPLY)];
+                let mut c = Completion::reply(seq, [page.len() as u64, 0, 0, 0]);
+                let bytes = bytemuck::cast_slice::<ParamInfo, u8>(page);
+                c.data[..bytes.len()].copy_from_slice(bytes);
+                c.data_len = bytes.len() as u32;
+                Ok(c)
+            }
+            Request::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => {
+                let f = self.functions.get(function)?;
+                protocol::check_geometry(grid, block, shared_mem)?;
+                let expected = f.params.last().map_or(0, |p| p.offset + p.size) as usize;
+                if params.len() != expected {
+                    return Err(Error::invalid_value(format!(
+                        "kernel takes {expected} bytes of parameters, the launch carries {}",
+                        params.len()
+                    )));
+                }
+                let op = Op::Launch {
+                    function: f.function.clone(),
+                    grid,
+                    block,
+                    shared_mem,
+                    params: params.into(),
+                };
+                self.enqueue(cmd, op)
+            }
+            Request::StreamCreate { priority } => {
+                let slot = self.stream_slots.take().ok_or_else(|| {
+                    Error::new(
+                        Status::QuotaExceeded,
+                        format!(
+                            "this client already holds {} streams, the most one client may hold",
+                            MAX_STREAMS - 1
+                        ),
+                    )
+                })?;
+                let stream = match self.backend.stream_create(priority, &self.ctx) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.stream_slots.give_back(slot);
+                        return Err(e);
+                    }
+                };
+                let h = self.next_handle(HandleKind::Stream);
+                self.streams.insert(h, StreamEntry { slot, stream })?;
+                ok([h.0, slot as u64, 0, 0])
+            }
+            Request::StreamDestroy { stream } => {
+                if stream == 0 {
+                    return Err(Error::invalid_value(
+                        "the default stream cannot be destroyed",
+                    ));
+                }
+                let s = self.streams.remove(stream)?;
+                self.backend.stream_destroy(s.stream);
+                self.stream_slots.give_back(s.slot);
+                ok([0; 4])
+            }
+            Request::Mark => self.enqueue(cmd, Op::Nop),
+            Request::EventCreate => {
+                let slot = self.event_slots.take().ok_or_else(|| {
+                    Error::new(
+                        Status::QuotaExceeded,
+                        format!("this client already holds {MAX_EVENTS} events"),
+                    )
+                })?;
+                let event = match self.backend.event_create() {
+                    Ok(e) => Arc::new(e),
+                    Err(e) => {
+                        self.event_slots.give_back(slot);
+                        return Err(e);
+                    }
+                };
+                let h = self.next_handle(HandleKind::Event);
+                self.events.insert(h, EventEntry { slot, event })?;
+                ok([h.0, slot as u64, 0, 0])
+            }
+            Request::EventDestroy { event } => {
+                let e = self.events.remove(event)?;
+                self.event_slots.give_back(e.slot);
+                ok([0; 4])
+            }
+            Request::EventRecord { event } => {
+                let e = self.events.get(event)?;
+                let publish = Publish {
+                    channel: self.channel.clone(),
+                    target: PublishTarget::Event(e.slot),
+                    seq,
+                };
+                let s = self.stream(cmd.stream)?;
+                self.backend
+                    .submit(&s.stream, seq, Op::Record(e.event.clone()), Some(publish))?;
+                ok([0; 4])
+            }
+            Request::StreamWaitEvent { event } => {
+                let e = self.events.get(event)?.event.clone();
+                self.enqueue(cmd, Op::Wait(e))
+            }
+            Request::EventElapsed { start, end } => {
+                let s = self.events.get(start)?;
+                let e = self.events.get(end)?;
+                let ms = self.backend.event_elapsed_ms(&s.event, &e.event)?;
+                ok([ms.to_bits() as u64, 0, 0, 0])
+            }
+        }
+    }
+
+    fn host_alloc(&mut self, seq: u64, size: u64) -> Result<Completion> {
+        if size == 0 {
+            return Err(Error::invalid_value("cannot allocate a 0-byte host buffer"));
+        }
+        if size > MAX_HOST_BUFFER_BYTES {
+            return Err(Error::new(
+                Status::OutOfMemory,
+                format!(
+                    "a host buffer of {size} bytes is larger than the {MAX_HOST_BUFFER_BYTES}-byte limit"
+                ),
+            ));
+        }
+        if self.host.is_full() {
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!("this client already holds {MAX_HOST_BUFFERS} host buffers"),
+            ));
+        }
+        let seg = Segment::create("mps-host", size.next_multiple_of(4096) as usize)?;
+        self.backend.host_register(&seg)?;
+        let h = self.next_handle(HandleKind::HostBuffer);
+        let msg = HostBufferFd {
+            magic: MAGIC,
+            reserved: 0,
+            handle: h.0,
+            size: seg.len() as u64,
+        };
+        if let Err(e) = socket::send(&self.socket, bytemuck::bytes_of(&msg), &[seg.fd().as_fd()]) {
+            self.backend.host_unregister(&seg);
+            return Err(Error::new(
+                Status::Connection,
+                format!("could not send the host buffer to the client: {e}"),
+            ));
+        }
+        let len = seg.len() as u64;
+        self.host.insert(h, Arc::new(seg))?;
+        Ok(Completion::reply(seq, [h.0, len, 0, 0]))
+    }
+
+    fn module_data(&mut self, seq: u64, offset: u64, len: u64, last: bool) -> Result<Completion> {
+        let (staging, staging_len) = self.channel.staging();
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > staging_len as u64)
+        {
+            self.pending_image.clear();
+            return Err(Error::invalid_value(format!(
+                "module data {offset}+{len} runs past the {staging_len}-byte staging area"
+            )));
+        }
+        if self.pending_image.len() as u64 + len > MAX_MODULE_BYTES {
+            self.pending_image.clear();
+            return Err(Error::invalid_value(format!(
+                "module image is larger than the {MAX_MODULE_BYTES}-byte limit"
+            )));
+        }
+        let at = self.pending_image.len();
+        self.pending_image.resize(at + len as usize, 0);
+        // SAFETY: offset + len lies inside the staging area (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                staging.add(offset as usize),
+                self.pending_image[at..].as_mut_ptr(),
+                len as usize,
+            )
+        };
+        if !last {
+            return Ok(Completion::reply(seq, [0; 4]));
+        }
+        let image = std::mem::take(&mut self.pending_image);
+        if self.modules.is_full() {
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!("this client already holds {MAX_MODULES} modules"),
+            ));
+        }
+        let module = self.backend.module_load(&image)?;
+        let h = self.next_handle(HandleKind::Module);
+        self.modules.insert(h, Arc::new(module))?;
+        Ok(Completion::reply(seq, [h.0, 0, 0, 0]))
+    }
+
+    fn teardown(mut self) {
+        self.ctx.closing.store(true, Ordering::SeqCst);
+        let reason = self
+            .outbox
+            .disconnect_reason()
+            .unwrap_or_else(|| "server is stopping".into());
+        let streams = self.streams.len() + 1;
+        for (_, s) in self.streams.drain() {
+            self.backend.stream_destroy(s.stream);
+        }
+        if let Some(s) = self.default_stream.take() {
+            self.backend.stream_destroy(s.stream);
+        }
+        // No work of this client runs any more: its memory can go back.
+        let mut table = self
+            .ctx
+            .allocations
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let (count, bytes) = (table.len(), table.bytes());
+        for (ptr, size) in table.iter() {
+            self.backend.mem_free(ptr, size);
+        }
+        *table = AllocTable::default();
+        drop(table);
+        let host = self.host.len();
+        for (_, seg) in self.host.drain() {
+            self.backend.host_unregister(&seg);
+        }
+        tracing::info!(
+            client = self.id,
+            pid = self.peer.pid,
+            uid = self.peer.uid,
+            "client disconnected ({reason}); released {count} allocations ({bytes} bytes), \
+             {streams} streams, {} events, {} modules, {host} host buffers",
+            self.events.len(),
+            self.modules.len(),
+        );
+    }
+}
+
+/// Reads the client's hello and checks it; returns the error to send back, if any.
+pub(crate) fn check_hello(hello: &protocol::Hello) -> Result<()> {
+    if hello.magic != MAGIC {
+        return Err(Error::new(
+            Status::ProtocolMismatch,
+            "not an mps client (bad magic in hello)",
+        ));
+    }
+    if hello.version != protocol::PROTOCOL_VERSION {
+        return Err(Error::new(
+            Status::ProtocolMismatch,
+            format!(
+                "client speaks protocol version {}, this server speaks {}; use a libmpsclient of the server's release",
+                hello.version,
+                protocol::PROTOCOL_VERSION
+            ),
+        ));
+    }
+    Ok(())
+}

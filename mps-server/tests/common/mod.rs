@@ -1,0 +1,247 @@
+//! Shared by the integration tests: a real server process in a temporary pipe directory, a raw
+//! protocol client that can misbehave on purpose, and child client processes.
+#![allow(dead_code, unreachable_pub)]
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use mps_core::protocol::{
+    self, Command as Slot, Completion, Hello, MAGIC, PROTOCOL_VERSION, Request, SLOT_BYTES, Welcome,
+};
+use mps_ipc::channel::{Channel, Layout, ShmRing};
+use mps_ipc::ring::{Consumer, Producer};
+use mps_ipc::segment::Segment;
+use mps_ipc::socket;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The test kernels' PTX.
+pub fn ptx() -> Vec<u8> {
+    std::fs::read(root().join("kernels/test_kernels.ptx")).expect("kernels/test_kernels.ptx")
+}
+
+/// `target/<profile>`, found from this test executable's path (`target/<profile>/deps/..`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// A fresh empty directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "mps-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The backend the tests run against: `MPS_TEST_BACKEND` (sim or cuda), default sim.
+pub fn backend() -> String {
+    std::env::var("MPS_TEST_BACKEND").unwrap_or_else(|_| "sim".into())
+}
+
+/// A server process in a temporary pipe directory, killed on drop.
+pub struct TestServer {
+    pub dir: PathBuf,
+    child: Child,
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts `mps-server` with extra arguments and waits until it accepts connections.
+    pub fn start_with(extra: &[&str]) -> TestServer {
+        let dir = temp_dir("server");
+        let child = Command::new(env!("CARGO_BIN_EXE_mps-server"))
+            .arg("--pipe-dir")
+            .arg(&dir)
+            .arg("--log-dir")
+            .arg(&dir)
+            .arg("--backend")
+            .arg(backend())
+            .args(extra)
+            .env("MPS_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mps-server");
+        let mut s = TestServer { dir, child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while UnixStream::connect(s.socket()).is_err() {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("mps-server exited at start ({status}); log:\n{}", s.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not start; log:\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(socket::SOCKET_NAME)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// Waits (up to 20 s) until the log contains `needle`; returns the log.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "log never said {needle:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn client(&self) -> mpsclient::Client {
+        mpsclient::Client::connect(Some(&self.dir)).expect("connect")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the test function `test` of this test binary in a child process as client `role`:
+/// the child's copy of that test sees `MPS_TEST_ROLE` and plays the role instead of its usual
+/// body.
+pub fn spawn_role(test: &str, role: &str, server: &TestServer) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("MPS_TEST_ROLE", role)
+        .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child client")
+}
+
+/// The role this process plays, if it is a child client.
+pub fn role() -> Option<String> {
+    std::env::var("MPS_TEST_ROLE").ok()
+}
+
+/// A client speaking the wire protocol directly, so tests can send what the library never
+/// would.
+pub struct RawClient {
+    pub sock: UnixStream,
+    pub channel: Channel,
+    pub producer: Producer<Slot, ShmRing<Slot>>,
+    pub consumer: Consumer<Completion, ShmRing<Completion>>,
+    pub seq: u64,
+}
+
+impl RawClient {
+    pub fn connect(server: &TestServer) -> RawClient {
+        let sock = UnixStream::connect(server.socket()).unwrap();
+        let hello = Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            reserved: [0; 2],
+        };
+        socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
+        let mut w: Welcome = bytemuck::Zeroable::zeroed();
+        let fds = socket::recv(&sock, bytemuck::bytes_of_mut(&mut w), 2).unwrap();
+        assert_eq!(w.status, 0, "{}", protocol::get_str(&w.message));
+        let layout = Layout::from_welcome(&w).unwrap();
+        let mut fds = fds.into_iter();
+        let c = Segment::open(fds.next().unwrap(), layout.client_bytes(), true).unwrap();
+        let s = Segment::open(fds.next().unwrap(), layout.server_bytes(), false).unwrap();
+        let channel = Channel::open(c, s, layout).unwrap();
+        RawClient {
+            producer: channel.submit_producer(),
+            consumer: channel.complete_consumer(),
+            channel,
+            sock,
+            seq: 0,
+        }
+    }
+
+    /// Submits `req` (with REPLY) and returns its sequence number.
+    pub fn send(&mut self, req: &Request<'_>, stream: u64, flags: u16) -> u64 {
+        self.seq += 1;
+        let (cmd, payload) = req.encode(self.seq, stream, flags | protocol::flags::REPLY);
+        self.send_raw(cmd, payload);
+        self.seq
+    }
+
+    /// Puts a header and payload in the ring as they are.
+    pub fn send_raw(&mut self, cmd: Slot, payload: &[u8]) {
+        let mut slots = vec![cmd];
+        for chunk in payload.chunks(SLOT_BYTES) {
+            let mut s = [0u8; SLOT_BYTES];
+            s[..chunk.len()].copy_from_slice(chunk);
+            slots.push(bytemuck::cast(s));
+        }
+        assert!(self.producer.push(&slots).unwrap(), "ring full");
+        self.channel.submit_bell().ring();
+    }
+
+    /// The next completion (panics after 20 s).
+    pub fn recv(&mut self) -> Completion {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(c) = self.consumer.pop().unwrap() {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "no completion from the server");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Sends `req` and returns the server's answer.
+    pub fn call(&mut self, req: &Request<'_>, stream: u64) -> Completion {
+        let seq = self.send(req, stream, 0);
+        let c = self.recv();
+        assert_eq!(c.seq, seq);
+        c
+    }
+
+    /// Whether the server closed this connection (waits up to 20 s for it).
+    pub fn wait_closed(&self) -> bool {
+        use std::io::Read;
+        self.sock
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        matches!((&self.sock).read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// Bytes of a slice of f32.
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}

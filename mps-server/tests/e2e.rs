@@ -1,0 +1,748 @@
+//! End-to-end: real client processes against a real server process.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mpsclient::{Client, DevicePtr, Dim3, Status, Stream};
+
+fn grid(x: u32) -> Dim3 {
+    Dim3 { x, y: 1, z: 1 }
+}
+
+/// The whole path, checked element by element: allocate, copy in from pageable and from
+/// `mps_host_alloc` memory, `add_f32` on one stream, an event joining it to a second stream,
+/// `saxpy_f32` there, copy out both ways.
+fn vector_work(c: &Client, n: usize, seed: f32) {
+    let bytes = (n * 4) as u64;
+    let m = c.module_load(&ptx()).unwrap();
+    let add = c.module_get_function(m, "add_f32").unwrap();
+    let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
+    let s1 = c.stream_create(0).unwrap();
+    let s2 = c.stream_create(0).unwrap();
+    let ev = c.event_create().unwrap();
+    let (a, b, out) = (
+        c.mem_alloc(bytes).unwrap(),
+        c.mem_alloc(bytes).unwrap(),
+        c.mem_alloc(bytes).unwrap(),
+    );
+    let av: Vec<f32> = (0..n).map(|i| i as f32 + seed).collect();
+    let bv: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+    // a from pageable memory, b from a host buffer (asynchronous).
+    c.memcpy_htod(a, f32_bytes(&av), s1).unwrap();
+    let hb = c.host_alloc(n * 4).unwrap();
+    // SAFETY: the host buffer is n * 4 bytes long and only this thread uses it.
+    let host = unsafe { std::slice::from_raw_parts_mut(hb as *mut f32, n) };
+    host.copy_from_slice(&bv);
+    c.memcpy_htod(b, f32_bytes(host), s1).unwrap();
+    let nn = n as u64;
+    c.launch(
+        add,
+        grid(64),
+        grid(128),
+        0,
+        s1,
+        &[
+            &a.0.to_le_bytes(),
+            &b.0.to_le_bytes(),
+            &out.0.to_le_bytes(),
+            &nn.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    c.event_record(ev, s1).unwrap();
+    c.stream_wait_event(s2, ev).unwrap();
+    // out = 0.5 * a + out, on the second stream, after the add.
+    c.launch(
+        saxpy,
+        grid(64),
+        grid(128),
+        0,
+        s2,
+        &[
+            &0.5f32.to_le_bytes(),
+            &a.0.to_le_bytes(),
+            &out.0.to_le_bytes(),
+            &nn.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let mut got = vec![0f32; n];
+    c.memcpy_dtoh(bytemuck::cast_slice_mut(&mut got), out, s2)
+        .unwrap();
+    for i in 0..n {
+        let want = av[i] + bv[i] + 0.5 * av[i];
+        assert_eq!(got[i], want, "element {i}");
+    }
+    // And into the host buffer, asynchronously, then synchronise.
+    c.memcpy_dtoh(bytemuck::cast_slice_mut(host), out, s2)
+        .unwrap();
+    c.stream_synchronize(s2).unwrap();
+    for i in 0..n {
+        assert_eq!(host[i], got[i], "host buffer element {i}");
+    }
+    c.host_free(hb).unwrap();
+    for p in [a, b, out] {
+        c.mem_free(p).unwrap();
+    }
+    c.event_destroy(ev).unwrap();
+    c.stream_destroy(s1).unwrap();
+    c.stream_destroy(s2).unwrap();
+    c.module_unload(m).unwrap();
+}
+
+#[test]
+fn several_client_processes_get_correct_results() {
+    if let Some(role) = role() {
+        let seed: f32 = role.parse().unwrap();
+        let c = Client::connect(None).unwrap();
+        // Larger than the staging area, so pageable copies take several chunks.
+        vector_work(&c, (3 << 20) + 17, seed);
+        vector_work(&c, 1000, seed);
+        println!("client {seed} ok");
+        return;
+    }
+    let server = TestServer::start();
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            spawn_role(
+                "several_client_processes_get_correct_results",
+                &format!("{}", i * 10),
+                &server,
+            )
+        })
+        .collect();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "client {i} failed:\n{}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            server.log()
+        );
+    }
+}
+
+#[test]
+fn commands_in_one_stream_complete_in_order() {
+    let server = TestServer::start();
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 4096u64;
+    let p = c.mem_alloc(n * 4).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let mut snapshots = Vec::new();
+    let hb = c.host_alloc(64 * 16).unwrap();
+    for v in 1..=64u32 {
+        c.launch(
+            fill,
+            grid(8),
+            grid(128),
+            0,
+            s,
+            &[&p.0.to_le_bytes(), &v.to_le_bytes(), &n.to_le_bytes()],
+        )
+        .unwrap();
+        // An asynchronous copy of the last 16 bytes after each fill sees exactly that fill.
+        // SAFETY: hb is 1024 bytes; each snapshot takes 16 of them.
+        let dst = unsafe { std::slice::from_raw_parts_mut(hb.add((v as usize - 1) * 16), 16) };
+        c.memcpy_dtoh(dst, p.offset(n * 4 - 16), s).unwrap();
+        snapshots.push(v);
+    }
+    c.memset_d32(p, 0xabcd, 1, s).unwrap();
+    c.stream_synchronize(s).unwrap();
+    // SAFETY: hb is 1024 bytes of u32-aligned memory.
+    let words = unsafe { std::slice::from_raw_parts(hb as *const u32, 256) };
+    for (i, v) in snapshots.iter().enumerate() {
+        assert_eq!(
+            &words[i * 4..i * 4 + 4],
+            &[*v; 4],
+            "snapshot after fill {v}"
+        );
+    }
+    let mut first = [0u8; 8];
+    c.memcpy_dtoh(&mut first, p, s).unwrap();
+    assert_eq!(first, [0xcd, 0xab, 0, 0, 64, 0, 0, 0]);
+}
+
+/// Records events around a long spin in each of two streams; with one stream per worker, the
+/// two spins must overlap: each starts before the other ends.
+#[test]
+fn two_streams_of_one_client_overlap() {
+    let server = TestServer::start();
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let spin = c.module_get_function(m, "spin_ns").unwrap();
+    let ctr = c.mem_alloc(4).unwrap();
+    c.memset_d32(ctr, 0, 1, Stream::DEFAULT).unwrap();
+    c.stream_synchronize(Stream::DEFAULT).unwrap();
+    let origin = c.event_create().unwrap();
+    c.event_record(origin, Stream::DEFAULT).unwrap();
+    c.event_synchronize(origin).unwrap();
+    let mut spans = Vec::new();
+    let streams = [c.stream_create(0).unwrap(), c.stream_create(0).unwrap()];
+    let events: Vec<_> = (0..4).map(|_| c.event_create().unwrap()).collect();
+    for (i, s) in streams.iter().enumerate() {
+        c.event_record(events[2 * i], *s).unwrap();
+        c.launch(
+            spin,
+            grid(1),
+            grid(32),
+            0,
+            *s,
+            &[&300_000_000u64.to_le_bytes(), &ctr.0.to_le_bytes()],
+        )
+        .unwrap();
+        c.event_record(events[2 * i + 1], *s).unwrap();
+    }
+    c.synchronize().unwrap();
+    for i in 0..2 {
+        let start = c.event_elapsed_ms(origin, events[2 * i]).unwrap();
+        let end = c.event_elapsed_ms(origin, events[2 * i + 1]).unwrap();
+        assert!(end - start >= 299.0, "spin {i} lasted {} ms", end - start);
+        spans.push((start, end));
+    }
+    assert!(
+        spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1,
+        "the two streams ran one after the other: {spans:?}"
+    );
+    let mut count = [0u8; 4];
+    c.memcpy_dtoh(&mut count, ctr, Stream::DEFAULT).unwrap();
+    assert_eq!(u32::from_le_bytes(count), 2);
+}
+
+/// Client A runs a long kernel; client B's short kernel must finish while A's is still running.
+#[test]
+fn streams_of_two_clients_overlap() {
+    let server = TestServer::start();
+    let a = server.client();
+    let b = server.client();
+    let setup = |c: &Client| {
+        let m = c.module_load(&ptx()).unwrap();
+        let spin = c.module_get_function(m, "spin_ns").unwrap();
+        let ctr = c.mem_alloc(4).unwrap();
+        c.memset_d32(ctr, 0, 1, Stream::DEFAULT).unwrap();
+        (spin, ctr)
+    };
+    let (spin_a, ctr_a) = setup(&a);
+    let (spin_b, ctr_b) = setup(&b);
+    let done_a = a.event_create().unwrap();
+    a.launch(
+        spin_a,
+        grid(1),
+        grid(32),
+        0,
+        Stream::DEFAULT,
+        &[&3_000_000_000u64.to_le_bytes(), &ctr_a.0.to_le_bytes()],
+    )
+    .unwrap();
+    a.event_record(done_a, Stream::DEFAULT).unwrap();
+    b.launch(
+        spin_b,
+        grid(1),
+        grid(32),
+        0,
+        Stream::DEFAULT,
+        &[&1_000_000u64.to_le_bytes(), &ctr_b.0.to_le_bytes()],
+    )
+    .unwrap();
+    b.stream_synchronize(Stream::DEFAULT).unwrap();
+    assert!(
+        !a.event_query(done_a).unwrap(),
+        "client B's kernel waited for client A's"
+    );
+    a.event_synchronize(done_a).unwrap();
+    assert!(a.event_query(done_a).unwrap());
+}
+
+#[test]
+fn a_client_cannot_touch_another_clients_objects() {
+    let server = TestServer::start();
+    let owner = server.client();
+    let m = owner.module_load(&ptx()).unwrap();
+    let fill = owner.module_get_function(m, "fill_u32").unwrap();
+    let stream = owner.stream_create(0).unwrap();
+    let event = owner.event_create().unwrap();
+    let p = owner.mem_alloc(1024).unwrap();
+    owner.memset_d32(p, 7, 256, stream).unwrap();
+    owner.stream_synchronize(stream).unwrap();
+
+    // Through the library.
+    let other = server.client();
+    let e = other.mem_free(p).unwrap_err();
+    assert_eq!(e.status, Status::InvalidHandle, "{e}");
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        other
+            .memcpy_dtoh(&mut buf, p, Stream::DEFAULT)
+            .unwrap_err()
+            .status,
+        Status::InvalidHandle
+    );
+    assert_eq!(
+        other
+            .memcpy_htod(p, &[1; 16], Stream::DEFAULT)
+            .unwrap_err()
+            .status,
+        Status::InvalidHandle
+    );
+    assert_eq!(
+        other.stream_synchronize(stream).unwrap_err().status,
+        Status::InvalidHandle
+    );
+    assert_eq!(
+        other
+            .event_record(event, Stream::DEFAULT)
+            .unwrap_err()
+            .status,
+        Status::InvalidHandle
+    );
+    assert_eq!(
+        other.module_get_function(m, "fill_u32").unwrap_err().status,
+        Status::InvalidHandle
+    );
+    other.memset_d32(p, 9, 4, Stream::DEFAULT).unwrap();
+    assert_eq!(
+        other.synchronize().unwrap_err().status,
+        Status::InvalidHandle,
+        "deferred memset error"
+    );
+
+    // On the wire, past the library's own checks: every command naming the owner's objects.
+    use mps_core::protocol::{HostRef, Request};
+    let mut raw = RawClient::connect(&server);
+    let attempts: Vec<(Request<'_>, u64)> = vec![
+        (Request::MemFree { ptr: p.0 }, 0),
+        (
+            Request::CopyDtoH {
+                dst: HostRef::Staging { offset: 0 },
+                src: p.0,
+                len: 4,
+            },
+            0,
+        ),
+        (
+            Request::CopyHtoD {
+                dst: p.0,
+                src: HostRef::Staging { offset: 0 },
+                len: 4,
+            },
+            0,
+        ),
+        (
+            Request::CopyDtoD {
+                dst: p.0,
+                src: p.0,
+                len: 4,
+            },
+            0,
+        ),
+        (
+            Request::Memset {
+                dst: p.0,
+                value: 1,
+                elem_size: 4,
+                count: 1,
+            },
+            0,
+        ),
+        (Request::StreamDestroy { stream: stream.0 }, 0),
+        (Request::Mark, stream.0),
+        (Request::EventRecord { event: event.0 }, 0),
+        (Request::StreamWaitEvent { event: event.0 }, 0),
+        (Request::EventDestroy { event: event.0 }, 0),
+        (
+            Request::EventElapsed {
+                start: event.0,
+                end: event.0,
+            },
+            0,
+        ),
+        (Request::ModuleUnload { module: m.0 }, 0),
+        (
+            Request::GetFunction {
+                module: m.0,
+                name: b"fill_u32",
+            },
+            0,
+        ),
+        (
+            Request::ParamInfo {
+                function: fill.0,
+                first: 0,
+            },
+            0,
+        ),
+        (
+            Request::Launch {
+                function: fill.0,
+                grid: grid(1),
+                block: grid(1),
+                shared_mem: 0,
+                params: &[0; 24],
+            },
+            0,
+        ),
+    ];
+    for (req, stream) in attempts {
+        let what = format!("{req:?}");
+        let c = raw.call(&req, stream);
+        assert_eq!(
+            c.status,
+            Status::InvalidHandle as u32,
+            "{what}: {}",
+            c.message()
+        );
+    }
+    // A launch of the attacker's own kernel at the owner's memory is an illegal address.
+    let mine = other.module_load(&ptx()).unwrap();
+    let f = other.module_get_function(mine, "fill_u32").unwrap();
+    other
+        .launch(
+            f,
+            grid(1),
+            grid(32),
+            0,
+            Stream::DEFAULT,
+            &[
+                &p.0.to_le_bytes(),
+                &5u32.to_le_bytes(),
+                &256u64.to_le_bytes(),
+            ],
+        )
+        .unwrap_err_or_sync(&other, Status::IllegalAddress);
+
+    // The owner's data and objects are untouched.
+    let mut words = [0u8; 1024];
+    owner.memcpy_dtoh(&mut words, p, stream).unwrap();
+    assert!(
+        words.chunks(4).all(|w| w == [7, 0, 0, 0]),
+        "owner's data changed"
+    );
+    owner.event_record(event, stream).unwrap();
+    owner.event_synchronize(event).unwrap();
+    owner
+        .launch(
+            fill,
+            grid(1),
+            grid(32),
+            0,
+            stream,
+            &[&p.0.to_le_bytes(), &3u32.to_le_bytes(), &1u64.to_le_bytes()],
+        )
+        .unwrap();
+    owner.stream_synchronize(stream).unwrap();
+    owner.mem_free(p).unwrap();
+}
+
+trait LaunchResult {
+    fn unwrap_err_or_sync(self, c: &Client, status: Status);
+}
+
+impl LaunchResult for mpsclient::Result<()> {
+    /// A launch's fault shows either at the launch or at the next synchronisation.
+    fn unwrap_err_or_sync(self, c: &Client, status: Status) {
+        let e = match self {
+            Err(e) => e,
+            Ok(()) => c.synchronize().unwrap_err(),
+        };
+        assert_eq!(e.status, status, "{e}");
+    }
+}
+
+#[test]
+fn a_kernel_fault_poisons_only_the_faulting_client() {
+    let server = TestServer::start();
+    let bad = server.client();
+    let good = server.client();
+    let m = bad.module_load(&ptx()).unwrap();
+    let fault = bad.module_get_function(m, "fault_write").unwrap();
+    bad.launch(
+        fault,
+        grid(1),
+        grid(1),
+        0,
+        Stream::DEFAULT,
+        &[&0x10u64.to_le_bytes()],
+    )
+    .unwrap();
+    let e = bad.synchronize().unwrap_err();
+    assert_eq!(e.status, Status::IllegalAddress, "{e}");
+    assert!(e.message.contains("fault_write"), "{e}");
+    // Sticky, as a CUDA context's fault is.
+    assert_eq!(
+        bad.mem_alloc(16).unwrap_err().status,
+        Status::IllegalAddress
+    );
+    vector_work(&good, 1000, 1.0);
+}
+
+#[test]
+fn a_killed_client_is_cleaned_up_and_others_carry_on() {
+    if let Some(role) = role() {
+        let c = Client::connect(None).unwrap();
+        if role == "hog" {
+            // Hold most of the device's memory, then launch forever.
+            let _p = c.mem_alloc(48 << 20).unwrap();
+            let m = c.module_load(&ptx()).unwrap();
+            let spin = c.module_get_function(m, "spin_ns").unwrap();
+            let ctr = c.mem_alloc(4).unwrap();
+            let s = c.stream_create(0).unwrap();
+            println!("ready");
+            loop {
+                for _ in 0..10 {
+                    c.launch(
+                        spin,
+                        grid(1),
+                        grid(32),
+                        0,
+                        s,
+                        &[&200_000u64.to_le_bytes(), &ctr.0.to_le_bytes()],
+                    )
+                    .unwrap();
+                }
+                c.stream_synchronize(s).unwrap();
+            }
+        }
+        for i in 0..5 {
+            vector_work(&c, 10_000, i as f32);
+        }
+        return;
+    }
+    let server = TestServer::start_with(&["--sim-memory", "64MiB"]);
+    let test = "a_killed_client_is_cleaned_up_and_others_carry_on";
+    let mut hog = spawn_role(test, "hog", &server);
+    // The child's test harness prints its own lines first.
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(hog.stdout.take().unwrap()));
+    assert!(
+        lines.any(|l| l.unwrap().ends_with("ready")),
+        "the hog never got ready"
+    );
+    let other = spawn_role(test, "worker", &server);
+    let probe = server.client();
+    let e = probe.mem_alloc(48 << 20).unwrap_err();
+    assert_eq!(e.status, Status::OutOfMemory, "{e}");
+    hog.kill().unwrap();
+    hog.wait().unwrap();
+    server.wait_for_log("hung up");
+    // Its memory comes back (teardown waits for its running kernel, a few ms).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let p = loop {
+        match probe.mem_alloc(48 << 20) {
+            Ok(p) => break p,
+            Err(e) if e.status == Status::OutOfMemory && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!(
+                "memory of the killed client never came back: {e}\n{}",
+                server.log()
+            ),
+        }
+    };
+    probe.mem_free(p).unwrap();
+    let out = other.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the other client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn hostile_rings_get_their_client_disconnected_and_nothing_else() {
+    use mps_core::protocol::{Command, Request};
+    let mut server = TestServer::start();
+    let good = server.client();
+
+    // A tail far past the ring's capacity.
+    let raw = RawClient::connect(&server);
+    {
+        use mps_ipc::ring::RingMemory;
+        raw.producer
+            .memory()
+            .tail()
+            .store(1 << 20, std::sync::atomic::Ordering::Release);
+    }
+    raw.channel.submit_bell().ring();
+    assert!(
+        raw.wait_closed(),
+        "server kept a client with a corrupt ring"
+    );
+    server.wait_for_log("corrupted its submission ring");
+
+    // Random slots: every one is answered or ends the session; the server survives.
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    for round in 0..8 {
+        let mut raw = RawClient::connect(&server);
+        for _ in 0..50 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut bytes = [0u8; 64];
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = (x.rotate_left(i as u32 * 5) >> 3) as u8;
+            }
+            let mut cmd: Command = bytemuck::cast(bytes);
+            if round % 2 == 0 {
+                // Plausible opcodes with garbage arguments.
+                cmd.opcode = (x % 24) as u16;
+                cmd.extra_slots = 0;
+                cmd.flags &= 3;
+                cmd.reserved = 0;
+            }
+            if raw.producer.free().unwrap() < 1 {
+                break;
+            }
+            let _ = raw.producer.push(&[cmd]);
+            raw.channel.submit_bell().ring();
+        }
+        drop(raw);
+        assert!(
+            server.is_alive(),
+            "server died on garbage, log:\n{}",
+            server.log()
+        );
+    }
+    // A command that promises payload slots it never publishes.
+    let mut raw = RawClient::connect(&server);
+    let (mut cmd, _) = Request::Mark.encode(1, 0, 0);
+    cmd.extra_slots = 3;
+    raw.send_raw(cmd, &[]);
+    assert!(raw.wait_closed());
+    server.wait_for_log("without its 3 payload slots");
+
+    assert!(server.is_alive());
+    vector_work(&good, 5000, 2.0);
+    vector_work(&server.client(), 5000, 3.0);
+}
+
+#[test]
+fn bad_input_gets_a_clear_status_and_message() {
+    let server = TestServer::start();
+    let c = server.client();
+    let check = |r: mpsclient::Result<()>, status: Status, words: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.status, status, "{e}");
+        assert!(
+            e.message.contains(words),
+            "message {:?} lacks {words:?}",
+            e.message
+        );
+    };
+    check(c.mem_alloc(0).map(drop), Status::InvalidValue, "0 bytes");
+    check(c.mem_alloc(1 << 50).map(drop), Status::OutOfMemory, "bytes");
+    check(
+        c.mem_free(DevicePtr(0x1234)).map(drop),
+        Status::InvalidHandle,
+        "0x1234",
+    );
+    check(c.host_alloc(0).map(drop), Status::InvalidValue, "0-byte");
+    check(
+        c.memcpy_htod(DevicePtr(0), &[], Stream::DEFAULT),
+        Status::InvalidValue,
+        "0 bytes",
+    );
+    check(
+        c.stream_synchronize(Stream(77)),
+        Status::InvalidHandle,
+        "0x4d",
+    );
+    check(
+        c.module_load(b"this is not a module").map(drop),
+        Status::InvalidImage,
+        "not PTX",
+    );
+    check(c.module_load(&[]).map(drop), Status::InvalidValue, "empty");
+    let m = c.module_load(&ptx()).unwrap();
+    check(
+        c.module_get_function(m, "no_such_kernel").map(drop),
+        Status::NotFound,
+        "no_such_kernel",
+    );
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let p = c.mem_alloc(64).unwrap();
+    let args: [&[u8]; 3] = [
+        &p.0.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &16u64.to_le_bytes(),
+    ];
+    check(
+        c.launch(fill, grid(0), grid(32), 0, Stream::DEFAULT, &args),
+        Status::InvalidValue,
+        "zero extent",
+    );
+    check(
+        c.launch(fill, grid(1), grid(2048), 0, Stream::DEFAULT, &args),
+        Status::InvalidValue,
+        "1024 threads",
+    );
+    check(
+        c.launch(fill, grid(1), grid(32), 0, Stream::DEFAULT, &args[..2]),
+        Status::InvalidValue,
+        "3 parameters",
+    );
+    check(
+        c.launch(
+            fill,
+            grid(1),
+            grid(32),
+            0,
+            Stream::DEFAULT,
+            &[&args[0][..4], args[1], args[2]],
+        ),
+        Status::InvalidValue,
+        "parameter 0",
+    );
+    check(
+        c.stream_destroy(Stream::DEFAULT),
+        Status::InvalidValue,
+        "default stream",
+    );
+    let e1 = c.event_create().unwrap();
+    let e2 = c.event_create().unwrap();
+    check(
+        c.event_elapsed_ms(e1, e2).map(drop),
+        Status::InvalidValue,
+        "never recorded",
+    );
+    c.launch(fill, grid(1), grid(32), 0, Stream::DEFAULT, &args)
+        .unwrap();
+    c.synchronize().unwrap();
+    let info = c.device_info();
+    assert!(info.total_mem > 0 && info.sm_count > 0, "{info:?}");
+    let (free, total) = c.mem_get_info().unwrap();
+    assert!(free <= total && total == info.total_mem);
+}
+
+#[test]
+fn a_client_of_another_protocol_version_is_refused() {
+    use mps_core::protocol::{Hello, MAGIC, Welcome, get_str};
+    let server = TestServer::start();
+    let sock = std::os::unix::net::UnixStream::connect(server.socket()).unwrap();
+    let hello = Hello {
+        magic: MAGIC,
+        version: 999,
+        reserved: [0; 2],
+    };
+    mps_ipc::socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
+    let mut w: Welcome = bytemuck::Zeroable::zeroed();
+    let fds = mps_ipc::socket::recv(&sock, bytemuck::bytes_of_mut(&mut w), 2).unwrap();
+    assert!(fds.is_empty());
+    assert_eq!(w.status, Status::ProtocolMismatch as u32);
+    assert!(
+        get_str(&w.message).contains("version 999"),
+        "{}",
+        get_str(&w.message)
+    );
+}
+
+#[test]
+fn connecting_without_a_server_is_a_connection_error() {
+    let dir = temp_dir("nobody");
+    let e = Client::connect(Some(&dir)).unwrap_err();
+    assert_eq!(e.status, Status::Connection);
+    assert!(e.message.contains("mps.sock"), "{e}");
+}
