@@ -95,7 +95,7 @@ struct Submitter {
     producer: Producer<Command, ShmRing<Command>>,
     next_seq: u64,
     streams: HashMap<u64, (u32, StreamClock)>,
-    events: HashMap<u64, (u32, EventClock)>,
+    events: HashMap<u64, EventClock>,
     slots: Vec<Command>,
 }
 
@@ -424,6 +424,11 @@ impl Client {
         self.check()?;
         self.stream_slot(stream)?;
         self.submit(req, stream.0, flags::MARK)
+    }
+
+    /// The published progress of stream slot `slot`.
+    fn progress(&self, slot: u32) -> u64 {
+        self.channel.stream_done(slot).load(Ordering::Acquire)
     }
 
     fn wait_stream_seq(&self, slot: u32, seq: u64) -> Result<()> {
@@ -968,7 +973,7 @@ impl Client {
 
     /// Makes future work in `stream` wait for the latest record of `event`.
     pub fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
-        self.event_slot(event)?;
+        self.event_clock(event)?;
         self.enqueue(&Request::StreamWaitEvent { event: event.0 }, stream)
             .map(drop)
     }
@@ -989,19 +994,19 @@ impl Client {
         let v = self.call(&Request::EventCreate)?.values;
         lock(&self.submitter)
             .events
-            .insert(v[0], (v[1] as u32, EventClock::default()));
+            .insert(v[0], EventClock::default());
         Ok(Event(v[0]))
     }
 
     /// Destroys an event.
     pub fn event_destroy(&self, event: Event) -> Result<()> {
-        self.event_slot(event)?;
+        self.event_clock(event)?;
         self.call(&Request::EventDestroy { event: event.0 })?;
         lock(&self.submitter).events.remove(&event.0);
         Ok(())
     }
 
-    fn event_slot(&self, event: Event) -> Result<(u32, EventClock)> {
+    fn event_clock(&self, event: Event) -> Result<EventClock> {
         lock(&self.submitter)
             .events
             .get(&event.0)
@@ -1012,11 +1017,15 @@ impl Client {
     /// Records `event` in `stream`.
     pub fn event_record(&self, event: Event, stream: Stream) -> Result<()> {
         self.check()?;
-        self.event_slot(event)?;
-        self.stream_slot(stream)?;
-        let seq = self.submit(&Request::EventRecord { event: event.0 }, stream.0, 0)?;
-        if let Some((_, clock)) = lock(&self.submitter).events.get_mut(&event.0) {
-            clock.recorded(seq);
+        self.event_clock(event)?;
+        let slot = self.stream_slot(stream)?;
+        let seq = self.submit(
+            &Request::EventRecord { event: event.0 },
+            stream.0,
+            flags::MARK,
+        )?;
+        if let Some(clock) = lock(&self.submitter).events.get_mut(&event.0) {
+            clock.recorded(slot, seq);
         }
         Ok(())
     }
@@ -1024,27 +1033,22 @@ impl Client {
     /// Waits for the latest record of `event`.
     pub fn event_synchronize(&self, event: Event) -> Result<()> {
         self.check()?;
-        let (slot, clock) = self.event_slot(event)?;
-        let done = self.channel.event_done(slot);
-        self.wait_for(|_| {
-            clock
-                .is_complete(done.load(Ordering::Acquire))
-                .then_some(Ok(()))
-        })?;
+        let clock = self.event_clock(event)?;
+        self.wait_for(|_| clock.is_complete(|s| self.progress(s)).then_some(Ok(())))?;
         self.check()
     }
 
     /// `Ok(true)` once the latest record of `event` has completed.
     pub fn event_query(&self, event: Event) -> Result<bool> {
         self.check()?;
-        let (slot, clock) = self.event_slot(event)?;
-        Ok(clock.is_complete(self.channel.event_done(slot).load(Ordering::Acquire)))
+        let clock = self.event_clock(event)?;
+        Ok(clock.is_complete(|s| self.progress(s)))
     }
 
     /// Milliseconds between the completions of the latest records of `start` and `end`.
     pub fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32> {
-        self.event_slot(start)?;
-        self.event_slot(end)?;
+        self.event_clock(start)?;
+        self.event_clock(end)?;
         let v = self.call(&Request::EventElapsed {
             start: start.0,
             end: end.0,

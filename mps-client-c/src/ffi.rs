@@ -277,10 +277,11 @@ pub unsafe extern "C" fn mps_disconnect(client: *mut mps_client) -> mps_status {
     })
 }
 
-/// The name of a status, e.g. "MPS_ERROR_INVALID_HANDLE"; never NULL.
+/// The name of a status, e.g. "MPS_ERROR_INVALID_HANDLE"; never NULL. Takes any integer, so
+/// that a value from a newer library is named "MPS_ERROR_UNKNOWN_STATUS" rather than trusted.
 #[unsafe(no_mangle)]
-pub extern "C" fn mps_status_string(status: mps_status) -> *const c_char {
-    Status::from_u32(status as u32)
+pub extern "C" fn mps_status_string(status: u32) -> *const c_char {
+    Status::from_u32(status)
         .map_or(c"MPS_ERROR_UNKNOWN_STATUS", Status::c_name)
         .as_ptr()
 }

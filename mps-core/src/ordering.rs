@@ -41,29 +41,34 @@ impl StreamClock {
     }
 }
 
-/// One event's records, as the client tracks them. A record's generation is the sequence number
-/// of the command that made it, so generations only grow, even across events that reuse a slot
-/// (the server publishes them with a maximum, never a plain store).
+/// One event's latest record, as the client tracks it: the stream slot it was recorded in and
+/// the record's sequence number. The record has completed once that stream's published progress
+/// reaches the sequence number. (A server hands a stream's slot to a new stream only after the
+/// old stream's work completed, so a reused slot never vouches for a record that is pending.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventClock {
-    last_record: u64,
+    last_record: Option<(u32, u64)>,
 }
 
 impl EventClock {
-    /// Notes a record made by command `seq` (threads racing to record one event may note their
-    /// records out of order; the latest in the ring wins).
-    pub fn recorded(&mut self, seq: u64) {
-        self.last_record = self.last_record.max(seq);
+    /// Notes a record made by command `seq` in the stream of slot `slot`. Threads racing to record
+    /// one event may note their records out of order; the latest in the ring wins.
+    pub fn recorded(&mut self, slot: u32, seq: u64) {
+        if self.last_record.is_none_or(|(_, s)| s < seq) {
+            self.last_record = Some((slot, seq));
+        }
     }
 
     /// Whether the event was ever recorded.
     pub fn was_recorded(&self) -> bool {
-        self.last_record != 0
+        self.last_record.is_some()
     }
 
-    /// Whether the latest record has completed (an event never recorded is complete, as in CUDA).
-    pub fn is_complete(&self, published: u64) -> bool {
-        published >= self.last_record
+    /// Whether the latest record has completed (an event never recorded is complete, as in
+    /// CUDA), given a way to read a stream slot's published progress.
+    pub fn is_complete(&self, progress: impl Fn(u32) -> u64) -> bool {
+        self.last_record
+            .is_none_or(|(slot, seq)| progress(slot) >= seq)
     }
 }
 
@@ -91,14 +96,16 @@ mod tests {
     #[test]
     fn event_clock_follows_its_latest_record() {
         let mut e = EventClock::default();
-        assert!(e.is_complete(0));
+        assert!(e.is_complete(|_| 0));
         assert!(!e.was_recorded());
-        e.recorded(11);
+        e.recorded(2, 11);
         assert!(e.was_recorded());
-        assert!(!e.is_complete(10));
-        assert!(e.is_complete(11));
-        e.recorded(12);
-        assert!(!e.is_complete(11));
-        assert!(e.is_complete(40));
+        assert!(!e.is_complete(|s| if s == 2 { 10 } else { 100 }));
+        assert!(e.is_complete(|s| if s == 2 { 11 } else { 0 }));
+        // A later record in another stream supersedes; an older one noted late does not.
+        e.recorded(5, 12);
+        e.recorded(2, 9);
+        assert!(!e.is_complete(|s| if s == 5 { 11 } else { 100 }));
+        assert!(e.is_complete(|s| if s == 5 { 12 } else { 0 }));
     }
 }

@@ -34,7 +34,7 @@ pub const MAX_NAME_BYTES: usize = 1024;
 pub const MAX_COMMAND_SLOTS: usize = 1 + MAX_PARAM_BYTES / SLOT_BYTES;
 /// Streams per client, the default stream (slot 0) included.
 pub const MAX_STREAMS: usize = 256;
-/// Events per client.
+/// Events one client may hold.
 pub const MAX_EVENTS: usize = 4096;
 /// The largest module image the server accepts.
 pub const MAX_MODULE_BYTES: u64 = 256 << 20;
@@ -286,8 +286,8 @@ pub enum Request<'a> {
     EventDestroy {
         event: u64,
     },
-    /// Record `event` in the command's stream; the command's sequence number is published in the
-    /// event's progress slot once the record is reached.
+    /// Record `event` in the command's stream. The client knows the record completed once the
+    /// stream's progress reaches the command's sequence number.
     EventRecord {
         event: u64,
     },

@@ -7,7 +7,7 @@
 //!   asleep, and the staging area for pageable copies and module images;
 //! * the **server segment**, which the client can only map read-only (it is sealed so): the
 //!   progress doorbell, the submission ring's head, the completion ring's tail and slots, and the
-//!   progress of every stream and event of the client.
+//!   progress of every stream of the client.
 //!
 //! Each index and doorbell word sits on its own cache line, so the two sides never write the
 //! same line.
@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use mps_core::protocol::{Command, Completion, MAX_EVENTS, MAX_STREAMS, SLOT_BYTES, Welcome};
+use mps_core::protocol::{Command, Completion, MAX_STREAMS, SLOT_BYTES, Welcome};
 use mps_core::{Error, Result, Status};
 
 use crate::doorbell::Doorbell;
@@ -38,8 +38,7 @@ const PROGRESS_BELL: usize = 0;
 const SUBMIT_HEAD: usize = LINE;
 const COMPLETE_TAIL: usize = 2 * LINE;
 const STREAM_DONE: usize = 4 * LINE;
-const EVENT_DONE: usize = STREAM_DONE + MAX_STREAMS * 8;
-const COMPLETE_SLOTS: usize = (EVENT_DONE + MAX_EVENTS * 8).next_multiple_of(PAGE);
+const COMPLETE_SLOTS: usize = (STREAM_DONE + MAX_STREAMS * 8).next_multiple_of(PAGE);
 
 /// Sizes of one connection's rings and staging area.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,15 +200,6 @@ impl Channel {
             "stream slot {slot} out of range"
         );
         Self::word(&self.server, STREAM_DONE + slot as usize * 8)
-    }
-
-    /// The published generation of event slot `slot`. Panics on a slot past [`MAX_EVENTS`].
-    pub fn event_done(&self, slot: u32) -> &AtomicU64 {
-        assert!(
-            (slot as usize) < MAX_EVENTS,
-            "event slot {slot} out of range"
-        );
-        Self::word(&self.server, EVENT_DONE + slot as usize * 8)
     }
 
     /// The staging area: base address and length. Both sides may write it; each side copies

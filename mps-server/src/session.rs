@@ -21,7 +21,7 @@ use mps_ipc::ring::Consumer;
 use mps_ipc::segment::Segment;
 use mps_ipc::socket::{self, Peer};
 
-use crate::backend::{Backend, ClientContext, HostBytes, Op, Publish, PublishTarget};
+use crate::backend::{Backend, ClientContext, HostBytes, Op, Publish};
 use crate::outbox::Outbox;
 
 /// Limits on what one client may hold.
@@ -40,11 +40,6 @@ const NAP: Duration = Duration::from_millis(200);
 struct StreamEntry<B: Backend> {
     slot: u32,
     stream: B::Stream,
-}
-
-struct EventEntry<B: Backend> {
-    slot: u32,
-    event: Arc<B::Event>,
 }
 
 struct FunctionEntry<B: Backend> {
@@ -67,8 +62,7 @@ pub(crate) struct Session<B: Backend> {
     default_stream: Option<StreamEntry<B>>,
     streams: HandleTable<StreamEntry<B>>,
     stream_slots: SlotPool,
-    events: HandleTable<EventEntry<B>>,
-    event_slots: SlotPool,
+    events: HandleTable<Arc<B::Event>>,
     modules: HandleTable<Arc<B::Module>>,
     functions: HandleTable<FunctionEntry<B>>,
     host: HandleTable<Arc<Segment>>,
@@ -115,7 +109,6 @@ impl<B: Backend> Session<B> {
             streams: HandleTable::new(HandleKind::Stream, MAX_STREAMS - 1),
             stream_slots: SlotPool::new(1, MAX_STREAMS as u32),
             events: HandleTable::new(HandleKind::Event, MAX_EVENTS),
-            event_slots: SlotPool::new(0, MAX_EVENTS as u32),
             modules: HandleTable::new(HandleKind::Module, MAX_MODULES),
             functions: HandleTable::new(HandleKind::Function, MAX_FUNCTIONS),
             host: HandleTable::new(HandleKind::HostBuffer, MAX_HOST_BUFFERS),
@@ -256,7 +249,7 @@ impl<B: Backend> Session<B> {
     fn stream_publish(&self, stream: u64, seq: u64) -> Result<Publish> {
         Ok(Publish {
             channel: self.channel.clone(),
-            target: PublishTarget::Stream(self.stream(stream)?.slot),
+            slot: self.stream(stream)?.slot,
             seq,
         })
     }
@@ -552,48 +545,33 @@ impl<B: Backend> Session<B> {
             }
             Request::Mark => self.enqueue(cmd, Op::Nop),
             Request::EventCreate => {
-                let slot = self.event_slots.take().ok_or_else(|| {
-                    Error::new(
+                if self.events.is_full() {
+                    return Err(Error::new(
                         Status::QuotaExceeded,
                         format!("this client already holds {MAX_EVENTS} events"),
-                    )
-                })?;
-                let event = match self.backend.event_create() {
-                    Ok(e) => Arc::new(e),
-                    Err(e) => {
-                        self.event_slots.give_back(slot);
-                        return Err(e);
-                    }
-                };
+                    ));
+                }
+                let event = Arc::new(self.backend.event_create()?);
                 let h = self.next_handle(HandleKind::Event);
-                self.events.insert(h, EventEntry { slot, event })?;
-                ok([h.0, slot as u64, 0, 0])
+                self.events.insert(h, event)?;
+                ok([h.0, 0, 0, 0])
             }
             Request::EventDestroy { event } => {
-                let e = self.events.remove(event)?;
-                self.event_slots.give_back(e.slot);
+                self.events.remove(event)?;
                 ok([0; 4])
             }
             Request::EventRecord { event } => {
-                let e = self.events.get(event)?;
-                let publish = Publish {
-                    channel: self.channel.clone(),
-                    target: PublishTarget::Event(e.slot),
-                    seq,
-                };
-                let s = self.stream(cmd.stream)?;
-                self.backend
-                    .submit(&s.stream, seq, Op::Record(e.event.clone()), Some(publish))?;
-                ok([0; 4])
+                let e = self.events.get(event)?.clone();
+                self.enqueue(cmd, Op::Record(e))
             }
             Request::StreamWaitEvent { event } => {
-                let e = self.events.get(event)?.event.clone();
+                let e = self.events.get(event)?.clone();
                 self.enqueue(cmd, Op::Wait(e))
             }
             Request::EventElapsed { start, end } => {
                 let s = self.events.get(start)?;
                 let e = self.events.get(end)?;
-                let ms = self.backend.event_elapsed_ms(&s.event, &e.event)?;
+                let ms = self.backend.event_elapsed_ms(s, e)?;
                 ok([ms.to_bits() as u64, 0, 0, 0])
             }
         }

@@ -67,36 +67,25 @@ impl HostBytes {
     }
 }
 
-/// Where a completed command's progress is published: a stream's or an event's slot in the
-/// client's server segment.
+/// Where a completed command's progress is published: its stream's slot in the client's server
+/// segment.
 #[derive(Debug, Clone)]
 pub struct Publish {
     /// The client's channel.
     pub channel: Channel,
-    /// Stream or event slot.
-    pub target: PublishTarget,
+    /// The stream's slot.
+    pub slot: u32,
     /// The sequence number to publish.
     pub seq: u64,
 }
 
-/// Which progress slot.
-#[derive(Debug, Clone, Copy)]
-pub enum PublishTarget {
-    /// A stream slot.
-    Stream(u32),
-    /// An event slot.
-    Event(u32),
-}
-
 impl Publish {
-    /// Publishes from the host: raise the slot to `seq` (a maximum, so a late publish of an older
-    /// command can never move progress backwards) and wake sleeping client threads.
+    /// Publishes from the host: raise the slot to `seq` (a maximum, so that progress never moves
+    /// backwards) and wake sleeping client threads.
     pub fn publish(&self) {
-        let word = match self.target {
-            PublishTarget::Stream(s) => self.channel.stream_done(s),
-            PublishTarget::Event(s) => self.channel.event_done(s),
-        };
-        word.fetch_max(self.seq, Ordering::Release);
+        self.channel
+            .stream_done(self.slot)
+            .fetch_max(self.seq, Ordering::Release);
         self.channel.progress_bell().ring();
     }
 }
@@ -226,9 +215,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<()>;
     /// Waits until everything queued on `stream` has run (or, while waiting, `closing` is set).
     fn stream_synchronize(&self, stream: &Self::Stream, closing: &AtomicBool) -> Result<()>;
-    /// Destroys a stream: work already queued still runs, unless the client is closing.
-    /// Returns once the stream's resources can be released (for a closing client, once no
-    /// work of the stream runs any more).
+    /// Destroys a stream: work already queued still runs, unless the client is closing. Returns
+    /// once no work of the stream is pending or running, so that its progress slot can be given
+    /// to a new stream (clients take a slot's progress past an event's record as proof that the
+    /// record completed).
     fn stream_destroy(&self, stream: Self::Stream);
     /// Creates an event.
     fn event_create(&self) -> Result<Self::Event>;

@@ -1,0 +1,87 @@
+//! C programs against the C ABI: built with `-Wall -Wextra -Werror` against include/mps.h and the
+//! library this build produced, run against a real server.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Builds libmpsclient.so (cargo builds a dependency's cdylib only when the package itself is
+/// being built, so `cargo test -p mps-server` alone would otherwise link a stale one).
+fn build_library() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "mps-client-c", "--lib"]);
+        if target_dir().ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.current_dir(root()).status().expect("run cargo");
+        assert!(status.success(), "building libmpsclient failed");
+    });
+}
+
+/// Compiles `source` into `out`, linking libmpsclient from this build.
+fn build_c(source: &Path, out: &Path) {
+    build_library();
+    let lib_dir = target_dir();
+    assert!(
+        lib_dir.join("libmpsclient.so").exists(),
+        "libmpsclient.so not found in {}",
+        lib_dir.display()
+    );
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(out)
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-lmpsclient")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
+    assert!(status.success(), "compiling {} failed", source.display());
+}
+
+fn run_c(program: &Path, server: &TestServer) -> String {
+    let out = Command::new(program)
+        .arg(root().join("kernels/test_kernels.ptx"))
+        .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{} failed:\n{stdout}\n{}\nserver log:\n{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    stdout
+}
+
+#[test]
+fn the_c_api_test_passes() {
+    let dir = temp_dir("c");
+    let exe = dir.join("api_test");
+    build_c(&root().join("mps-server/tests/c/api_test.c"), &exe);
+    let server = TestServer::start();
+    let out = run_c(&exe, &server);
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn the_c_example_builds_and_runs() {
+    let dir = temp_dir("c-example");
+    let exe = dir.join("vector_add");
+    build_c(&root().join("examples/c/vector_add.c"), &exe);
+    let server = TestServer::start();
+    let out = run_c(&exe, &server);
+    assert!(out.contains("elements correct"), "{out}");
+}
