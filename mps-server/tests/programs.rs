@@ -1,5 +1,6 @@
-//! C programs against the C ABI: built with `-Wall -Wextra -Werror` against include/mps.h and the
-//! library this build produced, run against a real server.
+//! Programs as users write them, run against a real server: the C API test and the C example,
+//! built with `-Wall -Wextra -Werror` against include/mps.h and the library this build produced,
+//! and the Rust example.
 
 mod common;
 
@@ -49,7 +50,7 @@ fn build_c(source: &Path, out: &Path) {
     assert!(status.success(), "compiling {} failed", source.display());
 }
 
-fn run_c(program: &Path, server: &TestServer) -> String {
+fn run_program(program: &Path, server: &TestServer) -> String {
     let out = Command::new(program)
         .arg(root().join("kernels/test_kernels.ptx"))
         .env("MPS_PIPE_DIRECTORY", &server.dir)
@@ -72,7 +73,7 @@ fn the_c_api_test_passes() {
     let exe = dir.join("api_test");
     build_c(&root().join("mps-server/tests/c/api_test.c"), &exe);
     let server = TestServer::start();
-    let out = run_c(&exe, &server);
+    let out = run_program(&exe, &server);
     assert!(out.contains("all checks passed"), "{out}");
 }
 
@@ -82,6 +83,19 @@ fn the_c_example_builds_and_runs() {
     let exe = dir.join("vector_add");
     build_c(&root().join("examples/c/vector_add.c"), &exe);
     let server = TestServer::start();
-    let out = run_c(&exe, &server);
+    let out = run_program(&exe, &server);
+    assert!(out.contains("elements correct"), "{out}");
+}
+
+#[test]
+fn the_rust_example_builds_and_runs() {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-p", "mps-client-c", "--example", "vector_add"]);
+    if target_dir().ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(cmd.current_dir(root()).status().unwrap().success());
+    let server = TestServer::start();
+    let out = run_program(&target_dir().join("examples/vector_add"), &server);
     assert!(out.contains("elements correct"), "{out}");
 }
