@@ -746,3 +746,20 @@ fn connecting_without_a_server_is_a_connection_error() {
     assert_eq!(e.status, Status::Connection);
     assert!(e.message.contains("mps.sock"), "{e}");
 }
+
+#[test]
+fn one_client_may_be_used_from_several_threads() {
+    let server = TestServer::start();
+    let c = server.client();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let c = &c;
+            s.spawn(move || {
+                for round in 0..3 {
+                    vector_work(c, 20_000 + t * 1000, (t * 10 + round) as f32);
+                }
+            });
+        }
+    });
+    c.synchronize().unwrap();
+}
