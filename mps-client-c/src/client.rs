@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mps_core::ordering::{EventClock, StreamClock};
 use mps_core::protocol::{
@@ -29,9 +29,13 @@ use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
 /// How long a waiting thread spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
-/// How long it sleeps before checking that the server is still there.
-const NAP: Duration = Duration::from_millis(100);
+const SPIN: Duration = Duration::from_micros(50);
+/// Its first nap; naps double up to `MAX_NAP`. A GPU writes stream progress without ringing the
+/// doorbell (no host thread is on that path), so a sleeping waiter must look again by itself.
+const FIRST_NAP: Duration = Duration::from_micros(20);
+const MAX_NAP: Duration = Duration::from_millis(2);
+/// How often a waiter checks that the server is still there.
+const LIVENESS: Duration = Duration::from_millis(100);
 
 /// A device pointer.
 #[repr(transparent)]
@@ -316,9 +320,16 @@ impl Client {
     }
 
     /// Waits until `ready` returns something, draining completions between looks; fails on a
-    /// fault or a lost connection.
-    fn wait_for<T>(&self, mut ready: impl FnMut(&mut Receiver) -> Option<Result<T>>) -> Result<T> {
+    /// fault or a lost connection. `poll` is a cheap lock-free look (a progress word) that ends
+    /// the spinning or napping early.
+    fn wait_for<T>(
+        &self,
+        poll: impl Fn() -> bool,
+        mut ready: impl FnMut(&mut Receiver) -> Option<Result<T>>,
+    ) -> Result<T> {
         let bell = self.channel.progress_bell();
+        let (mut spin, mut nap) = (SPIN, FIRST_NAP);
+        let mut checked = Instant::now();
         loop {
             let seen = bell.value();
             {
@@ -331,10 +342,17 @@ impl Client {
                     return Err(f.clone());
                 }
             }
-            if bell.wait(SPIN, NAP, || bell.value() != seen) == Wake::TimedOut && self.server_gone()
-            {
-                self.lost.store(true, Ordering::Relaxed);
-                return Err(lost("the server closed the connection"));
+            let woke = bell.wait(spin, spin + nap, || bell.value() != seen || poll());
+            spin = Duration::ZERO;
+            if woke == Wake::TimedOut {
+                nap = (nap * 2).min(MAX_NAP);
+                if checked.elapsed() >= LIVENESS {
+                    checked = Instant::now();
+                    if self.server_gone() {
+                        self.lost.store(true, Ordering::Relaxed);
+                        return Err(lost("the server closed the connection"));
+                    }
+                }
             }
         }
     }
@@ -378,7 +396,8 @@ impl Client {
             if producer.free().is_ok_and(|f| f >= need) {
                 continue;
             }
-            if bell.wait(SPIN, NAP, || bell.value() != seen) == Wake::TimedOut && self.server_gone()
+            if bell.wait(SPIN, LIVENESS, || bell.value() != seen) == Wake::TimedOut
+                && self.server_gone()
             {
                 self.lost.store(true, Ordering::Relaxed);
                 return Err(lost("the server closed the connection"));
@@ -396,12 +415,15 @@ impl Client {
     }
 
     fn wait_reply(&self, seq: u64) -> Result<Completion> {
-        self.wait_for(|r| {
-            r.replies.remove(&seq).map(|c| match c.result() {
-                Ok(_) => Ok(c),
-                Err(e) => Err(e),
-            })
-        })
+        self.wait_for(
+            || false,
+            |r| {
+                r.replies.remove(&seq).map(|c| match c.result() {
+                    Ok(_) => Ok(c),
+                    Err(e) => Err(e),
+                })
+            },
+        )
     }
 
     /// Submits a command that expects a reply and waits for it.
@@ -433,7 +455,8 @@ impl Client {
 
     fn wait_stream_seq(&self, slot: u32, seq: u64) -> Result<()> {
         let done = self.channel.stream_done(slot);
-        self.wait_for(|_| (done.load(Ordering::Acquire) >= seq).then_some(Ok(())))
+        let reached = || done.load(Ordering::Acquire) >= seq;
+        self.wait_for(reached, |_| reached().then_some(Ok(())))
     }
 
     // ----- memory -----
@@ -1034,7 +1057,8 @@ impl Client {
     pub fn event_synchronize(&self, event: Event) -> Result<()> {
         self.check()?;
         let clock = self.event_clock(event)?;
-        self.wait_for(|_| clock.is_complete(|s| self.progress(s)).then_some(Ok(())))?;
+        let complete = || clock.is_complete(|s| self.progress(s));
+        self.wait_for(complete, |_| complete().then_some(Ok(())))?;
         self.check()
     }
 

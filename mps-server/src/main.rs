@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
 use mps_server::backend::Backend;
+use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{SimBackend, SimConfig};
 use mps_server::server::{Server, ServerConfig};
 use tracing_subscriber::prelude::*;
@@ -41,6 +42,9 @@ struct Args {
     /// Simulated SMs (simulator only).
     #[arg(long, default_value_t = 16)]
     sim_sm_count: u32,
+    /// CUDA device ordinal (CUDA only).
+    #[arg(long, default_value_t = 0)]
+    device: i32,
     /// Staging area per client for pageable copies and module images, e.g. 4MiB.
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     staging: u64,
@@ -112,7 +116,45 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig) -> Result<(), String> {
     Ok(())
 }
 
+fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+    let backend = CudaBackend::new(args.device).map_err(|e| e.to_string())?;
+    let info = backend.info();
+    tracing::info!(
+        "backend: CUDA device {} ({}, {} SMs, compute capability {}.{}, {} bytes)",
+        args.device,
+        info.name,
+        info.sm_count,
+        info.cc.0,
+        info.cc.1,
+        info.total_mem
+    );
+    serve(backend, cfg)
+}
+
+fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+    let sim = SimConfig {
+        memory_bytes: args.sim_memory,
+        sm_count: args.sim_sm_count,
+    };
+    let backend = SimBackend::new(sim).map_err(|e| e.to_string())?;
+    tracing::info!(
+        "backend: simulator, {} bytes of device memory, {} SMs",
+        sim.memory_bytes,
+        sim.sm_count
+    );
+    serve(backend, cfg)
+}
+
+/// Streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with fewer queues
+/// than busy streams, independent streams falsely serialise. It must be set before the context
+/// is created.
+const MAX_CONNECTIONS: &str = "32";
+
 fn main() -> std::process::ExitCode {
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: nothing else runs yet: main has started no thread.
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS) };
+    }
     let args = Args::parse();
     let log_dir = args
         .log_dir
@@ -138,29 +180,15 @@ fn main() -> std::process::ExitCode {
         layout,
     };
     let result = match args.backend {
-        BackendChoice::Cuda => {
-            Err("--backend cuda: this build has no CUDA backend yet; use --backend sim".to_string())
-        }
-        BackendChoice::Auto | BackendChoice::Sim => {
-            if args.backend == BackendChoice::Auto {
-                tracing::info!("backend auto: no CUDA backend in this build, using the simulator");
+        BackendChoice::Cuda => start_cuda(&args, cfg),
+        BackendChoice::Sim => start_sim(&args, cfg),
+        BackendChoice::Auto => match cuda::probe() {
+            Ok(()) => start_cuda(&args, cfg),
+            Err(why) => {
+                tracing::info!("backend auto: no usable GPU ({why}); using the simulator");
+                start_sim(&args, cfg)
             }
-            let sim = SimConfig {
-                memory_bytes: args.sim_memory,
-                sm_count: args.sim_sm_count,
-            };
-            match SimBackend::new(sim) {
-                Ok(b) => {
-                    tracing::info!(
-                        "backend: simulator, {} bytes of device memory, {} SMs",
-                        sim.memory_bytes,
-                        sim.sm_count
-                    );
-                    serve(b, cfg)
-                }
-                Err(e) => Err(e.to_string()),
-            }
-        }
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

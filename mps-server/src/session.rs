@@ -92,9 +92,20 @@ impl<B: Backend> Session<B> {
             closing,
             faults: outbox.clone(),
         };
-        let default_stream = StreamEntry {
-            slot: 0,
-            stream: backend.stream_create(0, &ctx)?,
+        // The GPU writes progress into the server segment and copies through the staging area
+        // in the client segment: both must be registered with the device.
+        backend.host_register(channel.server_segment())?;
+        if let Err(e) = backend.host_register(channel.client_segment()) {
+            backend.host_unregister(channel.server_segment());
+            return Err(e);
+        }
+        let default_stream = match backend.stream_create(0, &ctx) {
+            Ok(stream) => StreamEntry { slot: 0, stream },
+            Err(e) => {
+                backend.host_unregister(channel.client_segment());
+                backend.host_unregister(channel.server_segment());
+                return Err(e);
+            }
         };
         Ok(Session {
             commands: channel.submit_consumer(),
@@ -688,6 +699,8 @@ impl<B: Backend> Session<B> {
         for (_, seg) in self.host.drain() {
             self.backend.host_unregister(&seg);
         }
+        self.backend.host_unregister(self.channel.client_segment());
+        self.backend.host_unregister(self.channel.server_segment());
         tracing::info!(
             client = self.id,
             pid = self.peer.pid,

@@ -397,23 +397,29 @@ fn a_client_cannot_touch_another_clients_objects() {
             c.message()
         );
     }
-    // A launch of the attacker's own kernel at the owner's memory is an illegal address.
-    let mine = other.module_load(&ptx()).unwrap();
-    let f = other.module_get_function(mine, "fill_u32").unwrap();
-    other
-        .launch(
-            f,
-            grid(1),
-            grid(32),
-            0,
-            Stream::DEFAULT,
-            &[
-                &p.0.to_le_bytes(),
-                &5u32.to_le_bytes(),
-                &256u64.to_le_bytes(),
-            ],
-        )
-        .unwrap_err_or_sync(&other, Status::IllegalAddress);
+    // A launch of the attacker's own kernel at the owner's memory is an illegal address in the
+    // simulator. On a GPU all clients of a server share one address space, and the kernel would
+    // write there (docs/ARCHITECTURE.md says so); the check is the simulator's.
+    if on_gpu() {
+        println!("note: on a GPU a kernel can reach another client's memory; not checked here");
+    } else {
+        let mine = other.module_load(&ptx()).unwrap();
+        let f = other.module_get_function(mine, "fill_u32").unwrap();
+        other
+            .launch(
+                f,
+                grid(1),
+                grid(32),
+                0,
+                Stream::DEFAULT,
+                &[
+                    &p.0.to_le_bytes(),
+                    &5u32.to_le_bytes(),
+                    &256u64.to_le_bytes(),
+                ],
+            )
+            .unwrap_err_or_sync(&other, Status::IllegalAddress);
+    }
 
     // The owner's data and objects are untouched.
     let mut words = [0u8; 1024];
@@ -471,13 +477,28 @@ fn a_kernel_fault_poisons_only_the_faulting_client() {
     .unwrap();
     let e = bad.synchronize().unwrap_err();
     assert_eq!(e.status, Status::IllegalAddress, "{e}");
-    assert!(e.message.contains("fault_write"), "{e}");
+    // The simulator names the kernel; a GPU reports only that the context failed.
+    let expected = if on_gpu() {
+        "CUDA context failed"
+    } else {
+        "fault_write"
+    };
+    assert!(e.message.contains(expected), "{e}");
     // Sticky, as a CUDA context's fault is.
     assert_eq!(
         bad.mem_alloc(16).unwrap_err().status,
         Status::IllegalAddress
     );
-    vector_work(&good, 1000, 1.0);
+    if on_gpu() {
+        // On a GPU the fault ends the context for every client of the server: the other client
+        // is told so on its next call.
+        let e = good.synchronize().unwrap_err();
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        assert!(e.message.contains("CUDA context failed"), "{e}");
+        println!("on the GPU, the other client of the server got: {e}");
+    } else {
+        vector_work(&good, 1000, 1.0);
+    }
 }
 
 #[test]
@@ -485,8 +506,10 @@ fn a_killed_client_is_cleaned_up_and_others_carry_on() {
     if let Some(role) = role() {
         let c = Client::connect(None).unwrap();
         if role == "hog" {
-            // Hold most of the device's memory, then launch forever.
-            let _p = c.mem_alloc(48 << 20).unwrap();
+            // Hold most of the device's memory (1 GiB on a GPU), then launch forever.
+            let _p = c
+                .mem_alloc(if on_gpu() { 1 << 30 } else { 48 << 20 })
+                .unwrap();
             let m = c.module_load(&ptx()).unwrap();
             let spin = c.module_get_function(m, "spin_ns").unwrap();
             let ctr = c.mem_alloc(4).unwrap();
@@ -523,26 +546,41 @@ fn a_killed_client_is_cleaned_up_and_others_carry_on() {
     );
     let other = spawn_role(test, "worker", &server);
     let probe = server.client();
-    let e = probe.mem_alloc(48 << 20).unwrap_err();
-    assert_eq!(e.status, Status::OutOfMemory, "{e}");
-    hog.kill().unwrap();
-    hog.wait().unwrap();
-    server.wait_for_log("hung up");
-    // Its memory comes back (teardown waits for its running kernel, a few ms).
     let deadline = Instant::now() + Duration::from_secs(20);
-    let p = loop {
-        match probe.mem_alloc(48 << 20) {
-            Ok(p) => break p,
-            Err(e) if e.status == Status::OutOfMemory && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!(
-                "memory of the killed client never came back: {e}\n{}",
-                server.log()
-            ),
+    if on_gpu() {
+        // The device is too large to fill: watch its free memory instead.
+        let (held, _) = probe.mem_get_info().unwrap();
+        hog.kill().unwrap();
+        hog.wait().unwrap();
+        server.wait_for_log("hung up");
+        while probe.mem_get_info().unwrap().0 < held + (1 << 30) - (64 << 20) {
+            assert!(
+                Instant::now() < deadline,
+                "the killed client's 1 GiB never came back"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-    };
-    probe.mem_free(p).unwrap();
+    } else {
+        let e = probe.mem_alloc(48 << 20).unwrap_err();
+        assert_eq!(e.status, Status::OutOfMemory, "{e}");
+        hog.kill().unwrap();
+        hog.wait().unwrap();
+        server.wait_for_log("hung up");
+        // Its memory comes back (teardown waits for its running kernel, a few ms).
+        let p = loop {
+            match probe.mem_alloc(48 << 20) {
+                Ok(p) => break p,
+                Err(e) if e.status == Status::OutOfMemory && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!(
+                    "memory of the killed client never came back: {e}\n{}",
+                    server.log()
+                ),
+            }
+        };
+        probe.mem_free(p).unwrap();
+    }
     let out = other.wait_with_output().unwrap();
     assert!(
         out.status.success(),

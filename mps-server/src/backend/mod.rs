@@ -5,6 +5,7 @@
 //! backend, so backends may trust handles and ranges; they still bounds-check device addresses
 //! wherever a mistake could touch the server's own memory.
 
+pub mod cuda;
 pub mod sim;
 
 use std::sync::Arc;

@@ -16,9 +16,18 @@ use mps_ipc::ring::{Consumer, Producer};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
-/// The workspace root.
+/// The workspace root (`MPS_ROOT` overrides it, for test binaries run on another machine).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("MPS_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
+/// The server binary (`MPS_SERVER_BIN` overrides it, for test binaries run on another machine).
+pub fn server_bin() -> PathBuf {
+    std::env::var_os("MPS_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mps-server")))
 }
 
 /// The test kernels' PTX.
@@ -50,6 +59,11 @@ pub fn backend() -> String {
     std::env::var("MPS_TEST_BACKEND").unwrap_or_else(|_| "sim".into())
 }
 
+/// Whether the tests run against a GPU.
+pub fn on_gpu() -> bool {
+    backend() == "cuda"
+}
+
 /// A server process in a temporary pipe directory, killed on drop.
 pub struct TestServer {
     pub dir: PathBuf,
@@ -64,13 +78,12 @@ impl TestServer {
     /// Starts `mps-server` with extra arguments and waits until it accepts connections.
     pub fn start_with(extra: &[&str]) -> TestServer {
         let dir = temp_dir("server");
-        let child = Command::new(env!("CARGO_BIN_EXE_mps-server"))
-            .arg("--pipe-dir")
-            .arg(&dir)
-            .arg("--log-dir")
-            .arg(&dir)
-            .arg("--backend")
-            .arg(backend())
+        let mut cmd = Command::new(server_bin());
+        cmd.arg("--pipe-dir").arg(&dir).arg("--log-dir").arg(&dir);
+        if !extra.contains(&"--backend") {
+            cmd.arg("--backend").arg(backend());
+        }
+        let child = cmd
             .args(extra)
             .env("MPS_LOG", "debug")
             .stdout(Stdio::null())
