@@ -28,8 +28,22 @@ use mps_ipc::ring::{Consumer, Producer};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
-/// How long a waiting thread spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a waiting thread spins before it sleeps, unless `MPS_CLIENT_SPIN_US` says otherwise.
+const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+
+fn spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("MPS_CLIENT_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(DEFAULT_SPIN, Duration::from_micros)
+    })
+}
+/// After spinning, how long it keeps looking while yielding the processor between looks (as
+/// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
+/// answers at once. Only then does it nap.
+const YIELD: Duration = Duration::from_millis(2);
 /// Its first nap; naps double up to `MAX_NAP`. A GPU writes stream progress without ringing the
 /// doorbell (no host thread is on that path), so a sleeping waiter must look again by itself.
 const FIRST_NAP: Duration = Duration::from_micros(20);
@@ -328,7 +342,12 @@ impl Client {
         mut ready: impl FnMut(&mut Receiver) -> Option<Result<T>>,
     ) -> Result<T> {
         let bell = self.channel.progress_bell();
-        let (mut spin, mut nap) = (SPIN, FIRST_NAP);
+        // Spin until `spin()` has passed since the wait began, whatever wakes us meanwhile (the
+        // server rings the bell for every command it consumes); then yield between looks for a
+        // while; then nap, doubling.
+        let spin_until = Instant::now() + spin();
+        let yield_until = spin_until + YIELD;
+        let mut nap = FIRST_NAP;
         let mut checked = Instant::now();
         loop {
             let seen = bell.value();
@@ -342,8 +361,22 @@ impl Client {
                     return Err(f.clone());
                 }
             }
-            let woke = bell.wait(spin, spin + nap, || bell.value() != seen || poll());
-            spin = Duration::ZERO;
+            let now = Instant::now();
+            if now >= spin_until && now < yield_until {
+                // Look again after a yield, without sleeping.
+                let until = now + Duration::from_micros(50);
+                while bell.value() == seen && !poll() && Instant::now() < until {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            let cond = || bell.value() != seen || poll();
+            if now < spin_until {
+                let spin = spin_until - now;
+                bell.wait(spin, spin, cond);
+                continue;
+            }
+            let woke = bell.wait(Duration::ZERO, nap, cond);
             if woke == Wake::TimedOut {
                 nap = (nap * 2).min(MAX_NAP);
                 if checked.elapsed() >= LIVENESS {
@@ -396,7 +429,7 @@ impl Client {
             if producer.free().is_ok_and(|f| f >= need) {
                 continue;
             }
-            if bell.wait(SPIN, LIVENESS, || bell.value() != seen) == Wake::TimedOut
+            if bell.wait(spin(), LIVENESS, || bell.value() != seen) == Wake::TimedOut
                 && self.server_gone()
             {
                 self.lost.store(true, Ordering::Relaxed);
@@ -441,11 +474,13 @@ impl Client {
             .ok_or_else(|| unknown("stream", stream.0))
     }
 
-    /// Submits stream-ordered work, published on completion.
+    /// Submits stream-ordered work. It carries no `MARK`: publishing progress costs the server
+    /// a device operation per command, so a stream is marked only when someone waits for it (see
+    /// `stream_target`).
     fn enqueue(&self, req: &Request<'_>, stream: Stream) -> Result<u64> {
         self.check()?;
         self.stream_slot(stream)?;
-        self.submit(req, stream.0, flags::MARK)
+        self.submit(req, stream.0, 0)
     }
 
     /// The published progress of stream slot `slot`.

@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub pipe_dir: PathBuf,
     /// Ring and staging sizes of each client's channel.
     pub layout: Layout,
+    /// How long a session thread spins for new commands before it sleeps.
+    pub spin: Duration,
 }
 
 /// A server bound to its socket.
@@ -110,11 +112,12 @@ impl<B: Backend> Server<B> {
         let backend = self.backend.clone();
         let handles = self.handles.clone();
         let layout = self.cfg.layout;
+        let spin = self.cfg.spin;
         let spawned = std::thread::Builder::new()
             .name(format!("client-{id}"))
             .spawn(move || match handshake(&*backend, stream, id, layout) {
                 Ok((peer, channel, socket)) => {
-                    match Session::new(backend, handles, id, peer, channel, socket) {
+                    match Session::new(backend, handles, id, peer, channel, socket, spin) {
                         Ok(session) => {
                             if let Err(e) = session.spawn_watcher() {
                                 tracing::error!(client = id, "cannot watch the socket: {e}");

@@ -31,8 +31,6 @@ const MAX_HOST_BUFFERS: usize = 4096;
 /// The largest single host buffer.
 const MAX_HOST_BUFFER_BYTES: u64 = 1 << 40;
 
-/// How long the session thread spins for new commands before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
 /// How long it sleeps before looking at the closing flag again (a safety net only: the
 /// watcher rings the bell when the client hangs up).
 const NAP: Duration = Duration::from_millis(200);
@@ -68,6 +66,7 @@ pub(crate) struct Session<B: Backend> {
     host: HandleTable<Arc<Segment>>,
     pending_image: Vec<u8>,
     payload: Vec<u8>,
+    spin: Duration,
 }
 
 impl<B: Backend> Session<B> {
@@ -79,6 +78,7 @@ impl<B: Backend> Session<B> {
         peer: Peer,
         channel: Channel,
         socket: Arc<UnixStream>,
+        spin: Duration,
     ) -> Result<Self> {
         let closing = Arc::new(AtomicBool::new(false));
         let outbox = Arc::new(Outbox::new(
@@ -125,6 +125,7 @@ impl<B: Backend> Session<B> {
             host: HandleTable::new(HandleKind::HostBuffer, MAX_HOST_BUFFERS),
             pending_image: Vec::new(),
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
+            spin,
             channel,
         })
     }
@@ -148,9 +149,14 @@ impl<B: Backend> Session<B> {
             .map(drop)
     }
 
-    /// Serves the client until it goes away, then releases everything it held.
+    /// Serves the client until it goes away, then releases everything it held. A panic while
+    /// serving (a bug) disconnects this client with a logged reason; other clients carry on.
     pub(crate) fn run(mut self) {
-        self.serve();
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
+        if served.is_err() {
+            self.outbox
+                .disconnect("an internal error in the server (a panic, logged above)".into());
+        }
         self.teardown();
     }
 
@@ -174,7 +180,7 @@ impl<B: Backend> Session<B> {
             if avail == 0 {
                 let commands = &self.commands;
                 let closing = &self.ctx.closing;
-                self.channel.submit_bell().wait(SPIN, NAP, || {
+                self.channel.submit_bell().wait(self.spin, NAP, || {
                     closing.load(Ordering::Relaxed) || commands.available() != Ok(0)
                 });
                 continue;
@@ -201,8 +207,12 @@ impl<B: Backend> Session<B> {
                 self.payload.extend_from_slice(bytemuck::bytes_of(&slot));
             }
             self.commands.advance(1 + extra);
-            // A client waiting for ring space sleeps on the progress bell.
-            self.channel.progress_bell().ring();
+            // A client that found no room for a command sleeps on the progress bell; it can only
+            // be waiting while the ring is nearly full. Ringing for every command would bounce
+            // the bell's cache line between this thread and a client spinning on it.
+            if avail as usize + MAX_COMMAND_SLOTS > self.channel.layout().submit_slots as usize {
+                self.channel.progress_bell().ring();
+            }
             let payload = std::mem::take(&mut self.payload);
             self.handle(&cmd, &payload);
             self.payload = payload;

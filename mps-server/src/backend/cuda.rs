@@ -185,6 +185,9 @@ unsafe impl Sync for CudaEvent {}
 
 struct Shared {
     ctx: CUcontext,
+    /// Set once `dead` holds the context's failure; checked on every submission, so it must not
+    /// be a lock that all session threads contend on.
+    is_dead: AtomicBool,
     dead: Mutex<Option<Error>>,
     clients: Mutex<Vec<Weak<dyn FaultSink>>>,
 }
@@ -235,6 +238,7 @@ impl Shared {
         );
         tracing::error!("{}", err.message);
         *dead = Some(err.clone());
+        self.is_dead.store(true, Ordering::Release);
         drop(dead);
         let clients = std::mem::take(&mut *self.clients.lock().unwrap_or_else(|p| p.into_inner()));
         for c in clients.iter().filter_map(Weak::upgrade) {
@@ -243,6 +247,9 @@ impl Shared {
     }
 
     fn alive(&self) -> Result<()> {
+        if !self.is_dead.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.dead.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -338,6 +345,7 @@ impl CudaBackend {
             .into_owned();
         let shared = Arc::new(Shared {
             ctx,
+            is_dead: AtomicBool::new(false),
             dead: Mutex::new(None),
             clients: Mutex::new(Vec::new()),
         });

@@ -199,7 +199,7 @@ fn spin_ns(k: &KernelEnv<'_>) -> Result<()> {
     let total = Duration::from_nanos(ns.saturating_mul(waves));
     let start = Instant::now();
     while start.elapsed() < total && !k.closing.load(Ordering::Relaxed) {
-        let left = total - start.elapsed();
+        let left = total.saturating_sub(start.elapsed());
         if left > Duration::from_micros(100) {
             std::thread::sleep(left.min(Duration::from_millis(10)));
         } else {

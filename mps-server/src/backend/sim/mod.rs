@@ -141,7 +141,15 @@ impl Worker {
                 // A closing or faulted client's queued work is dropped, as a GPU context's is.
                 continue;
             }
-            match self.execute(&job) {
+            // A bug in a simulated kernel must cost the client its work, not the worker thread.
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job)))
+                    .unwrap_or_else(|_| {
+                        Err(Error::internal(
+                            "the simulator panicked while running this command",
+                        ))
+                    });
+            match result {
                 Ok(()) => {
                     if let Some(p) = &job.publish {
                         p.publish();

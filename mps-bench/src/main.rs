@@ -1,0 +1,425 @@
+//! `mps-bench`: native CUDA, NVIDIA MPS and mps side by side, in one run, on one GPU.
+//!
+//! Every client is a process of its own (this binary, re-executed as a worker). `native` gives
+//! each its own CUDA context; `nvidia-mps` runs the same native workers under
+//! `nvidia-cuda-mps-control -d` (started and stopped here, with pipe and log directories under
+//! /tmp); `mps` runs workers that are clients of an mps server started here.
+
+mod native;
+mod via_mps;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(about)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Runs the benchmark.
+    Run {
+        /// Modes, comma-separated: native, nvidia-mps, mps.
+        #[arg(long, default_value = "native,nvidia-mps,mps")]
+        modes: String,
+        /// Client counts for the spin and tiny workloads.
+        #[arg(long, default_value = "1,2,4,8,16,32,64")]
+        clients: String,
+        /// Workloads, comma-separated: spin, tiny, rtt, launch-rate, copy, footprint.
+        #[arg(long, default_value = "spin,tiny,rtt,launch-rate,copy,footprint")]
+        workloads: String,
+        /// The test kernels' PTX.
+        #[arg(long, default_value = "kernels/test_kernels.ptx")]
+        ptx: PathBuf,
+        /// The mps-server binary [default: next to this one].
+        #[arg(long)]
+        server: Option<PathBuf>,
+        /// Where bench.json goes.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        /// The mps server's backend (sim only to check the harness without a GPU).
+        #[arg(long, default_value = "cuda")]
+        backend: String,
+        /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200").
+        #[arg(long, default_value = "")]
+        server_args: String,
+    },
+    /// One client (used by `run`).
+    Worker {
+        #[arg(long)]
+        mode: String,
+        #[arg(long)]
+        workload: String,
+        #[arg(long)]
+        ptx: PathBuf,
+    },
+}
+
+const NV_PIPE: &str = "/tmp/mps-bench-nvidia-pipe";
+const NV_LOG: &str = "/tmp/mps-bench-nvidia-log";
+const MPS_PIPE: &str = "/tmp/mps-bench-pipe";
+const MPS_LOG: &str = "/tmp/mps-bench-log";
+
+/// One measurement.
+#[derive(Debug, Clone)]
+struct Record {
+    mode: String,
+    workload: String,
+    clients: usize,
+    /// Clients that completed correctly.
+    completed: usize,
+    values: BTreeMap<String, f64>,
+    note: String,
+}
+
+fn worker_env(cmd: &mut Command, mode: &str) {
+    match mode {
+        "nvidia-mps" => {
+            cmd.env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
+                .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG);
+        }
+        "mps" => {
+            cmd.env("MPS_PIPE_DIRECTORY", MPS_PIPE);
+        }
+        _ => {}
+    }
+}
+
+/// Runs `clients` workers of one mode and workload together; returns each one's result values.
+fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
+    let exe = std::env::current_exe().unwrap();
+    let worker_mode = if mode == "mps" { "mps" } else { "native" };
+    let mut children: Vec<Child> = (0..clients)
+        .map(|_| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "worker",
+                "--mode",
+                worker_mode,
+                "--workload",
+                workload,
+                "--ptx",
+            ])
+            .arg(ptx)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            worker_env(&mut cmd, mode);
+            cmd.spawn().expect("spawn worker")
+        })
+        .collect();
+    let mut readers: Vec<_> = children
+        .iter_mut()
+        .map(|c| BufReader::new(c.stdout.take().unwrap()).lines())
+        .collect();
+    let mut ready = vec![false; clients];
+    for (i, r) in readers.iter_mut().enumerate() {
+        ready[i] = matches!(r.next(), Some(Ok(l)) if l == "ready");
+    }
+    let mut values = BTreeMap::new();
+    if footprint {
+        std::thread::sleep(Duration::from_millis(500));
+        values.insert("gpu_mem_used_mib".into(), gpu_memory_used_mib());
+    }
+    for c in children.iter_mut() {
+        if let Some(stdin) = c.stdin.as_mut() {
+            let _ = stdin.write_all(b"go\n");
+        }
+    }
+    let mut results: Vec<BTreeMap<String, f64>> = Vec::new();
+    let mut failures = Vec::new();
+    for (i, (mut c, mut r)) in children.into_iter().zip(readers).enumerate() {
+        let line = r.find_map(|l| l.ok().filter(|l| l.starts_with("result ")));
+        let status = c.wait().unwrap();
+        match line {
+            Some(l) if ready[i] && status.success() => {
+                results.push(
+                    l.split_whitespace()
+                        .skip(1)
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
+                        .collect(),
+                );
+            }
+            _ => {
+                let mut err = String::new();
+                let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err);
+                failures.push(err.lines().rev().take(3).collect::<Vec<_>>().join(" | "));
+            }
+        }
+    }
+    let completed = results.len();
+    match workload {
+        "spin" | "tiny" if completed > 0 => {
+            let kernels: f64 = results.iter().map(|r| r["kernels"]).sum();
+            let slowest = results.iter().map(|r| r["elapsed_s"]).fold(0.0, f64::max);
+            values.insert("kernels_per_s".into(), kernels / slowest);
+            values.insert("slowest_client_s".into(), slowest);
+        }
+        _ if completed > 0 && !footprint => {
+            for k in results[0].keys() {
+                let mean = results.iter().map(|r| r[k]).sum::<f64>() / completed as f64;
+                values.insert(k.clone(), mean);
+            }
+        }
+        _ => {}
+    }
+    let note = failures.first().cloned().unwrap_or_default();
+    Record {
+        mode: mode.into(),
+        workload: workload.into(),
+        clients,
+        completed,
+        values,
+        note,
+    }
+}
+
+fn gpu_memory_used_mib() -> f64 {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        .output();
+    out.ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// A running mode's service (NVIDIA's daemon or our server), stopped on drop.
+enum Service {
+    None,
+    Nvidia,
+    Mps(Child),
+}
+
+impl Service {
+    fn start(mode: &str, server: &Path, backend: &str, extra: &str) -> Service {
+        match mode {
+            "nvidia-mps" => {
+                for d in [NV_PIPE, NV_LOG] {
+                    std::fs::create_dir_all(d).unwrap();
+                }
+                let ok = Command::new("nvidia-cuda-mps-control")
+                    .arg("-d")
+                    .env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
+                    .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "nvidia-cuda-mps-control -d failed");
+                Service::Nvidia
+            }
+            "mps" => {
+                let _ = std::fs::remove_dir_all(MPS_PIPE);
+                let child = Command::new(server)
+                    .args([
+                        "--backend",
+                        backend,
+                        "--pipe-dir",
+                        MPS_PIPE,
+                        "--log-dir",
+                        MPS_LOG,
+                    ])
+                    .args(extra.split_whitespace())
+                    .env("MPS_LOG", "warn")
+                    .spawn()
+                    .expect("start mps-server");
+                let sock = Path::new(MPS_PIPE).join("mps.sock");
+                let t = Instant::now();
+                while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(30),
+                        "mps-server did not start"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Service::Mps(child)
+            }
+            _ => Service::None,
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        match self {
+            Service::None => {}
+            Service::Nvidia => {
+                let child = Command::new("nvidia-cuda-mps-control")
+                    .env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
+                    .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG)
+                    .stdin(Stdio::piped())
+                    .spawn();
+                if let Ok(mut c) = child {
+                    let _ = c.stdin.take().unwrap().write_all(b"quit\n");
+                    let _ = c.wait();
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Service::Mps(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn json(records: &[Record]) -> String {
+    let mut s = String::from("[\n");
+    for (i, r) in records.iter().enumerate() {
+        let vals: Vec<String> = r
+            .values
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "\"{k}\": {}",
+                    if v.is_finite() {
+                        v.to_string()
+                    } else {
+                        "null".into()
+                    }
+                )
+            })
+            .collect();
+        s += &format!(
+            "  {{\"mode\": \"{}\", \"workload\": \"{}\", \"clients\": {}, \"completed\": {}, {}, \"note\": {:?}}}{}\n",
+            r.mode,
+            r.workload,
+            r.clients,
+            r.completed,
+            vals.join(", "),
+            r.note,
+            if i + 1 < records.len() { "," } else { "" }
+        );
+    }
+    s + "]\n"
+}
+
+fn table(records: &[Record], modes: &[&str]) -> String {
+    let mut rows: Vec<(String, usize, String)> = Vec::new();
+    for r in records {
+        for k in r.values.keys() {
+            let key = (r.workload.clone(), r.clients, k.clone());
+            if !rows.contains(&key) {
+                rows.push(key);
+            }
+        }
+    }
+    let find = |m: &str, w: &str, n: usize, k: &str| {
+        records
+            .iter()
+            .find(|r| r.mode == m && r.workload == w && r.clients == n)
+            .and_then(|r| r.values.get(k).copied())
+    };
+    let mut s = format!(
+        "| workload | N | figure | {} | mps/native | mps/nvidia-mps |\n",
+        modes.join(" | ")
+    );
+    s += &format!("|{}\n", " --- |".repeat(modes.len() + 5));
+    for (w, n, k) in rows {
+        let cell = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.4}"));
+        let mut line = format!("| {w} | {n} | {k} |");
+        for m in modes {
+            line += &format!(" {} |", cell(find(m, &w, n, &k)));
+        }
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+            _ => "—".into(),
+        };
+        let mps = find("mps", &w, n, &k);
+        line += &format!(
+            " {} | {} |",
+            ratio(mps, find("native", &w, n, &k)),
+            ratio(mps, find("nvidia-mps", &w, n, &k))
+        );
+        s += &line;
+        s.push('\n');
+    }
+    s
+}
+
+fn main() {
+    match Args::parse().cmd {
+        Cmd::Worker {
+            mode,
+            workload,
+            ptx,
+        } => {
+            let ptx = std::fs::read(&ptx).expect("read the PTX");
+            let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
+                Box::new(via_mps::ViaMps::new(&ptx))
+            } else {
+                Box::new(native::Native::new(&ptx))
+            };
+            workload::run(gpu.as_mut(), &workload);
+        }
+        Cmd::Run {
+            modes,
+            clients,
+            workloads,
+            ptx,
+            server,
+            out,
+            backend,
+            server_args,
+        } => {
+            let server = server.unwrap_or_else(|| {
+                std::env::current_exe()
+                    .unwrap()
+                    .with_file_name("mps-server")
+            });
+            let modes: Vec<&str> = modes.split(',').collect();
+            let counts: Vec<usize> = clients.split(',').map(|c| c.parse().unwrap()).collect();
+            let workloads: Vec<&str> = workloads.split(',').collect();
+            let baseline = gpu_memory_used_mib();
+            let mut records = Vec::new();
+            for mode in &modes {
+                let service = Service::start(mode, &server, &backend, &server_args);
+                for w in &workloads {
+                    let runs: Vec<(usize, &str, bool)> = match *w {
+                        "spin" | "tiny" => counts.iter().map(|n| (*n, *w, false)).collect(),
+                        "footprint" => [1, 8, 32].iter().map(|n| (*n, "idle", true)).collect(),
+                        _ => vec![(1, *w, false)],
+                    };
+                    for (n, workload, footprint) in runs {
+                        let mut r = group(mode, workload, n, &ptx, footprint);
+                        r.workload = w.to_string();
+                        if let Some(v) = r.values.get_mut("gpu_mem_used_mib") {
+                            *v -= baseline;
+                        }
+                        eprintln!(
+                            "{mode} {w} N={n}: {}/{n} completed {:?} {}",
+                            r.completed, r.values, r.note
+                        );
+                        records.push(r);
+                    }
+                }
+                drop(service);
+            }
+            std::fs::create_dir_all(&out).unwrap();
+            std::fs::write(out.join("bench.json"), json(&records)).unwrap();
+            println!("{}", table(&records, &modes));
+            for r in records.iter().filter(|r| r.completed < r.clients) {
+                println!(
+                    "{} {} N={}: {} of {} clients completed; first failure: {}",
+                    r.mode, r.workload, r.clients, r.completed, r.clients, r.note
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The native competitor: a process with its own CUDA context, launching through the driver API
+//! directly (the same PTX, the same kernels).
+
+use std::ffi::{CString, c_void};
+
+use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
+
+use crate::workload::Gpu;
+
+fn check(r: CUresult, what: &str) {
+    assert!(r == CUresult::CUDA_SUCCESS, "{what}: {r:?}");
+}
+
+/// One process's CUDA context, module and stream.
+pub(crate) struct Native {
+    stream: CUstream,
+    functions: Vec<(String, CUfunction)>,
+}
+
+impl Native {
+    pub(crate) fn new(ptx: &[u8]) -> Native {
+        // SAFETY: plain driver set-up calls on locals; the context is retained for the life of
+        // the process.
+        unsafe {
+            assert!(sys::is_culib_present(), "no CUDA driver");
+            check(sys::cuInit(0), "cuInit");
+            let mut dev = 0;
+            check(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet");
+            let mut ctx = std::ptr::null_mut();
+            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "retain");
+            check(sys::cuCtxSetCurrent(ctx), "set current");
+            let mut image = ptx.to_vec();
+            image.push(0);
+            let mut module = std::ptr::null_mut();
+            check(
+                sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void),
+                "cuModuleLoadData",
+            );
+            let mut functions = Vec::new();
+            for name in ["spin_ns", "fill_u32"] {
+                let mut f = std::ptr::null_mut();
+                let c = CString::new(name).unwrap();
+                check(sys::cuModuleGetFunction(&mut f, module, c.as_ptr()), name);
+                functions.push((name.to_string(), f));
+            }
+            let mut stream = std::ptr::null_mut();
+            check(
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32,
+                ),
+                "cuStreamCreate",
+            );
+            Native { stream, functions }
+        }
+    }
+
+    fn function(&self, name: &str) -> CUfunction {
+        self.functions.iter().find(|(n, _)| n == name).unwrap().1
+    }
+}
+
+impl Gpu for Native {
+    fn alloc(&mut self, bytes: usize) -> u64 {
+        let mut p = 0;
+        // SAFETY: writes one device pointer.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc");
+        // SAFETY: p is a fresh allocation of at least 4 bytes.
+        check(unsafe { sys::cuMemsetD32_v2(p, 0, bytes / 4) }, "memset");
+        p
+    }
+
+    fn host_alloc(&mut self, bytes: usize) -> *mut u8 {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes one host pointer to `bytes` of pinned memory.
+        check(
+            unsafe { sys::cuMemAllocHost_v2(&mut p, bytes) },
+            "cuMemAllocHost",
+        );
+        p as *mut u8
+    }
+
+    fn launch(&mut self, kernel: &str, blocks: u32, threads: u32, args: &[u64]) {
+        let f = self.function(kernel);
+        let mut values = args.to_vec();
+        let mut ptrs: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: each kernel parameter is a 64-bit value (spin_ns: ns, counter; fill_u32 is not
+        // launched here), pointed to by `ptrs` for the duration of the call.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    blocks,
+                    1,
+                    1,
+                    threads,
+                    1,
+                    1,
+                    0,
+                    self.stream,
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        );
+    }
+
+    fn sync(&mut self) {
+        // SAFETY: our stream.
+        check(unsafe { sys::cuStreamSynchronize(self.stream) }, "sync");
+    }
+
+    fn htod(&mut self, dst: u64, src: *const u8, bytes: usize) {
+        // SAFETY: src is valid for `bytes`; the copy completes before sync returns.
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) },
+            "htod",
+        );
+        self.sync();
+    }
+
+    fn dtoh(&mut self, dst: *mut u8, src: u64, bytes: usize) {
+        // SAFETY: dst is valid for `bytes`; the copy completes before sync returns.
+        check(
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) },
+            "dtoh",
+        );
+        self.sync();
+    }
+}
