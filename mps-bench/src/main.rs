@@ -6,6 +6,7 @@
 //! /tmp); `mps` runs workers that are clients of an mps server started here.
 
 mod native;
+mod plot;
 mod via_mps;
 mod workload;
 
@@ -52,6 +53,15 @@ enum Cmd {
         /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200").
         #[arg(long, default_value = "")]
         server_args: String,
+    },
+    /// Draws throughput.png from a bench.json this program wrote.
+    Plot {
+        /// The bench.json of a run.
+        #[arg(long)]
+        json: PathBuf,
+        /// The PNG to write.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// One client (used by `run`).
     Worker {
@@ -353,8 +363,59 @@ fn table(records: &[Record], modes: &[&str]) -> String {
     s
 }
 
+/// Kernels/s against client count, per workload and mode, from the spin and tiny records.
+fn series(records: &[Record]) -> plot::Series {
+    let mut s = plot::Series::new();
+    for r in records.iter().filter(|r| r.completed > 0) {
+        if let Some(v) = r.values.get("kernels_per_s") {
+            s.entry(r.workload.clone())
+                .or_default()
+                .entry(r.mode.clone())
+                .or_default()
+                .push((r.clients, *v));
+        }
+    }
+    s
+}
+
+/// Reads back the records of a bench.json written by [`json`] (one record per line).
+fn parse_json(text: &str) -> Vec<Record> {
+    let field = |line: &str, key: &str| -> Option<String> {
+        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+        let rest = &line[at..];
+        let end = if let Some(r) = rest.strip_prefix('"') {
+            return r.find('"').map(|e| r[..e].to_string());
+        } else {
+            rest.find([',', '}']).unwrap_or(rest.len())
+        };
+        Some(rest[..end].trim().to_string())
+    };
+    text.lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .filter_map(|l| {
+            let mut values = BTreeMap::new();
+            if let Some(v) = field(l, "kernels_per_s").and_then(|v| v.parse().ok()) {
+                values.insert("kernels_per_s".to_string(), v);
+            }
+            Some(Record {
+                mode: field(l, "mode")?,
+                workload: field(l, "workload")?,
+                clients: field(l, "clients")?.parse().ok()?,
+                completed: field(l, "completed")?.parse().ok()?,
+                values,
+                note: String::new(),
+            })
+        })
+        .collect()
+}
+
 fn main() {
     match Args::parse().cmd {
+        Cmd::Plot { json, out } => {
+            let records = parse_json(&std::fs::read_to_string(&json).expect("read the json"));
+            plot::write(&series(&records), &["native", "nvidia-mps", "mps"], &out)
+                .expect("write the plot");
+        }
         Cmd::Worker {
             mode,
             workload,
@@ -413,6 +474,8 @@ fn main() {
             }
             std::fs::create_dir_all(&out).unwrap();
             std::fs::write(out.join("bench.json"), json(&records)).unwrap();
+            plot::write(&series(&records), &modes, &out.join("throughput.png"))
+                .expect("write the plot");
             println!("{}", table(&records, &modes));
             for r in records.iter().filter(|r| r.completed < r.clients) {
                 println!(
