@@ -50,7 +50,7 @@ impl Canvas {
             for (r, bits) in rows.iter().enumerate() {
                 for col in 0..5 {
                     if bits & (0x10 >> col) != 0 {
-                        let (px, py) = (x + i as i64 * 7 + col as i64 * 1, y + r as i64);
+                        let (px, py) = (x + i as i64 * 7 + col as i64, y + r as i64);
                         self.set(px, py, c);
                     }
                 }

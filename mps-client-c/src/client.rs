@@ -43,7 +43,17 @@ fn spin() -> Duration {
 /// After spinning, how long it keeps looking while yielding the processor between looks (as
 /// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
 /// answers at once. Only then does it nap.
-const YIELD: Duration = Duration::from_millis(2);
+const DEFAULT_YIELD: Duration = Duration::from_millis(2);
+
+fn yield_phase() -> Duration {
+    static YIELD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *YIELD.get_or_init(|| {
+        std::env::var("MPS_CLIENT_YIELD_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(DEFAULT_YIELD, Duration::from_micros)
+    })
+}
 /// Its first nap; naps double up to `MAX_NAP`. A GPU writes stream progress without ringing the
 /// doorbell (no host thread is on that path), so a sleeping waiter must look again by itself.
 const FIRST_NAP: Duration = Duration::from_micros(20);
@@ -346,7 +356,7 @@ impl Client {
         // server rings the bell for every command it consumes); then yield between looks for a
         // while; then nap, doubling.
         let spin_until = Instant::now() + spin();
-        let yield_until = spin_until + YIELD;
+        let yield_until = spin_until + yield_phase();
         let mut nap = FIRST_NAP;
         let mut checked = Instant::now();
         loop {
