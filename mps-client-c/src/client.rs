@@ -28,32 +28,34 @@ use mps_ipc::ring::{Consumer, Producer};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
-/// How long a waiting thread spins before it sleeps, unless `MPS_CLIENT_SPIN_US` says otherwise.
+/// How long a waiting thread spins before anything else (`MPS_CLIENT_SPIN_US` overrides it).
 const DEFAULT_SPIN: Duration = Duration::from_micros(20);
-
-fn spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("MPS_CLIENT_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(DEFAULT_SPIN, Duration::from_micros)
-    })
-}
 /// After spinning, how long it keeps looking while yielding the processor between looks (as
 /// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
-/// answers at once. Only then does it nap.
+/// answers at once. Only then does it nap. (`MPS_CLIENT_YIELD_US` overrides it.)
 const DEFAULT_YIELD: Duration = Duration::from_millis(2);
 
-fn yield_phase() -> Duration {
-    static YIELD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *YIELD.get_or_init(|| {
-        std::env::var("MPS_CLIENT_YIELD_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(DEFAULT_YIELD, Duration::from_micros)
+/// The spin and yield phases of a wait, read once from the environment.
+fn wait_phases() -> (Duration, Duration) {
+    static PHASES: std::sync::OnceLock<(Duration, Duration)> = std::sync::OnceLock::new();
+    *PHASES.get_or_init(|| {
+        let micros = |var: &str, default: Duration| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(default, Duration::from_micros)
+        };
+        (
+            micros("MPS_CLIENT_SPIN_US", DEFAULT_SPIN),
+            micros("MPS_CLIENT_YIELD_US", DEFAULT_YIELD),
+        )
     })
 }
+
+fn spin() -> Duration {
+    wait_phases().0
+}
+
 /// Its first nap; naps double up to `MAX_NAP`. A GPU writes stream progress without ringing the
 /// doorbell (no host thread is on that path), so a sleeping waiter must look again by itself.
 const FIRST_NAP: Duration = Duration::from_micros(20);
@@ -356,7 +358,7 @@ impl Client {
         // server rings the bell for every command it consumes); then yield between looks for a
         // while; then nap, doubling.
         let spin_until = Instant::now() + spin();
-        let yield_until = spin_until + yield_phase();
+        let yield_until = spin_until + wait_phases().1;
         let mut nap = FIRST_NAP;
         let mut checked = Instant::now();
         loop {

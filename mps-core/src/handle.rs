@@ -122,6 +122,14 @@ impl<T> HandleTable<T> {
 
     /// Adds an object; fails with `MPS_ERROR_QUOTA_EXCEEDED` when the table is full.
     pub fn insert(&mut self, handle: Handle, value: T) -> Result<()> {
+        self.ensure_room()?;
+        self.entries.insert(handle, value);
+        Ok(())
+    }
+
+    /// Fails with `MPS_ERROR_QUOTA_EXCEEDED` when no other object fits (check before creating
+    /// what would go in).
+    pub fn ensure_room(&self) -> Result<()> {
         if self.entries.len() >= self.limit {
             return Err(Error::new(
                 crate::Status::QuotaExceeded,
@@ -132,13 +140,7 @@ impl<T> HandleTable<T> {
                 ),
             ));
         }
-        self.entries.insert(handle, value);
         Ok(())
-    }
-
-    /// Whether another object fits.
-    pub fn is_full(&self) -> bool {
-        self.entries.len() >= self.limit
     }
 
     /// The object named by `handle`.

@@ -477,12 +477,7 @@ impl<B: Backend> Session<B> {
                 let m = self.modules.get(module)?.clone();
                 let name = std::str::from_utf8(name)
                     .map_err(|_| Error::invalid_value("kernel name is not UTF-8"))?;
-                if self.functions.is_full() {
-                    return Err(Error::new(
-                        Status::QuotaExceeded,
-                        format!("this client already holds {MAX_FUNCTIONS} functions"),
-                    ));
-                }
+                self.functions.ensure_room()?;
                 let (function, params) = self.backend.module_function(&m, name)?;
                 let h = self.next_handle(HandleKind::Function);
                 let bytes = params.last().map_or(0, |p| p.offset + p.size);
@@ -533,14 +528,10 @@ impl<B: Backend> Session<B> {
                 self.enqueue(cmd, op)
             }
             Request::StreamCreate { priority } => {
+                self.streams.ensure_room()?;
+                // The table holds as many streams as there are slots besides the default's.
                 let slot = self.stream_slots.take().ok_or_else(|| {
-                    Error::new(
-                        Status::QuotaExceeded,
-                        format!(
-                            "this client already holds {} streams, the most one client may hold",
-                            MAX_STREAMS - 1
-                        ),
-                    )
+                    Error::internal("no stream slot left although the stream table has room")
                 })?;
                 let stream = match self.backend.stream_create(priority, &self.ctx) {
                     Ok(s) => s,
@@ -566,12 +557,7 @@ impl<B: Backend> Session<B> {
             }
             Request::Mark => self.enqueue(cmd, Op::Nop),
             Request::EventCreate => {
-                if self.events.is_full() {
-                    return Err(Error::new(
-                        Status::QuotaExceeded,
-                        format!("this client already holds {MAX_EVENTS} events"),
-                    ));
-                }
+                self.events.ensure_room()?;
                 let event = Arc::new(self.backend.event_create()?);
                 let h = self.next_handle(HandleKind::Event);
                 self.events.insert(h, event)?;
@@ -610,12 +596,7 @@ impl<B: Backend> Session<B> {
                 ),
             ));
         }
-        if self.host.is_full() {
-            return Err(Error::new(
-                Status::QuotaExceeded,
-                format!("this client already holds {MAX_HOST_BUFFERS} host buffers"),
-            ));
-        }
+        self.host.ensure_room()?;
         let seg = Segment::create("mps-host", size.next_multiple_of(4096) as usize)?;
         self.backend.host_register(&seg)?;
         let h = self.next_handle(HandleKind::HostBuffer);
@@ -668,12 +649,7 @@ impl<B: Backend> Session<B> {
             return Ok(Completion::reply(seq, [0; 4]));
         }
         let image = std::mem::take(&mut self.pending_image);
-        if self.modules.is_full() {
-            return Err(Error::new(
-                Status::QuotaExceeded,
-                format!("this client already holds {MAX_MODULES} modules"),
-            ));
-        }
+        self.modules.ensure_room()?;
         let module = self.backend.module_load(&image)?;
         let h = self.next_handle(HandleKind::Module);
         self.modules.insert(h, Arc::new(module))?;
