@@ -42,9 +42,12 @@ struct Args {
     /// Simulated SMs (simulator only).
     #[arg(long, default_value_t = 16)]
     sim_sm_count: u32,
-    /// Microseconds a client's session thread spins for new commands before it sleeps.
+    /// Microseconds a client's session thread spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
+    /// Microseconds it then keeps looking between yields of the processor before it sleeps.
+    #[arg(long, default_value_t = 500)]
+    yield_us: u64,
     /// CUDA device ordinal (CUDA only).
     #[arg(long, default_value_t = 0)]
     device: i32,
@@ -182,6 +185,7 @@ fn main() -> std::process::ExitCode {
             .unwrap_or_else(mps_ipc::socket::default_pipe_dir),
         layout,
         spin: std::time::Duration::from_micros(args.spin_us),
+        yield_for: std::time::Duration::from_micros(args.yield_us),
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

@@ -25,8 +25,10 @@ pub struct ServerConfig {
     pub pipe_dir: PathBuf,
     /// Ring and staging sizes of each client's channel.
     pub layout: Layout,
-    /// How long a session thread spins for new commands before it sleeps.
+    /// How long a session thread spins for new commands before it yields.
     pub spin: Duration,
+    /// How long it then keeps looking between yields of the processor before it sleeps.
+    pub yield_for: Duration,
 }
 
 /// A server bound to its socket.
@@ -112,12 +114,12 @@ impl<B: Backend> Server<B> {
         let backend = self.backend.clone();
         let handles = self.handles.clone();
         let layout = self.cfg.layout;
-        let spin = self.cfg.spin;
+        let waits = (self.cfg.spin, self.cfg.yield_for);
         let spawned = std::thread::Builder::new()
             .name(format!("client-{id}"))
             .spawn(move || match handshake(&*backend, stream, id, layout) {
                 Ok((peer, channel, socket)) => {
-                    match Session::new(backend, handles, id, peer, channel, socket, spin) {
+                    match Session::new(backend, handles, id, peer, channel, socket, waits) {
                         Ok(session) => {
                             if let Err(e) = session.spawn_watcher() {
                                 tracing::error!(client = id, "cannot watch the socket: {e}");

@@ -67,6 +67,7 @@ pub(crate) struct Session<B: Backend> {
     pending_image: Vec<u8>,
     payload: Vec<u8>,
     spin: Duration,
+    yield_for: Duration,
 }
 
 impl<B: Backend> Session<B> {
@@ -78,7 +79,7 @@ impl<B: Backend> Session<B> {
         peer: Peer,
         channel: Channel,
         socket: Arc<UnixStream>,
-        spin: Duration,
+        (spin, yield_for): (Duration, Duration),
     ) -> Result<Self> {
         let closing = Arc::new(AtomicBool::new(false));
         let outbox = Arc::new(Outbox::new(
@@ -126,6 +127,7 @@ impl<B: Backend> Session<B> {
             pending_image: Vec::new(),
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
             spin,
+            yield_for,
             channel,
         })
     }
@@ -180,9 +182,19 @@ impl<B: Backend> Session<B> {
             if avail == 0 {
                 let commands = &self.commands;
                 let closing = &self.ctx.closing;
-                self.channel.submit_bell().wait(self.spin, NAP, || {
-                    closing.load(Ordering::Relaxed) || commands.available() != Ok(0)
-                });
+                let ready = || closing.load(Ordering::Relaxed) || commands.available() != Ok(0);
+                // Spin, then look again after each yield of the processor, then sleep: a client
+                // waiting for its stream submits again the moment the wait ends, and a sleeping
+                // session thread would add its wake-up to every such cycle.
+                let bell = self.channel.submit_bell();
+                bell.wait(self.spin, self.spin, ready);
+                let until = std::time::Instant::now() + self.yield_for;
+                while !ready() && std::time::Instant::now() < until {
+                    std::thread::yield_now();
+                }
+                if !ready() {
+                    bell.wait(Duration::ZERO, NAP, ready);
+                }
                 continue;
             }
             let cmd = self.commands.peek(0);
