@@ -1015,15 +1015,21 @@ impl Client {
     /// The sequence number the stream's progress must reach for its work so far to be done,
     /// submitting a mark first if its latest command carries none.
     fn stream_target(&self, stream: Stream) -> Result<(u32, u64)> {
+        self.stream_target_marked(stream)
+            .map(|(slot, seq, _)| (slot, seq))
+    }
+
+    /// As `stream_target`, also saying whether a mark was submitted just now.
+    fn stream_target_marked(&self, stream: Stream) -> Result<(u32, u64, bool)> {
         let (slot, clock) = *lock(&self.submitter)
             .streams
             .get(&stream.0)
             .ok_or_else(|| unknown("stream", stream.0))?;
         if clock.needs_mark() {
             let seq = self.submit(&Request::Mark, stream.0, flags::MARK)?;
-            return Ok((slot, seq));
+            return Ok((slot, seq, true));
         }
-        Ok((slot, clock.target()))
+        Ok((slot, clock.target(), false))
     }
 
     /// Waits for all work submitted to `stream`.
@@ -1035,10 +1041,19 @@ impl Client {
     }
 
     /// `Ok(true)` when all work submitted to `stream` is done, `Ok(false)` while some is pending.
+    ///
+    /// When the stream's latest work carries no mark, the query submits one; the answer is then
+    /// `true` only if the mark comes back within the spin phase of a wait (about 20 us), so a
+    /// stream that has just gone idle may be reported busy once.
     pub fn stream_query(&self, stream: Stream) -> Result<bool> {
         self.check()?;
-        let (slot, target) = self.stream_target(stream)?;
-        Ok(self.channel.stream_done(slot).load(Ordering::Acquire) >= target)
+        let (slot, target, marked_now) = self.stream_target_marked(stream)?;
+        let done = || self.progress(slot) >= target;
+        let deadline = Instant::now() + spin();
+        while marked_now && !done() && Instant::now() < deadline {
+            std::hint::spin_loop();
+        }
+        Ok(done())
     }
 
     /// Makes future work in `stream` wait for the latest record of `event`.
