@@ -382,7 +382,8 @@ enum mps_status mps_stream_destroy(struct mps_client *client, mps_stream stream)
 enum mps_status mps_stream_synchronize(struct mps_client *client, mps_stream stream);
 
 /*
- `MPS_SUCCESS` if all work in `stream` is done, `MPS_ERROR_NOT_READY` if not.
+ `MPS_SUCCESS` if all work in `stream` is done, `MPS_ERROR_NOT_READY` if not (a stream whose
+ work finished a moment ago may be reported busy once).
  */
 enum mps_status mps_stream_query(struct mps_client *client, mps_stream stream);
 

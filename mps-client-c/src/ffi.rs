@@ -662,7 +662,8 @@ fn ready(done: Result<bool, Error>) -> Result<(), Error> {
     }
 }
 
-/// `MPS_SUCCESS` if all work in `stream` is done, `MPS_ERROR_NOT_READY` if not.
+/// `MPS_SUCCESS` if all work in `stream` is done, `MPS_ERROR_NOT_READY` if not (a stream whose
+/// work finished a moment ago may be reported busy once).
 #[unsafe(no_mangle)]
 pub extern "C" fn mps_stream_query(client: *mut mps_client, stream: mps_stream) -> mps_status {
     with_client(client, |c| ready(c.stream_query(Stream(stream))))
