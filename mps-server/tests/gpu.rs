@@ -53,3 +53,63 @@ fn asking_for_cuda_without_a_gpu_fails_with_the_reason() {
         "{err}"
     );
 }
+
+/// Cubin and fatbin images load and run as well as PTX (built here with nvcc, which a GPU
+/// machine with the CUDA toolkit has).
+#[test]
+fn cuda_loads_cubin_and_fatbin_images() {
+    if let Err(why) = mps_server::backend::cuda::probe() {
+        println!("skipped: needs a GPU ({why})");
+        return;
+    }
+    let dir = temp_dir("images");
+    let source = root().join("kernels/test_kernels.cu");
+    let mut images = Vec::new();
+    for (kind, flag) in [("cubin", "-cubin"), ("fatbin", "-fatbin")] {
+        let out = dir.join(format!("test_kernels.{kind}"));
+        let status = std::process::Command::new("nvcc")
+            .args([flag, "-arch=sm_90", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .status();
+        match status {
+            Ok(s) if s.success() => images.push((kind, std::fs::read(&out).unwrap())),
+            other => {
+                println!("skipped: nvcc could not build a {kind} ({other:?})");
+                return;
+            }
+        }
+    }
+    let server = TestServer::start_with(&["--backend", "cuda"]);
+    let c = server.client();
+    for (kind, image) in images {
+        let m = c
+            .module_load(&image)
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let fill = c.module_get_function(m, "fill_u32").unwrap();
+        let n = 1000u64;
+        let p = c.mem_alloc(n * 4).unwrap();
+        let one = mpsclient::Dim3 { x: 4, y: 1, z: 1 };
+        let block = mpsclient::Dim3 { x: 128, y: 1, z: 1 };
+        let value = 0x1234_5678u32;
+        c.launch(
+            fill,
+            one,
+            block,
+            0,
+            mpsclient::Stream::DEFAULT,
+            &[&p.0.to_le_bytes(), &value.to_le_bytes(), &n.to_le_bytes()],
+        )
+        .unwrap();
+        let mut out = vec![0u8; (n * 4) as usize];
+        c.memcpy_dtoh(&mut out, p, mpsclient::Stream::DEFAULT)
+            .unwrap();
+        assert!(
+            out.chunks(4).all(|w| w == value.to_le_bytes()),
+            "{kind}: fill_u32 did not fill"
+        );
+        c.mem_free(p).unwrap();
+        c.module_unload(m).unwrap();
+        println!("{kind} image of {} bytes loaded and ran", image.len());
+    }
+}
