@@ -189,10 +189,17 @@ impl Client {
                 ),
             )
         })?;
+        let group = std::env::var("MPS_GROUP")
+            .ok()
+            .filter(|g| !g.is_empty())
+            .unwrap_or_else(|| protocol::DEFAULT_GROUP.to_string());
+        protocol::check_group(&group)
+            .map_err(|e| Error::invalid_value(format!("MPS_GROUP: {}", e.message)))?;
         let hello = protocol::Hello {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
             reserved: [0; 2],
+            group: protocol::put_str(&group),
         };
         let io = |e: std::io::Error| Error::new(Status::Connection, format!("handshake: {e}"));
         socket::send(&sock, bytemuck::bytes_of(&hello), &[]).map_err(io)?;

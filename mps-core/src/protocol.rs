@@ -20,7 +20,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::status::{Error, Result, Status};
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// First word of every handshake message ("MPS!" little-endian).
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
 
@@ -715,7 +715,14 @@ pub struct DeviceInfoWire {
     pub backend: u32,
 }
 
-/// First message of the handshake, client to server, over the Unix socket.
+/// Bytes of a server group name, NUL padding included.
+pub const GROUP_BYTES: usize = 32;
+/// The group a client joins when it names none.
+pub const DEFAULT_GROUP: &str = "default";
+
+/// First message of the handshake, client to server, over the Unix socket. Its first
+/// [`HELLO_PREFIX`] bytes (magic and version) keep their place in every protocol version, so a
+/// peer can refuse another version before reading the rest.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct Hello {
@@ -725,6 +732,30 @@ pub struct Hello {
     pub version: u32,
     /// Zero.
     pub reserved: [u32; 2],
+    /// The server group the client asks for (`MPS_GROUP`), NUL-padded.
+    pub group: [u8; GROUP_BYTES],
+}
+
+/// Bytes of a [`Hello`] that every protocol version shares.
+pub const HELLO_PREFIX: usize = 8;
+
+/// Checks a group name: 1 to 31 bytes of letters, digits, `_`, `-` and `.`, not starting with a
+/// dot (it names a directory and a log file).
+pub fn check_group(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() < GROUP_BYTES
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_value(format!(
+            "group name {name:?} must be 1 to {} letters, digits, '_', '-' or '.', not starting with '.'",
+            GROUP_BYTES - 1
+        )))
+    }
 }
 
 /// The server's answer to [`Hello`]; on success the two segment file descriptors travel with it
@@ -995,6 +1026,16 @@ mod tests {
         let mut bad = Completion::reply(1, [0; 4]);
         bad.status = 1000;
         assert_eq!(bad.result().unwrap_err().status, Status::Internal);
+    }
+
+    #[test]
+    fn group_names_are_checked() {
+        for good in ["default", "critical", "team-a_1.x"] {
+            check_group(good).unwrap();
+        }
+        for bad in ["", ".hidden", "a/b", "x".repeat(32).as_str(), "sp ace", "ü"] {
+            assert!(check_group(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -48,6 +48,12 @@ struct Args {
     /// Microseconds it then keeps looking between yields of the processor before it sleeps.
     #[arg(long, default_value_t = 500)]
     yield_us: u64,
+    /// Name of the log file in the log directory.
+    #[arg(long, default_value = "server.log")]
+    log_name: String,
+    /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
+    #[arg(long)]
+    handoff_fd: Option<i32>,
     /// CUDA device ordinal (CUDA only).
     #[arg(long, default_value_t = 0)]
     device: i32,
@@ -84,10 +90,10 @@ fn install_signal_handlers() -> nix::Result<()> {
     Ok(())
 }
 
-fn init_logging(log_dir: &std::path::Path) -> Result<(), String> {
+fn init_logging(log_dir: &std::path::Path, name: &str) -> Result<(), String> {
     std::fs::create_dir_all(log_dir)
         .map_err(|e| format!("cannot create log directory {}: {e}", log_dir.display()))?;
-    let path = log_dir.join("server.log");
+    let path = log_dir.join(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -114,10 +120,33 @@ fn env_dir(var: &str, default: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(default))
 }
 
-fn serve<B: Backend>(backend: B, cfg: ServerConfig) -> Result<(), String> {
+fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Result<(), String> {
     let server = Server::bind(Arc::new(backend), cfg).map_err(|e| e.to_string())?;
     tracing::info!("listening on {}", server.socket_path().display());
-    server.run(&STOP).map_err(|e| e.to_string())?;
+    let handoff = handoff.map(|fd| {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the control daemon started us with this descriptor open for us alone (see
+        // mps-control); nothing else in this process owns it.
+        unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }
+    });
+    std::thread::scope(|s| {
+        let mut unblock = None;
+        if let Some(h) = handoff {
+            unblock = h.try_clone().ok();
+            let server = &server;
+            s.spawn(move || {
+                server.serve_handoffs(h, &STOP);
+                // Without its daemon, a server stops: the daemon's quit ends every server.
+                STOP.store(true, Ordering::SeqCst);
+            });
+        }
+        let result = server.run(&STOP).map_err(|e| e.to_string());
+        // Stopped by a signal: wake the handoff thread from its read.
+        if let Some(u) = unblock {
+            let _ = u.shutdown(std::net::Shutdown::Both);
+        }
+        result
+    })?;
     tracing::info!("stopping");
     Ok(())
 }
@@ -134,7 +163,7 @@ fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
         info.cc.1,
         info.total_mem
     );
-    serve(backend, cfg)
+    serve(backend, cfg, args.handoff_fd)
 }
 
 fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
@@ -148,7 +177,7 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
         sim.memory_bytes,
         sim.sm_count
     );
-    serve(backend, cfg)
+    serve(backend, cfg, args.handoff_fd)
 }
 
 /// Streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with fewer queues
@@ -166,7 +195,7 @@ fn main() -> std::process::ExitCode {
         .log_dir
         .clone()
         .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
-    if let Err(e) = init_logging(&log_dir) {
+    if let Err(e) = init_logging(&log_dir, &args.log_name) {
         eprintln!("mps-server: {e}");
         return std::process::ExitCode::FAILURE;
     }

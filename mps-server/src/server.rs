@@ -9,14 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mps_core::handle::HandleSource;
-use mps_core::protocol::{DeviceInfoWire, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str};
+use mps_core::protocol::{
+    DeviceInfoWire, HELLO_PREFIX, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str,
+};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::socket::{self, Peer, SOCKET_NAME};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
-use crate::session::{Session, check_hello};
+use crate::session::{Session, check_hello, hello_group};
 
 /// How a server is set up.
 #[derive(Clone, Debug)]
@@ -102,14 +104,34 @@ impl<B: Backend> Server<B> {
                 Err(e) => return Err(Error::internal(format!("poll on the listener: {e}"))),
             }
             match self.listener.accept() {
-                Ok((stream, _)) => self.spawn_client(stream),
+                Ok((stream, _)) => self.spawn_client(stream, None),
                 Err(e) => tracing::warn!("accept failed: {e}"),
             }
         }
         Ok(())
     }
 
-    fn spawn_client(&self, stream: UnixStream) {
+    /// Serves clients the control daemon hands over on `handoff` (a socket inherited from it):
+    /// each message is a client's hello, with the client's connection attached. Returns when
+    /// the daemon goes away.
+    pub fn serve_handoffs(&self, handoff: UnixStream, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            let mut hello: Hello = bytemuck::Zeroable::zeroed();
+            match socket::recv(&handoff, bytemuck::bytes_of_mut(&mut hello), 1) {
+                Ok(fds) => match fds.into_iter().next() {
+                    Some(fd) => self.spawn_client(UnixStream::from(fd), Some(hello)),
+                    None => tracing::warn!("a handoff came without a connection"),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::info!("the control daemon went away ({e}); stopping");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn spawn_client(&self, stream: UnixStream, hello: Option<Hello>) {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
         let backend = self.backend.clone();
         let handles = self.handles.clone();
@@ -117,21 +139,23 @@ impl<B: Backend> Server<B> {
         let waits = (self.cfg.spin, self.cfg.yield_for);
         let spawned = std::thread::Builder::new()
             .name(format!("client-{id}"))
-            .spawn(move || match handshake(&*backend, stream, id, layout) {
-                Ok((peer, channel, socket)) => {
-                    match Session::new(backend, handles, id, peer, channel, socket, waits) {
-                        Ok(session) => {
-                            if let Err(e) = session.spawn_watcher() {
-                                tracing::error!(client = id, "cannot watch the socket: {e}");
-                                return;
+            .spawn(
+                move || match handshake(&*backend, stream, hello, id, layout) {
+                    Ok((peer, channel, socket)) => {
+                        match Session::new(backend, handles, id, peer, channel, socket, waits) {
+                            Ok(session) => {
+                                if let Err(e) = session.spawn_watcher() {
+                                    tracing::error!(client = id, "cannot watch the socket: {e}");
+                                    return;
+                                }
+                                session.run();
                             }
-                            session.run();
+                            Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                         }
-                        Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                     }
-                }
-                Err(e) => tracing::warn!(client = id, "handshake failed: {e}"),
-            });
+                    Err(e) => tracing::warn!(client = id, "handshake failed: {e}"),
+                },
+            );
         if let Err(e) = spawned {
             tracing::error!("cannot start a client thread: {e}");
         }
@@ -167,35 +191,67 @@ fn refuse(stream: &UnixStream, err: &Error) {
     let _ = socket::send(stream, bytemuck::bytes_of(&w), &[]);
 }
 
-/// Reads the hello, checks who is calling, creates the channel and sends the welcome with the
-/// two segment descriptors.
-fn handshake<B: Backend>(
-    backend: &B,
-    stream: UnixStream,
-    id: u32,
-    layout: Layout,
-) -> Result<(Peer, Channel, Arc<UnixStream>)> {
+/// Reads a client's hello (waiting at most 10 s for it): first the part every protocol version
+/// shares, so that a client of another version is refused with a clear answer rather than left
+/// waiting, then the rest.
+pub fn read_hello(stream: &UnixStream) -> Result<Hello> {
     let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| io("set_read_timeout", e))?;
-    let peer = socket::peer(&stream).map_err(|e| io("SO_PEERCRED", e))?;
     let mut hello: Hello = bytemuck::Zeroable::zeroed();
-    socket::recv(&stream, bytemuck::bytes_of_mut(&mut hello), 0)
-        .map_err(|e| io("reading the hello", e))?;
-    let checked = check_hello(&hello).and_then(|()| {
-        let me = nix::unistd::geteuid().as_raw();
-        if peer.uid != me && peer.uid != 0 {
-            return Err(Error::new(
-                Status::PermissionDenied,
-                format!(
-                    "this server serves uid {me}; uid {} must use its own server",
-                    peer.uid
-                ),
-            ));
-        }
-        Ok(())
-    });
+    socket::recv(
+        stream,
+        &mut bytemuck::bytes_of_mut(&mut hello)[..HELLO_PREFIX],
+        0,
+    )
+    .map_err(|e| io("reading the hello", e))?;
+    if let Err(e) = check_hello(&hello) {
+        refuse(stream, &e);
+        return Err(e);
+    }
+    socket::recv(
+        stream,
+        &mut bytemuck::bytes_of_mut(&mut hello)[HELLO_PREFIX..],
+        0,
+    )
+    .map_err(|e| io("reading the hello", e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| io("set_read_timeout", e))?;
+    Ok(hello)
+}
+
+/// Reads the hello (unless the daemon already did), checks who is calling, creates the channel and sends the welcome with the
+/// two segment descriptors.
+fn handshake<B: Backend>(
+    backend: &B,
+    stream: UnixStream,
+    hello: Option<Hello>,
+    id: u32,
+    layout: Layout,
+) -> Result<(Peer, Channel, Arc<UnixStream>)> {
+    let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
+    let peer = socket::peer(&stream).map_err(|e| io("SO_PEERCRED", e))?;
+    let hello = match hello {
+        Some(h) => h,
+        None => read_hello(&stream)?,
+    };
+    let checked = check_hello(&hello)
+        .and_then(|()| hello_group(&hello))
+        .and_then(|_| {
+            let me = nix::unistd::geteuid().as_raw();
+            if peer.uid != me && peer.uid != 0 {
+                return Err(Error::new(
+                    Status::PermissionDenied,
+                    format!(
+                        "this server serves uid {me}; uid {} must use its own server",
+                        peer.uid
+                    ),
+                ));
+            }
+            Ok(())
+        });
     if let Err(e) = checked {
         refuse(&stream, &e);
         return Err(e);

@@ -731,3 +731,10 @@ pub(crate) fn check_hello(hello: &protocol::Hello) -> Result<()> {
     }
     Ok(())
 }
+
+/// The group a checked hello asks for.
+pub(crate) fn hello_group(hello: &protocol::Hello) -> Result<String> {
+    let group = protocol::get_str(&hello.group);
+    protocol::check_group(&group)?;
+    Ok(group)
+}

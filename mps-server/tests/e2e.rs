@@ -764,6 +764,7 @@ fn a_client_of_another_protocol_version_is_refused() {
         magic: MAGIC,
         version: 999,
         reserved: [0; 2],
+        group: mps_core::protocol::put_str("default"),
     };
     mps_ipc::socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
     let mut w: Welcome = bytemuck::Zeroable::zeroed();

@@ -184,6 +184,7 @@ impl RawClient {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
             reserved: [0; 2],
+            group: mps_core::protocol::put_str("default"),
         };
         socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
         let mut w: Welcome = bytemuck::Zeroable::zeroed();
