@@ -4,6 +4,7 @@
 //! client ([`session`]); sessions execute on a [`backend::Backend`].
 
 pub mod backend;
+pub mod control;
 mod outbox;
 pub mod server;
 mod session;

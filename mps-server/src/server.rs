@@ -180,7 +180,8 @@ fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
     }
 }
 
-fn refuse(stream: &UnixStream, err: &Error) {
+/// Answers a hello with a failed welcome carrying `err`.
+pub(crate) fn refuse(stream: &UnixStream, err: &Error) {
     let w = Welcome {
         magic: MAGIC,
         version: PROTOCOL_VERSION,

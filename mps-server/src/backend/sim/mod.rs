@@ -47,7 +47,7 @@ impl SimBackend {
         }
         Ok(SimBackend {
             info: DeviceInfo {
-                name: format!("mps simulator ({} SMs)", cfg.sm_count),
+                name: "mps simulator".to_string(),
                 total_mem: cfg.memory_bytes,
                 sm_count: cfg.sm_count,
                 cc: (9, 0),

@@ -1,0 +1,193 @@
+//! `mps-control`: the mps control daemon and its command-line client.
+//!
+//! `mps-control -d` starts the daemon in the background, `-f` in the foreground. Without either it
+//! sends commands to a running daemon: the words after the options as one command, or, with no
+//! words, each line of standard input (`echo get_server_list | mps-control`).
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use mps_server::control::{CONTROL_SOCKET, Daemon, DaemonConfig, send_command};
+use tracing_subscriber::prelude::*;
+
+/// The mps control daemon, and its command client.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Run the daemon in the background.
+    #[arg(short = 'd', conflicts_with = "foreground")]
+    daemon: bool,
+    /// Run the daemon in the foreground.
+    #[arg(short = 'f')]
+    foreground: bool,
+    /// Pipe directory [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
+    #[arg(long)]
+    pipe_dir: Option<PathBuf>,
+    /// Log directory [default: $MPS_LOG_DIRECTORY, else /tmp/mps-log]
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// The mps-server binary [default: next to this one]
+    #[arg(long)]
+    server: Option<PathBuf>,
+    /// Backend of the servers: auto, cuda or sim.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Simulated device memory of each server (simulator only).
+    #[arg(long)]
+    sim_memory: Option<String>,
+    /// A command for the running daemon (without -d or -f).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn env_dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
+}
+
+fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), String> {
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|e| format!("cannot create log directory {}: {e}", log_dir.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_dir.join("control.log"))
+        .map_err(|e| format!("cannot open control.log: {e}"))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(log)),
+        )
+        .init();
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }.map_err(|e| format!("sigaction: {e}"))?;
+    }
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: ignoring SIGPIPE installs no handler code.
+    unsafe { sigaction(Signal::SIGPIPE, &ignore) }.map_err(|e| format!("sigaction: {e}"))?;
+    let server_bin = args.server.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .map(|p| p.with_file_name("mps-server"))
+            .unwrap_or_else(|_| PathBuf::from("mps-server"))
+    });
+    let mut server_args = vec!["--backend".to_string(), args.backend.clone()];
+    if let Some(m) = &args.sim_memory {
+        server_args.extend(["--sim-memory".to_string(), m.clone()]);
+    }
+    let daemon = Daemon::bind(DaemonConfig {
+        pipe_dir: pipe_dir.clone(),
+        log_dir,
+        server_bin,
+        server_args,
+    })
+    .map_err(|e| e.to_string())?;
+    tracing::info!("mps-control listening in {}", pipe_dir.display());
+    Arc::new(daemon).run(&STOP);
+    Ok(())
+}
+
+/// Starts the daemon in the background (this binary again with -f, in a session of its own)
+/// and waits until it answers.
+fn spawn_background(pipe_dir: &std::path::Path) -> Result<(), String> {
+    let mut args: Vec<String> = std::env::args().skip(1).filter(|a| a != "-d").collect();
+    args.insert(0, "-f".into());
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let sock = pipe_dir.join(CONTROL_SOCKET);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the daemon exited at start ({status}); see control.log"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err("the daemon did not start within 10 s; see control.log".into())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let pipe_dir = args
+        .pipe_dir
+        .clone()
+        .unwrap_or_else(|| env_dir("MPS_PIPE_DIRECTORY", "/tmp/mps"));
+    let log_dir = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
+    let result = if args.foreground {
+        run_daemon(&args, pipe_dir, log_dir)
+    } else if args.daemon {
+        spawn_background(&pipe_dir)
+    } else {
+        let lines: Vec<String> = if args.command.is_empty() {
+            std::io::stdin()
+                .lock()
+                .lines()
+                .map_while(|l| l.ok())
+                .collect()
+        } else {
+            vec![args.command.join(" ")]
+        };
+        let mut failed = false;
+        for line in lines.iter().filter(|l| !l.trim().is_empty()) {
+            match send_command(&pipe_dir, line) {
+                Ok(reply) => {
+                    failed |= reply.starts_with("error:");
+                    print!("{reply}");
+                }
+                Err(e) => {
+                    eprintln!("mps-control: {}", e.message);
+                    failed = true;
+                }
+            }
+        }
+        if failed { Err(String::new()) } else { Ok(()) }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("mps-control: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

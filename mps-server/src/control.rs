@@ -1,0 +1,471 @@
+//! The control daemon behind `mps-control`: it owns the client socket of the pipe directory,
+//! starts one server per (user, group) on first use and hands each client's connection to its
+//! server, and answers operators' commands on a control socket.
+//!
+//! A client's uid comes from SO_PEERCRED and its group from its hello (`MPS_GROUP`, default
+//! `default`), so a client cannot reach another user's server, and a critical service and
+//! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
+//! each user's server as that user.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mps_core::protocol::{Hello, get_str};
+use mps_core::{Error, Result, Status};
+use mps_ipc::socket::{self, SOCKET_NAME};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+
+use crate::server::read_hello;
+
+/// The operators' socket in the pipe directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// The daemon's pid file in the pipe directory.
+pub const PID_FILE: &str = "mps-control.pid";
+
+/// How a daemon is set up.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// The pipe directory (client and control sockets, servers' directories).
+    pub pipe_dir: PathBuf,
+    /// The log directory (control.log, one log per server).
+    pub log_dir: PathBuf,
+    /// The mps-server binary.
+    pub server_bin: PathBuf,
+    /// Arguments for every server (backend, simulator settings, ...).
+    pub server_args: Vec<String>,
+}
+
+struct ServerProc {
+    uid: u32,
+    group: String,
+    child: Child,
+    handoff: UnixStream,
+    started: Instant,
+    clients: u64,
+}
+
+/// The daemon's state.
+pub struct Daemon {
+    cfg: DaemonConfig,
+    servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
+    stop: AtomicBool,
+    client_listener: UnixListener,
+    control_listener: UnixListener,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon").field("cfg", &self.cfg).finish()
+    }
+}
+
+fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
+    if UnixStream::connect(path).is_ok() {
+        return Err(Error::new(
+            Status::PermissionDenied,
+            format!(
+                "{} is already served (another mps-control or mps-server runs there); stop it first",
+                path.display()
+            ),
+        ));
+    }
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path).map_err(|e| {
+        Error::new(
+            Status::PermissionDenied,
+            format!("cannot listen on {}: {e}", path.display()),
+        )
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| {
+        Error::new(
+            Status::PermissionDenied,
+            format!("cannot set the mode of {}: {e}", path.display()),
+        )
+    })?;
+    Ok(l)
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl Daemon {
+    /// Creates the pipe directory and binds both sockets.
+    pub fn bind(cfg: DaemonConfig) -> Result<Daemon> {
+        let perm = |what: &str, e: std::io::Error| {
+            Error::new(Status::PermissionDenied, format!("{what}: {e}"))
+        };
+        std::fs::create_dir_all(cfg.pipe_dir.join("servers"))
+            .map_err(|e| perm("cannot create the pipe directory", e))?;
+        // As root, every user may reach the client socket (the daemon routes each to its own
+        // server); otherwise only this user may.
+        let client_mode = if is_root() { 0o666 } else { 0o600 };
+        std::fs::set_permissions(&cfg.pipe_dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| perm("cannot set the pipe directory's mode", e))?;
+        let client_listener = bind(&cfg.pipe_dir.join(SOCKET_NAME), client_mode)?;
+        let control_listener = bind(&cfg.pipe_dir.join(CONTROL_SOCKET), 0o600)?;
+        std::fs::write(
+            cfg.pipe_dir.join(PID_FILE),
+            format!("{}\n", std::process::id()),
+        )
+        .map_err(|e| perm("cannot write the pid file", e))?;
+        Ok(Daemon {
+            cfg,
+            servers: Mutex::new(BTreeMap::new()),
+            stop: AtomicBool::new(false),
+            client_listener,
+            control_listener,
+        })
+    }
+
+    fn servers(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u32, String), ServerProc>> {
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves clients and operators until `quit` (or `stop` is set from outside, by a signal).
+    pub fn run(self: &Arc<Self>, stop_signal: &AtomicBool) {
+        let d = self.clone();
+        let clients = std::thread::Builder::new()
+            .name("clients".into())
+            .spawn(move || d.accept_clients())
+            .expect("start the client thread");
+        while !self.stop.load(Ordering::Relaxed) && !stop_signal.load(Ordering::Relaxed) {
+            if !wait_readable(&self.control_listener) {
+                continue;
+            }
+            match self.control_listener.accept() {
+                Ok((s, _)) => self.serve_operator(s),
+                Err(e) => tracing::warn!("accept on the control socket failed: {e}"),
+            }
+        }
+        if !self.stop.swap(true, Ordering::SeqCst) {
+            self.shutdown_all(Duration::from_secs(5));
+        }
+        let _ = clients.join();
+        for name in [SOCKET_NAME, CONTROL_SOCKET, PID_FILE] {
+            let _ = std::fs::remove_file(self.cfg.pipe_dir.join(name));
+        }
+        tracing::info!("stopped");
+    }
+
+    fn accept_clients(self: &Arc<Self>) {
+        while !self.stop.load(Ordering::Relaxed) {
+            if !wait_readable(&self.client_listener) {
+                continue;
+            }
+            let Ok((stream, _)) = self.client_listener.accept() else {
+                continue;
+            };
+            // The hello may be slow to come; one thread per connection keeps others moving.
+            let d = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("route".into())
+                .spawn(move || d.route(stream));
+        }
+    }
+
+    fn route(&self, stream: UnixStream) {
+        let peer = match socket::peer(&stream) {
+            Ok(p) => p,
+            Err(e) => return tracing::warn!("SO_PEERCRED failed: {e}"),
+        };
+        let hello = match read_hello(&stream) {
+            Ok(h) => h,
+            Err(e) => return tracing::warn!(pid = peer.pid, "client refused: {e}"),
+        };
+        let group = get_str(&hello.group);
+        if let Err(e) = mps_core::protocol::check_group(&group) {
+            return crate::server::refuse(&stream, &e);
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if !is_root() && peer.uid != me {
+            let e = Error::new(
+                Status::PermissionDenied,
+                format!(
+                    "this mps-control serves uid {me} only; run it as root to serve every user"
+                ),
+            );
+            return crate::server::refuse(&stream, &e);
+        }
+        if let Err(e) = self.hand_over(peer.uid, &group, &hello, &stream) {
+            tracing::error!(uid = peer.uid, group, "cannot serve client: {e}");
+            crate::server::refuse(&stream, &e);
+        }
+    }
+
+    /// Gives the connection to the (uid, group) server, starting it (again) if needed.
+    fn hand_over(&self, uid: u32, group: &str, hello: &Hello, stream: &UnixStream) -> Result<()> {
+        let mut servers = self.servers();
+        let key = (uid, group.to_string());
+        for attempt in 0..2 {
+            let alive = servers
+                .get_mut(&key)
+                .is_some_and(|s| s.child.try_wait().ok().flatten().is_none());
+            if !alive {
+                if let Some(mut old) = servers.remove(&key) {
+                    tracing::warn!(uid, group, pid = old.child.id(), "server had exited");
+                    let _ = old.child.wait();
+                }
+                let s = self.start_server(uid, group)?;
+                servers.insert(key.clone(), s);
+            }
+            let s = servers.get_mut(&key).expect("inserted above");
+            match socket::send(&s.handoff, bytemuck::bytes_of(hello), &[stream.as_fd()]) {
+                Ok(()) => {
+                    s.clients += 1;
+                    return Ok(());
+                }
+                Err(e) if attempt == 0 => {
+                    tracing::warn!(uid, group, "handoff to server failed ({e}); restarting it");
+                    let _ = s.child.kill();
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        Status::Connection,
+                        format!(
+                            "the server for uid {uid}, group {group} does not take clients: {e}"
+                        ),
+                    ));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn start_server(&self, uid: u32, group: &str) -> Result<ServerProc> {
+        let name = format!("{uid}-{group}");
+        let dir = self.cfg.pipe_dir.join("servers").join(&name);
+        let fail = |what: String| Error::new(Status::Internal, what);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail(format!("chmod {}: {e}", dir.display())))?;
+        // The daemon keeps one end (close-on-exec); the server inherits the other.
+        let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::empty(),
+        )
+        .map_err(|e| fail(format!("socketpair: {e}")))?;
+        nix::fcntl::fcntl(
+            &ours,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(|e| fail(format!("fcntl: {e}")))?;
+        let mut cmd = Command::new(&self.cfg.server_bin);
+        cmd.arg("--pipe-dir")
+            .arg(&dir)
+            .arg("--log-dir")
+            .arg(&self.cfg.log_dir)
+            .arg("--log-name")
+            .arg(format!("server-{name}.log"))
+            .arg("--handoff-fd")
+            .arg(theirs.as_raw_fd().to_string())
+            .args(&self.cfg.server_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if is_root() && uid != 0 {
+            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .ok_or_else(|| fail(format!("uid {uid} has no passwd entry")))?;
+            nix::unistd::chown(&dir, Some(user.uid), Some(user.gid))
+                .map_err(|e| fail(format!("chown {}: {e}", dir.display())))?;
+            cmd.uid(uid).gid(user.gid.as_raw());
+        }
+        let child = cmd.spawn().map_err(|e| {
+            fail(format!(
+                "cannot start {}: {e}",
+                self.cfg.server_bin.display()
+            ))
+        })?;
+        drop(theirs);
+        tracing::info!(uid, group, pid = child.id(), "started a server");
+        Ok(ServerProc {
+            uid,
+            group: group.to_string(),
+            child,
+            handoff: UnixStream::from(ours),
+            started: Instant::now(),
+            clients: 0,
+        })
+    }
+
+    fn serve_operator(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            return;
+        }
+        let reply = match self.command(line.trim()) {
+            Ok(text) => text,
+            Err(e) => format!("error: {}\n", e.message),
+        };
+        let _ = (&stream).write_all(reply.as_bytes());
+    }
+
+    /// Runs one operator command and returns its answer (lines ending in `\n`).
+    pub fn command(&self, line: &str) -> Result<String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let bad = |usage: &str| Error::invalid_value(format!("usage: {usage}"));
+        let pid_arg = |w: Option<&&str>, usage: &str| -> Result<u32> {
+            w.and_then(|p| p.parse().ok()).ok_or_else(|| bad(usage))
+        };
+        match words.as_slice() {
+            [] => Err(Error::invalid_value("empty command")),
+            ["get_server_list"] => {
+                let mut servers = self.servers();
+                prune(&mut servers);
+                Ok(servers
+                    .values()
+                    .map(|s| format!("{}\n", s.child.id()))
+                    .collect())
+            }
+            ["get_server_status", rest @ ..] => {
+                let pid = pid_arg(rest.first(), "get_server_status <server-pid>")?;
+                let mut servers = self.servers();
+                prune(&mut servers);
+                servers
+                    .values()
+                    .find(|s| s.child.id() == pid)
+                    .map(|_| "ACTIVE\n".to_string())
+                    .ok_or_else(|| no_server(pid))
+            }
+            ["shutdown_server", rest @ ..] => {
+                let usage = "shutdown_server <server-pid> [-f]";
+                let pid = pid_arg(rest.first(), usage)?;
+                let force = match rest.get(1..) {
+                    Some([]) | None => false,
+                    Some(["-f"]) => true,
+                    _ => return Err(bad(usage)),
+                };
+                let mut servers = self.servers();
+                let key = servers
+                    .iter()
+                    .find(|(_, s)| s.child.id() == pid)
+                    .map(|(k, _)| k.clone())
+                    .ok_or_else(|| no_server(pid))?;
+                let mut s = servers.remove(&key).expect("found above");
+                drop(servers);
+                stop_server(
+                    &mut s,
+                    if force {
+                        Duration::ZERO
+                    } else {
+                        Duration::from_secs(5)
+                    },
+                );
+                Ok(format!("server {pid} stopped\n"))
+            }
+            ["quit", rest @ ..] => {
+                let grace = match rest {
+                    [] => Duration::from_secs(5),
+                    ["-t", secs] => {
+                        Duration::from_secs(secs.parse().map_err(|_| bad("quit [-t <seconds>]"))?)
+                    }
+                    _ => return Err(bad("quit [-t <seconds>]")),
+                };
+                self.stop.store(true, Ordering::SeqCst);
+                self.shutdown_all(grace);
+                Ok("quitting\n".into())
+            }
+            ["status"] => {
+                let mut servers = self.servers();
+                prune(&mut servers);
+                let mut out = String::from(
+                    "SERVER-PID  UID     GROUP             CLIENTS-ROUTED  UPTIME-S\n",
+                );
+                for s in servers.values() {
+                    out += &format!(
+                        "{:<11} {:<7} {:<17} {:<15} {}\n",
+                        s.child.id(),
+                        s.uid,
+                        s.group,
+                        s.clients,
+                        s.started.elapsed().as_secs()
+                    );
+                }
+                Ok(out)
+            }
+            [cmd, ..] => Err(Error::invalid_value(format!(
+                "unknown command {cmd:?}; commands: get_server_list, get_server_status <pid>, \
+                 shutdown_server <pid> [-f], status, quit [-t <seconds>]"
+            ))),
+        }
+    }
+
+    fn shutdown_all(&self, grace: Duration) {
+        let servers = std::mem::take(&mut *self.servers());
+        for (_, mut s) in servers {
+            stop_server(&mut s, grace);
+        }
+    }
+}
+
+fn no_server(pid: u32) -> Error {
+    Error::new(
+        Status::NotFound,
+        format!("no server with pid {pid}; see get_server_list"),
+    )
+}
+
+/// Forgets servers that have exited (and reaps them).
+fn prune(servers: &mut BTreeMap<(u32, String), ServerProc>) {
+    servers.retain(|_, s| s.child.try_wait().ok().flatten().is_none());
+}
+
+/// SIGTERM, then SIGKILL after `grace`.
+fn stop_server(s: &mut ServerProc, grace: Duration) {
+    let pid = nix::unistd::Pid::from_raw(s.child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if s.child.try_wait().ok().flatten().is_some() {
+            tracing::info!(pid = pid.as_raw(), "server stopped");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = s.child.kill();
+    let _ = s.child.wait();
+    tracing::info!(pid = pid.as_raw(), "server killed");
+}
+
+/// Waits up to 200 ms for a listener to have a connection (so loops can see their stop flag).
+fn wait_readable(l: &UnixListener) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::from(200u16)), Ok(n) if n > 0)
+}
+
+/// Sends one command to a running daemon and returns its answer.
+pub fn send_command(pipe_dir: &Path, line: &str) -> Result<String> {
+    let path = pipe_dir.join(CONTROL_SOCKET);
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        Error::new(
+            Status::Connection,
+            format!(
+                "cannot reach mps-control at {}: {e}; is the daemon running (mps-control -d)?",
+                path.display()
+            ),
+        )
+    })?;
+    s.write_all(format!("{line}\n").as_bytes())
+        .and_then(|()| s.shutdown(std::net::Shutdown::Write))
+        .map_err(|e| Error::new(Status::Connection, format!("sending the command: {e}")))?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut s, &mut reply)
+        .map_err(|e| Error::new(Status::Connection, format!("reading the answer: {e}")))?;
+    Ok(reply)
+}

@@ -1,0 +1,297 @@
+//! The control daemon against real processes: routing clients to one server per (user, group),
+//! and every operator command, on the simulator.
+
+mod common;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mpsclient::{Client, Status, Stream};
+
+struct TestDaemon {
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl TestDaemon {
+    fn start() -> TestDaemon {
+        let dir = temp_dir("control");
+        let child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+            .arg("-f")
+            .args(["--backend", "sim", "--sim-memory", "256MiB", "--server"])
+            .arg(server_bin())
+            .arg("--pipe-dir")
+            .arg(&dir)
+            .arg("--log-dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = TestDaemon { dir, child };
+        d.wait_for_socket("control.sock");
+        d
+    }
+
+    fn wait_for_socket(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(self.dir.join(name)).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `mps-control <words>` against this daemon.
+    fn ctl(&self, words: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_mps-control"))
+            .arg("--pipe-dir")
+            .arg(&self.dir)
+            .args(words)
+            .output()
+            .unwrap()
+    }
+
+    fn ctl_ok(&self, words: &[&str]) -> String {
+        let out = self.ctl(words);
+        assert!(
+            out.status.success(),
+            "{words:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn servers(&self) -> Vec<u32> {
+        self.ctl_ok(&["get_server_list"])
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(Some(&self.dir)).expect("connect through the daemon")
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        let _ = self.ctl(&["quit", "-t", "1"]);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Allocates, fills and reads back a little memory: proof that the connection is served.
+fn touch(c: &Client) {
+    let p = c.mem_alloc(4096).unwrap();
+    c.memset_d32(p, 0xfeed, 1024, Stream::DEFAULT).unwrap();
+    let mut b = [0u8; 8];
+    c.memcpy_dtoh(&mut b, p, Stream::DEFAULT).unwrap();
+    assert_eq!(b, [0xed, 0xfe, 0, 0, 0xed, 0xfe, 0, 0]);
+    c.mem_free(p).unwrap();
+}
+
+#[test]
+fn the_daemon_routes_clients_to_one_server_per_group() {
+    if let Some(role) = role() {
+        // A client of another group, in a process of its own (the group comes from its
+        // environment).
+        assert_eq!(role, "critical");
+        touch(&Client::connect(None).unwrap());
+        return;
+    }
+    let d = TestDaemon::start();
+    let a = d.client();
+    touch(&a);
+    let b = d.client();
+    touch(&b);
+    assert_eq!(
+        d.servers().len(),
+        1,
+        "two clients of one group share a server"
+    );
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "the_daemon_routes_clients_to_one_server_per_group",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("MPS_TEST_ROLE", "critical")
+        .env("MPS_GROUP", "critical")
+        .env("MPS_PIPE_DIRECTORY", &d.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        d.servers().len(),
+        2,
+        "a second group gets a server of its own"
+    );
+    let status = d.ctl_ok(&["status"]);
+    assert!(
+        status.contains("default") && status.contains("critical"),
+        "{status}"
+    );
+    for log in [
+        "control.log",
+        "server-0-default.log",
+        "server-0-critical.log",
+    ] {
+        let uid = nix::unistd::geteuid().as_raw();
+        let log = log.replace("-0-", &format!("-{uid}-"));
+        assert!(d.dir.join(&log).exists(), "{log} missing");
+    }
+}
+
+#[test]
+fn a_bad_group_name_is_refused_with_the_reason() {
+    if role().is_some() {
+        let e = Client::connect(None).unwrap_err();
+        assert_eq!(e.status, Status::InvalidValue, "{e}");
+        assert!(e.message.contains("MPS_GROUP"), "{e}");
+        return;
+    }
+    let d = TestDaemon::start();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_bad_group_name_is_refused_with_the_reason",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("MPS_TEST_ROLE", "bad")
+        .env("MPS_GROUP", "../escape")
+        .env("MPS_PIPE_DIRECTORY", &d.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d.servers().is_empty());
+}
+
+#[test]
+fn operator_commands_work_and_bad_ones_get_one_line_errors() {
+    let d = TestDaemon::start();
+    let c = d.client();
+    touch(&c);
+    let pids = d.servers();
+    assert_eq!(pids.len(), 1);
+    let pid = pids[0].to_string();
+    assert_eq!(d.ctl_ok(&["get_server_status", &pid]), "ACTIVE\n");
+
+    for bad in [
+        vec!["frobnicate"],
+        vec!["get_server_status", "abc"],
+        vec!["shutdown_server"],
+        vec!["shutdown_server", &pid, "-x"],
+        vec!["quit", "-t", "soon"],
+        vec!["get_server_status", "999999"],
+    ] {
+        let out = d.ctl(&bad);
+        assert!(!out.status.success(), "{bad:?} succeeded");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("error: ") && text.lines().count() == 1,
+            "{bad:?}: {text}"
+        );
+    }
+    // Commands from standard input, as operators pipe them.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+        .arg("--pipe-dir")
+        .arg(&d.dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        child.stdin.as_mut().unwrap(),
+        format!("get_server_list\nget_server_status {pid}\n").as_bytes(),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{pid}\nACTIVE\n")
+    );
+
+    // Shutting a server down ends its clients' connections; the next client gets a new one.
+    assert!(d.ctl_ok(&["shutdown_server", &pid]).contains("stopped"));
+    assert!(d.servers().is_empty());
+    let e = c.mem_alloc(16).unwrap_err();
+    assert_eq!(e.status, Status::Connection, "{e}");
+    let fresh = d.client();
+    touch(&fresh);
+    let again = d.servers();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].to_string(), pid);
+
+    // The daemon outlived every bad command; quit stops it and its servers.
+    let mut d = d;
+    assert_eq!(d.ctl_ok(&["quit", "-t", "2"]), "quitting\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "daemon did not quit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!d.dir.join("mps.sock").exists());
+    let server = nix::unistd::Pid::from_raw(again[0] as i32);
+    assert!(
+        nix::sys::signal::kill(server, None).is_err(),
+        "server {server} outlived quit"
+    );
+}
+
+#[test]
+fn dash_d_starts_the_daemon_in_the_background() {
+    let dir = temp_dir("control-bg");
+    let out = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+        .arg("-d")
+        .args(["--backend", "sim", "--sim-memory", "64MiB", "--server"])
+        .arg(server_bin())
+        .arg("--pipe-dir")
+        .arg(&dir)
+        .arg("--log-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid: i32 = std::fs::read_to_string(dir.join("mps-control.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    touch(&Client::connect(Some(&dir)).unwrap());
+    let out = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+        .arg("--pipe-dir")
+        .arg(&dir)
+        .arg("quit")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // The daemon is not our child (the -d process that started it has exited), so watch for
+    // what it does last: it removes its pid file and sockets, or it is gone (or a zombie).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+    };
+    while dir.join("mps-control.pid").exists() || !gone() {
+        assert!(Instant::now() < deadline, "daemon {pid} did not quit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!dir.join("control.sock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
