@@ -254,7 +254,7 @@ impl Client {
         };
         let mut streams = HashMap::new();
         streams.insert(0, (0, StreamClock::default()));
-        Ok(Client {
+        let client = Client {
             id: welcome.client_id,
             submitter: Mutex::new(Submitter {
                 producer: channel.submit_producer(),
@@ -278,7 +278,20 @@ impl Client {
             staging: Mutex::new(()),
             host_alloc_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
-        })
+        };
+        // A client may lower (never raise) its device-memory limit.
+        if let Some(spec) = std::env::var("MPS_PINNED_DEVICE_MEM_LIMIT")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let limit = mps_core::units::parse_device_limit(&spec, 0).map_err(|e| {
+                Error::invalid_value(format!("MPS_PINNED_DEVICE_MEM_LIMIT: {}", e.message))
+            })?;
+            if let Some(bytes) = limit {
+                client.call(&Request::SetMemLimit { bytes })?;
+            }
+        }
+        Ok(client)
     }
 
     /// The server-assigned id of this client.

@@ -20,7 +20,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::status::{Error, Result, Status};
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// First word of every handshake message ("MPS!" little-endian).
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
 
@@ -105,10 +105,11 @@ pub enum Opcode {
     EventRecord = 20,
     StreamWaitEvent = 21,
     EventElapsed = 22,
+    SetMemLimit = 23,
 }
 
 impl Opcode {
-    const ALL: [Opcode; 22] = [
+    const ALL: [Opcode; 23] = [
         Opcode::MemAlloc,
         Opcode::MemFree,
         Opcode::MemGetInfo,
@@ -131,6 +132,7 @@ impl Opcode {
         Opcode::EventRecord,
         Opcode::StreamWaitEvent,
         Opcode::EventElapsed,
+        Opcode::SetMemLimit,
     ];
 
     /// The opcode with this wire value.
@@ -298,6 +300,11 @@ pub enum Request<'a> {
         start: u64,
         end: u64,
     },
+    /// Lowers this client's device-memory limit to `bytes` (it can never rise above what the
+    /// server set).
+    SetMemLimit {
+        bytes: u64,
+    },
 }
 
 impl Request<'_> {
@@ -326,6 +333,7 @@ impl Request<'_> {
             Request::EventRecord { .. } => Opcode::EventRecord,
             Request::StreamWaitEvent { .. } => Opcode::StreamWaitEvent,
             Request::EventElapsed { .. } => Opcode::EventElapsed,
+            Request::SetMemLimit { .. } => Opcode::SetMemLimit,
         }
     }
 
@@ -387,6 +395,7 @@ impl Request<'_> {
             | Request::StreamWaitEvent { event }
             | Request::EventRecord { event } => args[0] = event,
             Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
+            Request::SetMemLimit { bytes } => args[0] = bytes,
         }
         let cmd = Command {
             opcode: self.opcode() as u16,
@@ -545,6 +554,7 @@ impl Request<'_> {
                 start: a[0],
                 end: a[1],
             },
+            Opcode::SetMemLimit => Request::SetMemLimit { bytes: a[0] },
         };
         Ok(req)
     }
@@ -921,6 +931,7 @@ mod tests {
             Request::EventRecord { event: 2 },
             Request::StreamWaitEvent { event: 2 },
             Request::EventElapsed { start: 1, end: 2 },
+            Request::SetMemLimit { bytes: 1 << 30 },
         ] {
             roundtrip(req);
         }

@@ -25,6 +25,27 @@ pub fn parse_size(s: &str) -> Result<u64> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
+/// Reads a per-device memory limit as `MPS_PINNED_DEVICE_MEM_LIMIT` writes it: comma-separated
+/// `device=size` entries ("0=1G,1=512M"); returns the entry for `device`, if there is one.
+pub fn parse_device_limit(spec: &str, device: u32) -> Result<Option<u64>> {
+    let mut found = None;
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (dev, size) = entry.split_once('=').ok_or_else(|| {
+            Error::invalid_value(format!(
+                "{entry:?} is not device=size (example: 0=1G,1=512M)"
+            ))
+        })?;
+        let dev: u32 = dev.trim().parse().map_err(|_| {
+            Error::invalid_value(format!("{dev:?} in {entry:?} is not a device number"))
+        })?;
+        let size = parse_size(size)?;
+        if dev == device {
+            found = Some(size);
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,6 +59,20 @@ mod tests {
         assert_eq!(parse_size("3 KiB").unwrap(), 3072);
         for bad in ["", "G", "4X", "-1G", "1.5G", "99999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn device_limits_parse() {
+        assert_eq!(parse_device_limit("0=1G", 0).unwrap(), Some(1 << 30));
+        assert_eq!(
+            parse_device_limit("1=2G, 0=512M", 0).unwrap(),
+            Some(512 << 20)
+        );
+        assert_eq!(parse_device_limit("1=2G", 0).unwrap(), None);
+        assert_eq!(parse_device_limit("", 0).unwrap(), None);
+        for bad in ["1G", "x=1G", "0=lots", "0=1G,=2"] {
+            assert!(parse_device_limit(bad, 0).is_err(), "{bad}");
         }
     }
 }

@@ -26,6 +26,68 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
 use crate::server::read_hello;
 
+/// Messages between the daemon and a server, on the socket the server inherits: a header, its
+/// payload, and at most one file descriptor.
+pub(crate) mod wire {
+    use std::io;
+    use std::os::fd::{BorrowedFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+
+    use bytemuck::{Pod, Zeroable};
+    use mps_core::protocol::MAGIC;
+    use mps_ipc::socket;
+
+    /// A client's hello, with its connection attached (daemon to server).
+    pub(crate) const HANDOFF: u32 = 1;
+    /// A command line (daemon to server).
+    pub(crate) const REQUEST: u32 = 2;
+    /// The answer to a request (server to daemon).
+    pub(crate) const REPLY: u32 = 3;
+    const MAX_PAYLOAD: usize = 1 << 20;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct Header {
+        magic: u32,
+        kind: u32,
+        len: u32,
+        reserved: u32,
+    }
+
+    pub(crate) fn send(
+        s: &UnixStream,
+        kind: u32,
+        payload: &[u8],
+        fd: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
+        let h = Header {
+            magic: MAGIC,
+            kind,
+            len: payload.len() as u32,
+            reserved: 0,
+        };
+        let mut msg = bytemuck::bytes_of(&h).to_vec();
+        msg.extend_from_slice(payload);
+        socket::send(s, &msg, fd.as_slice())
+    }
+
+    pub(crate) fn recv(s: &UnixStream) -> io::Result<(u32, Vec<u8>, Option<OwnedFd>)> {
+        let mut h = Header::zeroed();
+        let fd = socket::recv(s, bytemuck::bytes_of_mut(&mut h), 1)?
+            .into_iter()
+            .next();
+        if h.magic != MAGIC || h.len as usize > MAX_PAYLOAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "malformed control message",
+            ));
+        }
+        let mut payload = vec![0u8; h.len as usize];
+        socket::recv(s, &mut payload, 0)?;
+        Ok((h.kind, payload, fd))
+    }
+}
+
 /// The operators' socket in the pipe directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
 /// The daemon's pid file in the pipe directory.
@@ -56,6 +118,8 @@ struct ServerProc {
 /// The daemon's state.
 pub struct Daemon {
     cfg: DaemonConfig,
+    /// Device memory per client for new servers, in bytes (0: no limit).
+    default_mem_limit: std::sync::atomic::AtomicU64,
     servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
     stop: AtomicBool,
     client_listener: UnixListener,
@@ -120,6 +184,7 @@ impl Daemon {
         .map_err(|e| perm("cannot write the pid file", e))?;
         Ok(Daemon {
             cfg,
+            default_mem_limit: std::sync::atomic::AtomicU64::new(0),
             servers: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             client_listener,
@@ -219,7 +284,12 @@ impl Daemon {
                 servers.insert(key.clone(), s);
             }
             let s = servers.get_mut(&key).expect("inserted above");
-            match socket::send(&s.handoff, bytemuck::bytes_of(hello), &[stream.as_fd()]) {
+            match wire::send(
+                &s.handoff,
+                wire::HANDOFF,
+                bytemuck::bytes_of(hello),
+                Some(stream.as_fd()),
+            ) {
                 Ok(()) => {
                     s.clients += 1;
                     return Ok(());
@@ -271,6 +341,8 @@ impl Daemon {
             .arg(format!("server-{name}.log"))
             .arg("--handoff-fd")
             .arg(theirs.as_raw_fd().to_string())
+            .arg("--mem-limit")
+            .arg(self.default_mem_limit.load(Ordering::Relaxed).to_string())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -380,29 +452,126 @@ impl Daemon {
                 self.shutdown_all(grace);
                 Ok("quitting\n".into())
             }
-            ["status"] => {
-                let mut servers = self.servers();
-                prune(&mut servers);
-                let mut out = String::from(
-                    "SERVER-PID  UID     GROUP             CLIENTS-ROUTED  UPTIME-S\n",
-                );
-                for s in servers.values() {
-                    out += &format!(
-                        "{:<11} {:<7} {:<17} {:<15} {}\n",
-                        s.child.id(),
-                        s.uid,
-                        s.group,
-                        s.clients,
-                        s.started.elapsed().as_secs()
-                    );
-                }
-                Ok(out)
+            ["status"] => self.status(),
+            ["get_client_list", rest @ ..] => {
+                let pid = pid_arg(rest.first(), "get_client_list <server-pid>")?;
+                let answer = self.ask(pid, "clients")?;
+                // One line per client process, however many connections it has.
+                let pids: std::collections::BTreeSet<&str> =
+                    answer.lines().filter_map(|l| field(l, "pid")).collect();
+                Ok(pids.into_iter().map(|p| format!("{p}\n")).collect())
             }
+            ["terminate_client", server, client] => {
+                let pid = pid_arg(Some(server), "terminate_client <server-pid> <client-pid>")?;
+                self.ask(pid, &format!("terminate {client}"))
+            }
+            ["terminate_client", ..] => Err(bad("terminate_client <server-pid> <client-pid>")),
+            ["set_default_device_pinned_mem_limit", dev, value] => {
+                let bytes = device_limit(dev, value)?;
+                self.default_mem_limit.store(bytes, Ordering::Relaxed);
+                Ok(format!(
+                    "new servers: {bytes} bytes of device memory per client\n"
+                ))
+            }
+            ["set_default_device_pinned_mem_limit", ..] => {
+                Err(bad("set_default_device_pinned_mem_limit <device> <size>"))
+            }
+            ["get_default_device_pinned_mem_limit", dev] => {
+                device_limit(dev, "0")?;
+                Ok(format!(
+                    "{}\n",
+                    self.default_mem_limit.load(Ordering::Relaxed)
+                ))
+            }
+            ["set_device_pinned_mem_limit", server, dev, value] => {
+                let usage = "set_device_pinned_mem_limit <server-pid> <device> <size>";
+                let pid = pid_arg(Some(server), usage)?;
+                let bytes = device_limit(dev, value)?;
+                self.ask(pid, &format!("set_mem_limit {bytes}"))?;
+                Ok(format!(
+                    "server {pid}: {bytes} bytes of device memory per new client\n"
+                ))
+            }
+            ["set_device_pinned_mem_limit", ..] => Err(bad(
+                "set_device_pinned_mem_limit <server-pid> <device> <size>",
+            )),
             [cmd, ..] => Err(Error::invalid_value(format!(
                 "unknown command {cmd:?}; commands: get_server_list, get_server_status <pid>, \
-                 shutdown_server <pid> [-f], status, quit [-t <seconds>]"
+                 get_client_list <pid>, terminate_client <pid> <client-pid>, \
+                 set_default_device_pinned_mem_limit <dev> <size>, \
+                 get_default_device_pinned_mem_limit <dev>, \
+                 set_device_pinned_mem_limit <pid> <dev> <size>, shutdown_server <pid> [-f], \
+                 status, quit [-t <seconds>]"
             ))),
         }
+    }
+
+    /// Sends a command to the server with this pid and returns its answer.
+    fn ask(&self, pid: u32, line: &str) -> Result<String> {
+        let mut servers = self.servers();
+        prune(&mut servers);
+        let s = servers
+            .values_mut()
+            .find(|s| s.child.id() == pid)
+            .ok_or_else(|| no_server(pid))?;
+        let lost = |e: std::io::Error| {
+            Error::new(
+                Status::Connection,
+                format!("server {pid} did not answer: {e}"),
+            )
+        };
+        let _ = s.handoff.set_read_timeout(Some(Duration::from_secs(5)));
+        wire::send(&s.handoff, wire::REQUEST, line.as_bytes(), None).map_err(lost)?;
+        let (kind, payload, _) = wire::recv(&s.handoff).map_err(lost)?;
+        let _ = s.handoff.set_read_timeout(None);
+        let text = String::from_utf8_lossy(&payload).into_owned();
+        match (kind, text.strip_prefix("error: ")) {
+            (wire::REPLY, None) => Ok(text),
+            (wire::REPLY, Some(msg)) => Err(Error::invalid_value(msg.trim_end().to_string())),
+            _ => Err(Error::internal(format!(
+                "server {pid} answered with message kind {kind}"
+            ))),
+        }
+    }
+
+    /// Servers and their clients, with what each client holds and did.
+    fn status(&self) -> Result<String> {
+        let pids: Vec<(u32, u32, String, u64, u64)> = {
+            let mut servers = self.servers();
+            prune(&mut servers);
+            servers
+                .values()
+                .map(|s| {
+                    (
+                        s.child.id(),
+                        s.uid,
+                        s.group.clone(),
+                        s.clients,
+                        s.started.elapsed().as_secs(),
+                    )
+                })
+                .collect()
+        };
+        let mut out = String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S\n");
+        let mut clients = String::from(
+            "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     LAUNCHES    COPIES      BYTES-COPIED\n",
+        );
+        for (pid, uid, group, routed, up) in pids {
+            out += &format!("{pid:<11} {uid:<7} {group:<17} {routed:<7} {up}\n");
+            for line in self.ask(pid, "clients").unwrap_or_default().lines() {
+                let f = |k| field(line, k).unwrap_or("?").to_string();
+                clients += &format!(
+                    "{pid:<11} {:<11} {:<13} {:<13} {:<11} {:<11} {}\n",
+                    f("pid"),
+                    f("mem"),
+                    f("mem_limit"),
+                    f("launches"),
+                    f("copies"),
+                    f("bytes_copied")
+                );
+            }
+        }
+        Ok(format!("{out}\n{clients}"))
     }
 
     fn shutdown_all(&self, grace: Duration) {
@@ -410,6 +579,22 @@ impl Daemon {
         for (_, mut s) in servers {
             stop_server(&mut s, grace);
         }
+    }
+}
+
+/// The value of `key=value` in a line of a server's `clients` answer.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A device-memory limit for device `dev` (this daemon's servers use device 0).
+fn device_limit(dev: &str, value: &str) -> Result<u64> {
+    match dev.parse::<u32>() {
+        Ok(0) => mps_core::units::parse_size(value),
+        _ => Err(Error::invalid_value(format!(
+            "device {dev:?}: this daemon's servers use device 0"
+        ))),
     }
 }
 

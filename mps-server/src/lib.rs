@@ -6,5 +6,6 @@
 pub mod backend;
 pub mod control;
 mod outbox;
+pub mod registry;
 pub mod server;
 mod session;

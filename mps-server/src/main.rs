@@ -48,6 +48,10 @@ struct Args {
     /// Microseconds it then keeps looking between yields of the processor before it sleeps.
     #[arg(long, default_value_t = 500)]
     yield_us: u64,
+    /// Device memory each client may hold, e.g. 2GiB (0: no limit). A client can lower its own
+    /// limit with MPS_PINNED_DEVICE_MEM_LIMIT.
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    mem_limit: u64,
     /// Name of the log file in the log directory.
     #[arg(long, default_value = "server.log")]
     log_name: String,
@@ -215,6 +219,7 @@ fn main() -> std::process::ExitCode {
         layout,
         spin: std::time::Duration::from_micros(args.spin_us),
         yield_for: std::time::Duration::from_micros(args.yield_us),
+        mem_limit: args.mem_limit,
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

@@ -18,7 +18,9 @@ use mps_ipc::socket::{self, Peer, SOCKET_NAME};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
-use crate::session::{Session, check_hello, hello_group};
+use crate::control::wire;
+use crate::registry::Registry;
+use crate::session::{ServerEnv, Session, check_hello, hello_group};
 
 /// How a server is set up.
 #[derive(Clone, Debug)]
@@ -31,6 +33,8 @@ pub struct ServerConfig {
     pub spin: Duration,
     /// How long it then keeps looking between yields of the processor before it sleeps.
     pub yield_for: Duration,
+    /// Device memory each new client may hold, in bytes (0: no limit).
+    pub mem_limit: u64,
 }
 
 /// A server bound to its socket.
@@ -42,6 +46,7 @@ pub struct Server<B: Backend> {
     socket_path: PathBuf,
     handles: Arc<Mutex<HandleSource>>,
     next_client: AtomicU32,
+    registry: Arc<Registry>,
 }
 
 impl<B: Backend> Server<B> {
@@ -81,6 +86,7 @@ impl<B: Backend> Server<B> {
         })?;
         Ok(Server {
             backend,
+            registry: Arc::new(Registry::new(cfg.mem_limit)),
             cfg,
             listener,
             socket_path: path,
@@ -111,17 +117,29 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Serves clients the control daemon hands over on `handoff` (a socket inherited from it):
-    /// each message is a client's hello, with the client's connection attached. Returns when
-    /// the daemon goes away.
+    /// Serves the control daemon on `handoff` (a socket inherited from it): clients it hands
+    /// over (their hello, with the connection attached) and its commands. Returns when the
+    /// daemon goes away.
     pub fn serve_handoffs(&self, handoff: UnixStream, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
-            let mut hello: Hello = bytemuck::Zeroable::zeroed();
-            match socket::recv(&handoff, bytemuck::bytes_of_mut(&mut hello), 1) {
-                Ok(fds) => match fds.into_iter().next() {
-                    Some(fd) => self.spawn_client(UnixStream::from(fd), Some(hello)),
-                    None => tracing::warn!("a handoff came without a connection"),
-                },
+            match wire::recv(&handoff) {
+                Ok((wire::HANDOFF, payload, Some(fd))) if payload.len() == size_of::<Hello>() => {
+                    let hello: Hello = bytemuck::pod_read_unaligned(&payload);
+                    self.spawn_client(UnixStream::from(fd), Some(hello));
+                }
+                Ok((wire::REQUEST, payload, None)) => {
+                    let line = String::from_utf8_lossy(&payload);
+                    let reply = match self.registry.command(&line) {
+                        Ok(text) => text,
+                        Err(e) => format!("error: {}\n", e.message),
+                    };
+                    if let Err(e) = wire::send(&handoff, wire::REPLY, reply.as_bytes(), None) {
+                        tracing::warn!("cannot answer the control daemon: {e}");
+                    }
+                }
+                Ok((kind, ..)) => {
+                    tracing::warn!("malformed message of kind {kind} from the daemon")
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::info!("the control daemon went away ({e}); stopping");
@@ -137,12 +155,19 @@ impl<B: Backend> Server<B> {
         let handles = self.handles.clone();
         let layout = self.cfg.layout;
         let waits = (self.cfg.spin, self.cfg.yield_for);
+        let registry = self.registry.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("client-{id}"))
             .spawn(
                 move || match handshake(&*backend, stream, hello, id, layout) {
                     Ok((peer, channel, socket)) => {
-                        match Session::new(backend, handles, id, peer, channel, socket, waits) {
+                        let env = ServerEnv {
+                            backend,
+                            handles,
+                            registry,
+                            waits,
+                        };
+                        match Session::new(env, id, peer, channel, socket) {
                             Ok(session) => {
                                 if let Err(e) = session.spawn_watcher() {
                                     tracing::error!(client = id, "cannot watch the socket: {e}");

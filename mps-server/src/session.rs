@@ -23,6 +23,7 @@ use mps_ipc::socket::{self, Peer};
 
 use crate::backend::{Backend, ClientContext, HostBytes, Op, Publish};
 use crate::outbox::Outbox;
+use crate::registry::{ClientEntry, Registry, Stats};
 
 /// Limits on what one client may hold.
 const MAX_MODULES: usize = 1024;
@@ -44,6 +45,15 @@ struct FunctionEntry<B: Backend> {
     module: Handle,
     function: Arc<B::Function>,
     params: Vec<ParamInfo>,
+}
+
+/// What every session of a server shares.
+pub(crate) struct ServerEnv<B: Backend> {
+    pub(crate) backend: Arc<B>,
+    pub(crate) handles: Arc<Mutex<HandleSource>>,
+    pub(crate) registry: Arc<Registry>,
+    /// How long the session thread spins, then yields, before it sleeps.
+    pub(crate) waits: (Duration, Duration),
 }
 
 /// One connected client.
@@ -68,19 +78,27 @@ pub(crate) struct Session<B: Backend> {
     payload: Vec<u8>,
     spin: Duration,
     yield_for: Duration,
+    registry: Arc<Registry>,
+    stats: Arc<Stats>,
+    /// Device-memory limit in bytes (0: none).
+    mem_limit: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<B: Backend> Session<B> {
     /// A session over a channel whose handshake has completed.
     pub(crate) fn new(
-        backend: Arc<B>,
-        handles: Arc<Mutex<HandleSource>>,
+        env: ServerEnv<B>,
         id: u32,
         peer: Peer,
         channel: Channel,
         socket: Arc<UnixStream>,
-        (spin, yield_for): (Duration, Duration),
     ) -> Result<Self> {
+        let ServerEnv {
+            backend,
+            handles,
+            registry,
+            waits: (spin, yield_for),
+        } = env;
         let closing = Arc::new(AtomicBool::new(false));
         let outbox = Arc::new(Outbox::new(
             channel.clone(),
@@ -128,6 +146,11 @@ impl<B: Backend> Session<B> {
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
             spin,
             yield_for,
+            stats: Arc::new(Stats::default()),
+            mem_limit: Arc::new(std::sync::atomic::AtomicU64::new(
+                registry.default_mem_limit(),
+            )),
+            registry,
             channel,
         })
     }
@@ -154,6 +177,17 @@ impl<B: Backend> Session<B> {
     /// Serves the client until it goes away, then releases everything it held. A panic while
     /// serving (a bug) disconnects this client with a logged reason; other clients carry on.
     pub(crate) fn run(mut self) {
+        self.registry.add(
+            self.id,
+            ClientEntry {
+                pid: self.peer.pid,
+                uid: self.peer.uid,
+                outbox: self.outbox.clone(),
+                stats: self.stats.clone(),
+                allocations: self.ctx.allocations.clone(),
+                mem_limit: self.mem_limit.clone(),
+            },
+        );
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
         if served.is_err() {
             self.outbox
@@ -390,6 +424,19 @@ impl<B: Backend> Session<B> {
                 if size == 0 {
                     return Err(Error::invalid_value("cannot allocate 0 bytes"));
                 }
+                let limit = self.mem_limit.load(Ordering::Relaxed);
+                let held = self.allocations().bytes();
+                if limit != 0 && held.saturating_add(size) > limit {
+                    return Err(Error::new(
+                        Status::QuotaExceeded,
+                        format!(
+                            "allocating {size} bytes would take this client to {} bytes, past its \
+                             device-memory limit of {limit} (MPS_PINNED_DEVICE_MEM_LIMIT, or the \
+                             operator's set_device_pinned_mem_limit)",
+                            held + size
+                        ),
+                    ));
+                }
                 let ptr = self.backend.mem_alloc(size)?;
                 let mut table = self
                     .ctx
@@ -429,7 +476,27 @@ impl<B: Backend> Session<B> {
             }
             Request::MemGetInfo => {
                 let (free, total) = self.backend.mem_get_info();
-                ok([free, total, 0, 0])
+                let limit = self.mem_limit.load(Ordering::Relaxed);
+                if limit == 0 {
+                    return ok([free, total, 0, 0]);
+                }
+                // Under a limit, the limit is the client's device.
+                let held = self.allocations().bytes();
+                ok([limit.saturating_sub(held).min(free), limit, 0, 0])
+            }
+            Request::SetMemLimit { bytes } => {
+                if bytes == 0 {
+                    return Err(Error::invalid_value("a device-memory limit of 0 bytes"));
+                }
+                // A client may only lower what the server set.
+                let current = self.mem_limit.load(Ordering::Relaxed);
+                let new = if current == 0 {
+                    bytes
+                } else {
+                    current.min(bytes)
+                };
+                self.mem_limit.store(new, Ordering::Relaxed);
+                ok([new, 0, 0, 0])
             }
             Request::HostAlloc { size } => self.host_alloc(seq, size),
             Request::HostFree { handle } => {
@@ -441,17 +508,20 @@ impl<B: Backend> Session<B> {
             }
             Request::CopyHtoD { dst, src, len } => {
                 self.check_device(dst, len, "copy destination")?;
+                self.stats.copied(len);
                 let src = self.host_bytes(src, len, matches!(src, HostRef::Staging { .. }))?;
                 self.enqueue(cmd, Op::CopyHtoD { dst, src })
             }
             Request::CopyDtoH { dst, src, len } => {
                 self.check_device(src, len, "copy source")?;
+                self.stats.copied(len);
                 let dst = self.host_bytes(dst, len, false)?;
                 self.enqueue(cmd, Op::CopyDtoH { dst, src })
             }
             Request::CopyDtoD { dst, src, len } => {
                 self.check_device(src, len, "copy source")?;
                 self.check_device(dst, len, "copy destination")?;
+                self.stats.copied(len);
                 self.enqueue(cmd, Op::CopyDtoD { dst, src, len })
             }
             Request::Memset {
@@ -530,6 +600,7 @@ impl<B: Backend> Session<B> {
                         params.len()
                     )));
                 }
+                self.stats.launched();
                 let op = Op::Launch {
                     function: f.function.clone(),
                     grid,
@@ -669,6 +740,7 @@ impl<B: Backend> Session<B> {
     }
 
     fn teardown(mut self) {
+        self.registry.remove(self.id);
         self.ctx.closing.store(true, Ordering::SeqCst);
         let reason = self
             .outbox

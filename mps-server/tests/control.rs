@@ -295,3 +295,100 @@ fn dash_d_starts_the_daemon_in_the_background() {
     assert!(!dir.join("control.sock").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn device_memory_limits_hold() {
+    if let Some(role) = role() {
+        // A client that lowers its own limit, or tries to raise it.
+        let c = Client::connect(None).unwrap();
+        let (_, total) = c.mem_get_info().unwrap();
+        let want: u64 = role.parse().unwrap();
+        assert_eq!(
+            total, want,
+            "limit seen by a client with MPS_PINNED_DEVICE_MEM_LIMIT"
+        );
+        return;
+    }
+    let d = TestDaemon::start();
+    for bad in [
+        vec!["set_default_device_pinned_mem_limit", "1", "1G"],
+        vec!["set_default_device_pinned_mem_limit", "0", "lots"],
+        vec!["set_default_device_pinned_mem_limit", "0"],
+    ] {
+        assert!(!d.ctl(&bad).status.success(), "{bad:?}");
+    }
+    d.ctl_ok(&["set_default_device_pinned_mem_limit", "0", "1MiB"]);
+    assert_eq!(
+        d.ctl_ok(&["get_default_device_pinned_mem_limit", "0"]),
+        "1048576\n"
+    );
+    let c = d.client();
+    let (free, total) = c.mem_get_info().unwrap();
+    assert_eq!((free, total), (1 << 20, 1 << 20));
+    let p = c.mem_alloc(512 << 10).unwrap();
+    let e = c.mem_alloc(600 << 10).unwrap_err();
+    assert_eq!(e.status, Status::QuotaExceeded, "{e}");
+    assert!(e.message.contains("limit of 1048576"), "{e}");
+    assert_eq!(c.mem_get_info().unwrap(), (512 << 10, 1 << 20));
+    c.mem_free(p).unwrap();
+    c.mem_alloc(1 << 20).unwrap();
+
+    let child = |env: &str, expect: u64| {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["device_memory_limits_hold", "--exact", "--nocapture"])
+            .env("MPS_TEST_ROLE", expect.to_string())
+            .env("MPS_PINNED_DEVICE_MEM_LIMIT", env)
+            .env("MPS_PIPE_DIRECTORY", &d.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{env}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    child("0=256K", 256 << 10);
+    child("0=4M", 1 << 20);
+    child("1=64K,0=128K", 128 << 10);
+
+    // A live change for one server applies to its new clients.
+    let pid = d.servers()[0].to_string();
+    d.ctl_ok(&["set_device_pinned_mem_limit", &pid, "0", "2MiB"]);
+    assert_eq!(d.client().mem_get_info().unwrap().1, 2 << 20);
+    assert_eq!(
+        c.mem_get_info().unwrap().1,
+        1 << 20,
+        "existing clients keep theirs"
+    );
+}
+
+#[test]
+fn clients_are_listed_counted_and_terminated() {
+    let d = TestDaemon::start();
+    let a = d.client();
+    let b = d.client();
+    touch(&a);
+    touch(&b);
+    let pid = d.servers()[0].to_string();
+    let me = std::process::id().to_string();
+    assert_eq!(d.ctl_ok(&["get_client_list", &pid]), format!("{me}\n"));
+    let status = d.ctl_ok(&["status"]);
+    assert!(status.contains("BYTES-COPIED"), "{status}");
+    let row = status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
+        .unwrap_or_else(|| panic!("no client row in {status}"));
+    // touch() copies 8 bytes out once per client.
+    assert_eq!(row.split_whitespace().nth(6), Some("8"), "{row}");
+    assert!(!d.ctl(&["terminate_client", &pid, "1"]).status.success());
+    assert!(!d.ctl(&["terminate_client", &pid]).status.success());
+    assert!(
+        d.ctl_ok(&["terminate_client", &pid, &me])
+            .contains("2 connection(s)")
+    );
+    for c in [&a, &b] {
+        let e = c.mem_alloc(16).unwrap_err();
+        assert_eq!(e.status, Status::Connection, "{e}");
+    }
+    assert_eq!(d.ctl_ok(&["get_client_list", &pid]), "");
+}
