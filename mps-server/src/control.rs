@@ -352,8 +352,17 @@ impl Daemon {
                 .ok()
                 .flatten()
                 .ok_or_else(|| fail(format!("uid {uid} has no passwd entry")))?;
-            nix::unistd::chown(&dir, Some(user.uid), Some(user.gid))
-                .map_err(|e| fail(format!("chown {}: {e}", dir.display())))?;
+            // The server, running as the user, must own its directory and its log.
+            let log = self.cfg.log_dir.join(format!("server-{name}.log"));
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .map_err(|e| fail(format!("creating {}: {e}", log.display())))?;
+            for path in [&dir, &log] {
+                nix::unistd::chown(path, Some(user.uid), Some(user.gid))
+                    .map_err(|e| fail(format!("chown {}: {e}", path.display())))?;
+            }
             cmd.uid(uid).gid(user.gid.as_raw());
         }
         let child = cmd.spawn().map_err(|e| {

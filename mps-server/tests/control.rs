@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -391,4 +392,60 @@ fn clients_are_listed_counted_and_terminated() {
         assert_eq!(e.status, Status::Connection, "{e}");
     }
     assert_eq!(d.ctl_ok(&["get_client_list", &pid]), "");
+}
+
+/// The user every uid-routing test runs its second client as (`.ci/run` creates it).
+const TEST_USER: &str = "mpstest";
+
+#[test]
+fn each_user_gets_a_server_of_their_own_running_as_them() {
+    if let Some(role) = role() {
+        assert_eq!(role, "other-user");
+        touch(&Client::connect(None).unwrap());
+        return;
+    }
+    let user = nix::unistd::User::from_name(TEST_USER).ok().flatten();
+    let (true, Some(user)) = (nix::unistd::geteuid().is_root(), user) else {
+        println!("skipped: needs root and a user named {TEST_USER} (.ci/run creates it)");
+        return;
+    };
+    let d = TestDaemon::start();
+    touch(&d.client());
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "each_user_gets_a_server_of_their_own_running_as_them",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("MPS_TEST_ROLE", "other-user")
+        .env("MPS_PIPE_DIRECTORY", &d.dir)
+        .uid(user.uid.as_raw())
+        .gid(user.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client as {TEST_USER}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let servers = d.servers();
+    assert_eq!(servers.len(), 2, "one server per user");
+    let uids: Vec<u32> = servers
+        .iter()
+        .map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!(
+        uids.contains(&0) && uids.contains(&user.uid.as_raw()),
+        "{uids:?}"
+    );
+    // The other user's server directory is theirs alone.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(d.dir.join(format!("servers/{}-default", user.uid))).unwrap();
+    assert_eq!(meta.uid(), user.uid.as_raw());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
 }
