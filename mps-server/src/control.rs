@@ -583,6 +583,106 @@ impl Daemon {
         Ok(format!("{out}\n{clients}"))
     }
 
+    /// The Prometheus text exposition of every server's clients.
+    pub fn metrics(&self) -> String {
+        let servers: Vec<(u32, u32, String)> = {
+            let mut servers = self.servers();
+            prune(&mut servers);
+            servers
+                .values()
+                .map(|s| (s.child.id(), s.uid, s.group.clone()))
+                .collect()
+        };
+        let families = [
+            (
+                "mem",
+                "mps_client_device_memory_bytes",
+                "gauge",
+                "Device memory a client holds.",
+            ),
+            (
+                "mem_limit",
+                "mps_client_device_memory_limit_bytes",
+                "gauge",
+                "A client's device-memory limit (0: none).",
+            ),
+            (
+                "launches",
+                "mps_client_launches_total",
+                "counter",
+                "Kernels a client launched.",
+            ),
+            (
+                "copies",
+                "mps_client_copies_total",
+                "counter",
+                "Copies a client made.",
+            ),
+            (
+                "bytes_copied",
+                "mps_client_copied_bytes_total",
+                "counter",
+                "Bytes a client copied.",
+            ),
+        ];
+        let mut rows = Vec::new();
+        for (pid, uid, group) in &servers {
+            for line in self.ask(*pid, "clients").unwrap_or_default().lines() {
+                let labels = format!(
+                    "server_pid=\"{pid}\",uid=\"{uid}\",group=\"{group}\",client_pid=\"{}\",client_id=\"{}\"",
+                    field(line, "pid").unwrap_or("?"),
+                    field(line, "id").unwrap_or("?"),
+                );
+                rows.push((labels, line.to_string()));
+            }
+        }
+        let mut out = format!(
+            "# HELP mps_servers Running servers.\n# TYPE mps_servers gauge\nmps_servers {}\n",
+            servers.len()
+        );
+        for (key, name, kind, help) in families {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+            for (labels, line) in &rows {
+                out += &format!("{name}{{{labels}}} {}\n", field(line, key).unwrap_or("0"));
+            }
+        }
+        out
+    }
+
+    /// Serves `GET /metrics` on `listener` until the daemon stops.
+    pub fn serve_metrics(self: &Arc<Self>, listener: std::net::TcpListener) {
+        let _ = listener.set_nonblocking(true);
+        while !self.stop.load(Ordering::Relaxed) {
+            let (mut conn, _) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("metrics accept failed: {e}");
+                    continue;
+                }
+            };
+            let _ = conn.set_nonblocking(false);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut request = String::new();
+            let _ = BufReader::new(&conn).read_line(&mut request);
+            let (status, body) = match request.split_whitespace().collect::<Vec<_>>()[..] {
+                ["GET", "/metrics", ..] => ("200 OK", self.metrics()),
+                _ => (
+                    "404 Not Found",
+                    "only GET /metrics is served here\n".to_string(),
+                ),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    }
+
     fn shutdown_all(&self, grace: Duration) {
         let servers = std::mem::take(&mut *self.servers());
         for (_, mut s) in servers {

@@ -17,6 +17,10 @@ struct TestDaemon {
 
 impl TestDaemon {
     fn start() -> TestDaemon {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> TestDaemon {
         let dir = temp_dir("control");
         let child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
             .arg("-f")
@@ -26,6 +30,7 @@ impl TestDaemon {
             .arg(&dir)
             .arg("--log-dir")
             .arg(&dir)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -448,4 +453,40 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
     let meta = std::fs::metadata(d.dir.join(format!("servers/{}-default", user.uid))).unwrap();
     assert_eq!(meta.uid(), user.uid.as_raw());
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+}
+
+#[test]
+fn metrics_are_served_in_prometheus_text_format() {
+    let d = TestDaemon::start_with(&["--metrics-listen", "127.0.0.1:0"]);
+    let c = d.client();
+    touch(&c);
+    let addr = std::fs::read_to_string(d.dir.join("metrics.addr")).unwrap();
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(addr.trim()).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+        text
+    };
+    let text = get("/metrics");
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("mps_servers 1"), "{text}");
+    let me = std::process::id();
+    let copied = text
+        .lines()
+        .find(|l| {
+            l.starts_with("mps_client_copied_bytes_total{")
+                && l.contains(&format!("client_pid=\"{me}\""))
+        })
+        .unwrap_or_else(|| panic!("no copied-bytes sample for this client:\n{text}"));
+    assert!(copied.ends_with(" 8"), "{copied}");
+    assert!(
+        text.contains("# TYPE mps_client_launches_total counter"),
+        "{text}"
+    );
+    assert!(get("/other").starts_with("HTTP/1.1 404"));
 }

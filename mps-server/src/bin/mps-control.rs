@@ -40,6 +40,10 @@ struct Args {
     /// Simulated device memory of each server (simulator only).
     #[arg(long)]
     sim_memory: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400); the address actually
+    /// bound is written to metrics.addr in the pipe directory.
+    #[arg(long)]
+    metrics_listen: Option<String>,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -107,7 +111,22 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     })
     .map_err(|e| e.to_string())?;
     tracing::info!("mps-control listening in {}", pipe_dir.display());
-    Arc::new(daemon).run(&STOP);
+    let daemon = Arc::new(daemon);
+    if let Some(addr) = &args.metrics_listen {
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        std::fs::write(pipe_dir.join("metrics.addr"), format!("{bound}\n"))
+            .map_err(|e| format!("cannot write metrics.addr: {e}"))?;
+        tracing::info!("metrics on http://{bound}/metrics");
+        let d = daemon.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || d.serve_metrics(listener))
+            .map_err(|e| e.to_string())?;
+    }
+    daemon.run(&STOP);
+    let _ = std::fs::remove_file(pipe_dir.join("metrics.addr"));
     Ok(())
 }
 
