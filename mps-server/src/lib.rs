@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod control;
 mod outbox;
+pub mod process;
 pub mod registry;
 pub mod server;
 mod session;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
@@ -10,8 +10,8 @@ use mps_ipc::channel::Layout;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{SimBackend, SimConfig};
+use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
 use mps_server::server::{Server, ServerConfig};
-use tracing_subscriber::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum BackendChoice {
@@ -64,64 +64,6 @@ struct Args {
     /// Staging area per client for pageable copies and module images, e.g. 4MiB.
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     staging: u64,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> nix::Result<()> {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(sig, &action) }?;
-    }
-    // A client that vanishes mid-send must not kill the server.
-    // SAFETY: ignoring SIGPIPE installs no handler code.
-    unsafe {
-        sigaction(
-            Signal::SIGPIPE,
-            &SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty()),
-        )
-    }?;
-    Ok(())
-}
-
-fn init_logging(log_dir: &std::path::Path, name: &str) -> Result<(), String> {
-    std::fs::create_dir_all(log_dir)
-        .map_err(|e| format!("cannot create log directory {}: {e}", log_dir.display()))?;
-    let path = log_dir.join(name);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file)),
-        )
-        .init();
-    Ok(())
-}
-
-fn env_dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default))
 }
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Result<(), String> {

@@ -8,12 +8,11 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use mps_server::control::{CONTROL_SOCKET, Daemon, DaemonConfig, send_command};
-use tracing_subscriber::prelude::*;
+use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
 
 /// The mps control daemon, and its command client.
 #[derive(Debug, Parser)]
@@ -49,51 +48,9 @@ struct Args {
     command: Vec<String>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn env_dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default))
-}
-
 fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), String> {
-    std::fs::create_dir_all(&log_dir)
-        .map_err(|e| format!("cannot create log directory {}: {e}", log_dir.display()))?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join("control.log"))
-        .map_err(|e| format!("cannot open control.log: {e}"))?;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(log)),
-        )
-        .init();
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(sig, &action) }.map_err(|e| format!("sigaction: {e}"))?;
-    }
-    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    // SAFETY: ignoring SIGPIPE installs no handler code.
-    unsafe { sigaction(Signal::SIGPIPE, &ignore) }.map_err(|e| format!("sigaction: {e}"))?;
+    init_logging(&log_dir, "control.log")?;
+    install_signal_handlers()?;
     let server_bin = args.server.clone().unwrap_or_else(|| {
         std::env::current_exe()
             .map(|p| p.with_file_name("mps-server"))

@@ -1,0 +1,65 @@
+//! What both binaries (`mps-server`, `mps-control`) set up the same way: logging to stderr and a
+//! file, the stop flag that SIGINT and SIGTERM raise, and directories from the environment.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tracing_subscriber::prelude::*;
+
+/// Raised by SIGINT and SIGTERM once [`install_signal_handlers`] ran.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT and SIGTERM raise [`STOP`]; SIGPIPE is ignored (a peer that vanishes mid-send must not
+/// kill the process).
+pub fn install_signal_handlers() -> Result<(), String> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }.map_err(|e| format!("sigaction({sig}): {e}"))?;
+    }
+    // SAFETY: ignoring a signal installs no handler code.
+    unsafe { sigaction(Signal::SIGPIPE, &ignore) }.map_err(|e| format!("sigaction: {e}"))?;
+    Ok(())
+}
+
+/// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info).
+pub fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create log directory {}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file)),
+        )
+        .init();
+    Ok(())
+}
+
+/// The directory `$var` names, else `default`.
+pub fn env_dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
+}
