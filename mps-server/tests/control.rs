@@ -414,6 +414,18 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
         println!("skipped: needs root and a user named {TEST_USER} (.ci/run creates it)");
         return;
     };
+    // The other user runs this test binary and the server binary: both must be reachable by
+    // anyone (a checkout under /root is not).
+    let exe = std::env::current_exe().unwrap();
+    for binary in [exe.as_path(), server_bin().as_path()] {
+        if !reachable_by_others(binary) {
+            println!(
+                "skipped: {} is not readable and executable by other users",
+                binary.display()
+            );
+            return;
+        }
+    }
     let d = TestDaemon::start();
     touch(&d.client());
     let out = Command::new(std::env::current_exe().unwrap())
@@ -489,4 +501,15 @@ fn metrics_are_served_in_prometheus_text_format() {
         "{text}"
     );
     assert!(get("/other").starts_with("HTTP/1.1 404"));
+}
+
+/// Whether every directory above `path` lets others through and `path` lets them read and run it.
+fn reachable_by_others(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode());
+    mode(path).is_ok_and(|m| m & 0o005 == 0o005)
+        && path
+            .ancestors()
+            .skip(1)
+            .all(|dir| mode(dir).is_ok_and(|m| m & 0o001 != 0))
 }
