@@ -291,6 +291,22 @@ impl Client {
                 client.call(&Request::SetMemLimit { bytes })?;
             }
         }
+        // ... and its priority (0 normal, 1 below normal).
+        if let Some(level) = std::env::var("MPS_CLIENT_PRIORITY")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let level = match level.trim() {
+                "0" => protocol::PRIORITY_NORMAL,
+                "1" => protocol::PRIORITY_BELOW_NORMAL,
+                other => {
+                    return Err(Error::invalid_value(format!(
+                        "MPS_CLIENT_PRIORITY is {other:?}; it must be 0 (normal) or 1 (below normal)"
+                    )));
+                }
+            };
+            client.call(&Request::SetPriority { level })?;
+        }
         Ok(client)
     }
 

@@ -20,7 +20,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::status::{Error, Result, Status};
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// First word of every handshake message ("MPS!" little-endian).
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
 
@@ -106,10 +106,11 @@ pub enum Opcode {
     StreamWaitEvent = 21,
     EventElapsed = 22,
     SetMemLimit = 23,
+    SetPriority = 24,
 }
 
 impl Opcode {
-    const ALL: [Opcode; 23] = [
+    const ALL: [Opcode; 24] = [
         Opcode::MemAlloc,
         Opcode::MemFree,
         Opcode::MemGetInfo,
@@ -133,6 +134,7 @@ impl Opcode {
         Opcode::StreamWaitEvent,
         Opcode::EventElapsed,
         Opcode::SetMemLimit,
+        Opcode::SetPriority,
     ];
 
     /// The opcode with this wire value.
@@ -305,7 +307,18 @@ pub enum Request<'a> {
     SetMemLimit {
         bytes: u64,
     },
+    /// Lowers this client's priority to `level` ([`PRIORITY_NORMAL`] or
+    /// [`PRIORITY_BELOW_NORMAL`]; it can never rise above what the server set).
+    SetPriority {
+        level: u32,
+    },
 }
+
+/// Client priority: served as the operator set it.
+pub const PRIORITY_NORMAL: u32 = 0;
+/// Client priority: served after normal clients (its streams get the device's least urgent
+/// priority, its session thread a lower CPU priority).
+pub const PRIORITY_BELOW_NORMAL: u32 = 1;
 
 impl Request<'_> {
     /// The opcode of this request.
@@ -334,6 +347,7 @@ impl Request<'_> {
             Request::StreamWaitEvent { .. } => Opcode::StreamWaitEvent,
             Request::EventElapsed { .. } => Opcode::EventElapsed,
             Request::SetMemLimit { .. } => Opcode::SetMemLimit,
+            Request::SetPriority { .. } => Opcode::SetPriority,
         }
     }
 
@@ -396,6 +410,7 @@ impl Request<'_> {
             | Request::EventRecord { event } => args[0] = event,
             Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
             Request::SetMemLimit { bytes } => args[0] = bytes,
+            Request::SetPriority { level } => args[0] = level as u64,
         }
         let cmd = Command {
             opcode: self.opcode() as u16,
@@ -555,6 +570,17 @@ impl Request<'_> {
                 end: a[1],
             },
             Opcode::SetMemLimit => Request::SetMemLimit { bytes: a[0] },
+            Opcode::SetPriority => Request::SetPriority {
+                level: match a[0] {
+                    0 => PRIORITY_NORMAL,
+                    1 => PRIORITY_BELOW_NORMAL,
+                    n => {
+                        return Err(Error::invalid_value(format!(
+                            "client priority {n} is neither 0 (normal) nor 1 (below normal)"
+                        )));
+                    }
+                },
+            },
         };
         Ok(req)
     }
@@ -932,6 +958,7 @@ mod tests {
             Request::StreamWaitEvent { event: 2 },
             Request::EventElapsed { start: 1, end: 2 },
             Request::SetMemLimit { bytes: 1 << 30 },
+            Request::SetPriority { level: 1 },
         ] {
             roundtrip(req);
         }

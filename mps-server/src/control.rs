@@ -120,6 +120,8 @@ pub struct Daemon {
     cfg: DaemonConfig,
     /// Device memory per client for new servers, in bytes (0: no limit).
     default_mem_limit: std::sync::atomic::AtomicU64,
+    /// Priority of new servers' clients.
+    default_priority: std::sync::atomic::AtomicU32,
     servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
     stop: AtomicBool,
     client_listener: UnixListener,
@@ -185,6 +187,7 @@ impl Daemon {
         Ok(Daemon {
             cfg,
             default_mem_limit: std::sync::atomic::AtomicU64::new(0),
+            default_priority: std::sync::atomic::AtomicU32::new(0),
             servers: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             client_listener,
@@ -343,6 +346,8 @@ impl Daemon {
             .arg(theirs.as_raw_fd().to_string())
             .arg("--mem-limit")
             .arg(self.default_mem_limit.load(Ordering::Relaxed).to_string())
+            .arg("--client-priority")
+            .arg(self.default_priority.load(Ordering::Relaxed).to_string())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -475,6 +480,25 @@ impl Daemon {
                 self.ask(pid, &format!("terminate {client}"))
             }
             ["terminate_client", ..] => Err(bad("terminate_client <server-pid> <client-pid>")),
+            ["set_default_client_priority", level] => {
+                let level = match *level {
+                    "0" => 0,
+                    "1" => 1,
+                    _ => return Err(bad("set_default_client_priority <0|1>")),
+                };
+                self.default_priority.store(level, Ordering::Relaxed);
+                // Running servers take it for their new clients too.
+                let pids: Vec<u32> = self.servers().values().map(|s| s.child.id()).collect();
+                for pid in pids {
+                    self.ask(pid, &format!("set_priority {level}"))?;
+                }
+                Ok(format!("new clients: priority {level}\n"))
+            }
+            ["set_default_client_priority", ..] => Err(bad("set_default_client_priority <0|1>")),
+            ["get_default_client_priority"] => Ok(format!(
+                "{}\n",
+                self.default_priority.load(Ordering::Relaxed)
+            )),
             ["set_default_device_pinned_mem_limit", dev, value] => {
                 let bytes = device_limit(dev, value)?;
                 self.default_mem_limit.store(bytes, Ordering::Relaxed);
@@ -509,7 +533,9 @@ impl Daemon {
                  get_client_list <pid>, terminate_client <pid> <client-pid>, \
                  set_default_device_pinned_mem_limit <dev> <size>, \
                  get_default_device_pinned_mem_limit <dev>, \
-                 set_device_pinned_mem_limit <pid> <dev> <size>, shutdown_server <pid> [-f], \
+                 set_device_pinned_mem_limit <pid> <dev> <size>, \
+                 set_default_client_priority <0|1>, get_default_client_priority, \
+                 shutdown_server <pid> [-f], \
                  status, quit [-t <seconds>]"
             ))),
         }
@@ -563,17 +589,18 @@ impl Daemon {
         };
         let mut out = String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S\n");
         let mut clients = String::from(
-            "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     LAUNCHES    COPIES      BYTES-COPIED\n",
+            "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  LAUNCHES    COPIES      BYTES-COPIED\n",
         );
         for (pid, uid, group, routed, up) in pids {
             out += &format!("{pid:<11} {uid:<7} {group:<17} {routed:<7} {up}\n");
             for line in self.ask(pid, "clients").unwrap_or_default().lines() {
                 let f = |k| field(line, k).unwrap_or("?").to_string();
                 clients += &format!(
-                    "{pid:<11} {:<11} {:<13} {:<13} {:<11} {:<11} {}\n",
+                    "{pid:<11} {:<11} {:<13} {:<13} {:<9} {:<11} {:<11} {}\n",
                     f("pid"),
                     f("mem"),
                     f("mem_limit"),
+                    f("priority"),
                     f("launches"),
                     f("copies"),
                     f("bytes_copied")
@@ -605,6 +632,12 @@ impl Daemon {
                 "mps_client_device_memory_limit_bytes",
                 "gauge",
                 "A client's device-memory limit (0: none).",
+            ),
+            (
+                "priority",
+                "mps_client_priority",
+                "gauge",
+                "A client's priority (0 normal, 1 below normal).",
             ),
             (
                 "launches",

@@ -52,6 +52,10 @@ struct Args {
     /// limit with MPS_PINNED_DEVICE_MEM_LIMIT.
     #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     mem_limit: u64,
+    /// Priority of new clients: 0 normal, 1 below normal. A client can lower its own with
+    /// MPS_CLIENT_PRIORITY.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
+    client_priority: u32,
     /// Name of the log file in the log directory.
     #[arg(long, default_value = "server.log")]
     log_name: String,
@@ -162,6 +166,7 @@ fn main() -> std::process::ExitCode {
         spin: std::time::Duration::from_micros(args.spin_us),
         yield_for: std::time::Duration::from_micros(args.yield_us),
         mem_limit: args.mem_limit,
+        client_priority: args.client_priority,
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

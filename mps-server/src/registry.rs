@@ -2,7 +2,7 @@
 //! what they did; and the server-wide settings new clients start from.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mps_core::alloc::AllocTable;
@@ -39,6 +39,8 @@ pub(crate) struct ClientEntry {
     pub(crate) allocations: Arc<RwLock<AllocTable>>,
     /// Device-memory limit in bytes (0: none).
     pub(crate) mem_limit: Arc<AtomicU64>,
+    /// Client priority (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
+    pub(crate) priority: Arc<AtomicU32>,
 }
 
 /// Every live client of a server, by client id, and the limit new clients get.
@@ -46,15 +48,22 @@ pub(crate) struct ClientEntry {
 pub struct Registry {
     clients: Mutex<BTreeMap<u32, ClientEntry>>,
     default_mem_limit: AtomicU64,
+    default_priority: AtomicU32,
 }
 
 impl Registry {
-    /// A registry whose new clients get `mem_limit` bytes of device memory (0: no limit).
-    pub fn new(mem_limit: u64) -> Registry {
+    /// A registry whose new clients get `mem_limit` bytes of device memory (0: no limit) and
+    /// priority `priority`.
+    pub fn new(mem_limit: u64, priority: u32) -> Registry {
         Registry {
             clients: Mutex::new(BTreeMap::new()),
             default_mem_limit: AtomicU64::new(mem_limit),
+            default_priority: AtomicU32::new(priority),
         }
+    }
+
+    pub(crate) fn default_priority(&self) -> u32 {
+        self.default_priority.load(Ordering::Relaxed)
     }
 
     fn clients(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, ClientEntry>> {
@@ -79,19 +88,21 @@ impl Registry {
         match words.as_slice() {
             ["clients"] => Ok(self
                 .clients()
-                .values()
-                .map(|c| {
+                .iter()
+                .map(|(id, c)| {
                     let mem = c
                         .allocations
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
                         .bytes();
                     format!(
-                        "pid={} uid={} mem={} mem_limit={} launches={} copies={} bytes_copied={}\n",
+                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} launches={} \
+                         copies={} bytes_copied={}\n",
                         c.pid,
                         c.uid,
                         mem,
                         c.mem_limit.load(Ordering::Relaxed),
+                        c.priority.load(Ordering::Relaxed),
                         c.stats.launches.load(Ordering::Relaxed),
                         c.stats.copies.load(Ordering::Relaxed),
                         c.stats.bytes_copied.load(Ordering::Relaxed),
@@ -117,6 +128,15 @@ impl Registry {
                     "{} connection(s) of client {pid} terminated\n",
                     matching.len()
                 ))
+            }
+            ["set_priority", level] => {
+                let level: u32 = level
+                    .parse()
+                    .ok()
+                    .filter(|l| *l <= mps_core::protocol::PRIORITY_BELOW_NORMAL)
+                    .ok_or_else(|| Error::invalid_value("usage: set_priority <0|1>"))?;
+                self.default_priority.store(level, Ordering::Relaxed);
+                Ok("ok\n".into())
             }
             ["set_mem_limit", bytes] => {
                 let bytes: u64 = bytes

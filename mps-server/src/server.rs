@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub yield_for: Duration,
     /// Device memory each new client may hold, in bytes (0: no limit).
     pub mem_limit: u64,
+    /// Priority of new clients (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
+    pub client_priority: u32,
 }
 
 /// A server bound to its socket.
@@ -86,7 +88,7 @@ impl<B: Backend> Server<B> {
         })?;
         Ok(Server {
             backend,
-            registry: Arc::new(Registry::new(cfg.mem_limit)),
+            registry: Arc::new(Registry::new(cfg.mem_limit, cfg.client_priority)),
             cfg,
             listener,
             socket_path: path,

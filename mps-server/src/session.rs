@@ -82,6 +82,8 @@ pub(crate) struct Session<B: Backend> {
     stats: Arc<Stats>,
     /// Device-memory limit in bytes (0: none).
     mem_limit: Arc<std::sync::atomic::AtomicU64>,
+    /// Client priority (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
+    priority: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl<B: Backend> Session<B> {
@@ -150,6 +152,9 @@ impl<B: Backend> Session<B> {
             mem_limit: Arc::new(std::sync::atomic::AtomicU64::new(
                 registry.default_mem_limit(),
             )),
+            priority: Arc::new(std::sync::atomic::AtomicU32::new(
+                registry.default_priority(),
+            )),
             registry,
             channel,
         })
@@ -186,14 +191,34 @@ impl<B: Backend> Session<B> {
                 stats: self.stats.clone(),
                 allocations: self.ctx.allocations.clone(),
                 mem_limit: self.mem_limit.clone(),
+                priority: self.priority.clone(),
             },
         );
+        self.apply_priority();
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
         if served.is_err() {
             self.outbox
                 .disconnect("an internal error in the server (a panic, logged above)".into());
         }
         self.teardown();
+    }
+
+    /// Gives this session thread the CPU priority of the client's priority: a below-normal
+    /// client's commands are taken after normal clients' when the server's CPUs are busy.
+    fn apply_priority(&self) {
+        let nice = if self.priority.load(Ordering::Relaxed) >= protocol::PRIORITY_BELOW_NORMAL {
+            10
+        } else {
+            0
+        };
+        let tid = nix::unistd::gettid().as_raw();
+        // SAFETY: setpriority only reads its arguments; on Linux PRIO_PROCESS with a thread id
+        // sets that thread's nice value. Lowering priority needs no privilege; a failure leaves
+        // the thread as it was, which is only a missed preference.
+        let r = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as u32, nice) };
+        if r != 0 {
+            tracing::debug!(client = self.id, "setpriority({nice}) failed");
+        }
     }
 
     fn closing(&self) -> bool {
@@ -484,6 +509,12 @@ impl<B: Backend> Session<B> {
                 let held = self.allocations().bytes();
                 ok([limit.saturating_sub(held).min(free), limit, 0, 0])
             }
+            Request::SetPriority { level } => {
+                // A client may only lower what the server set.
+                let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);
+                self.apply_priority();
+                ok([new as u64, 0, 0, 0])
+            }
             Request::SetMemLimit { bytes } => {
                 if bytes == 0 {
                     return Err(Error::invalid_value("a device-memory limit of 0 bytes"));
@@ -616,6 +647,14 @@ impl<B: Backend> Session<B> {
                 let slot = self.stream_slots.take().ok_or_else(|| {
                     Error::internal("no stream slot left although the stream table has room")
                 })?;
+                // A below-normal client's streams get the device's least urgent priority (the
+                // backend clamps to its range).
+                let priority =
+                    if self.priority.load(Ordering::Relaxed) >= protocol::PRIORITY_BELOW_NORMAL {
+                        i32::MAX
+                    } else {
+                        priority
+                    };
                 let stream = match self.backend.stream_create(priority, &self.ctx) {
                     Ok(s) => s,
                     Err(e) => {

@@ -7,6 +7,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use std::io::Write;
+
 use common::*;
 use mpsclient::{Client, Status, Stream};
 
@@ -385,7 +387,12 @@ fn clients_are_listed_counted_and_terminated() {
         .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
         .unwrap_or_else(|| panic!("no client row in {status}"));
     // touch() copies 8 bytes out once per client.
-    assert_eq!(row.split_whitespace().nth(6), Some("8"), "{row}");
+    let header = status.lines().find(|l| l.contains("BYTES-COPIED")).unwrap();
+    let column = header
+        .split_whitespace()
+        .position(|h| h == "BYTES-COPIED")
+        .unwrap();
+    assert_eq!(row.split_whitespace().nth(column), Some("8"), "{row}");
     assert!(!d.ctl(&["terminate_client", &pid, "1"]).status.success());
     assert!(!d.ctl(&["terminate_client", &pid]).status.success());
     assert!(
@@ -512,4 +519,116 @@ fn reachable_by_others(path: &std::path::Path) -> bool {
             .ancestors()
             .skip(1)
             .all(|dir| mode(dir).is_ok_and(|m| m & 0o001 != 0))
+}
+
+/// Nice values of a server's session threads (named client-N).
+fn session_nice_values(server_pid: u32) -> Vec<i64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{server_pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("client-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the command name: state is field 3, nice field 19.
+        if let Some(nice) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(16))
+        {
+            out.push(nice.parse().unwrap());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn client_priorities_hold() {
+    if let Some(role) = role() {
+        match Client::connect(None) {
+            Ok(c) => {
+                touch(&c);
+                println!("ready");
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
+            }
+            Err(e) => {
+                assert_eq!(role, "bad");
+                assert_eq!(e.status, Status::InvalidValue, "{e}");
+                assert!(e.message.contains("MPS_CLIENT_PRIORITY"), "{e}");
+            }
+        }
+        return;
+    }
+    let d = TestDaemon::start();
+    let normal = d.client();
+    touch(&normal);
+    let spawn = |role: &str, level: &str| {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["client_priorities_hold", "--exact", "--nocapture"])
+            .env("MPS_TEST_ROLE", role)
+            .env("MPS_CLIENT_PRIORITY", level)
+            .env("MPS_PIPE_DIRECTORY", &d.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        let mut lines = lines;
+        assert!(
+            lines.any(|l| l.unwrap().ends_with("ready")),
+            "{role} never got ready"
+        );
+        child
+    };
+    let bad = Command::new(std::env::current_exe().unwrap())
+        .args(["client_priorities_hold", "--exact", "--nocapture"])
+        .env("MPS_TEST_ROLE", "bad")
+        .env("MPS_CLIENT_PRIORITY", "7")
+        .env("MPS_PIPE_DIRECTORY", &d.dir)
+        .output()
+        .unwrap();
+    assert!(
+        bad.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bad.stdout)
+    );
+
+    let mut low = spawn("low", "1");
+    let server = d.servers()[0];
+    assert_eq!(
+        session_nice_values(server),
+        [0, 10],
+        "normal and below-normal session threads"
+    );
+    let priority_of = |pid: u32| {
+        let status = d.ctl_ok(&["status"]);
+        let header = status.lines().find(|l| l.contains("PRIORITY")).unwrap();
+        let column = header
+            .split_whitespace()
+            .position(|h| h == "PRIORITY")
+            .unwrap();
+        status
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
+            .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
+    };
+    assert_eq!(priority_of(low.id()).as_deref(), Some("1"));
+    assert_eq!(priority_of(std::process::id()).as_deref(), Some("0"));
+    low.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    low.wait().unwrap();
+
+    // The operator lowers everyone's default; a client cannot raise itself above it.
+    assert!(
+        !d.ctl(&["set_default_client_priority", "2"])
+            .status
+            .success()
+    );
+    d.ctl_ok(&["set_default_client_priority", "1"]);
+    assert_eq!(d.ctl_ok(&["get_default_client_priority"]), "1\n");
+    let mut raise = spawn("raise", "0");
+    assert_eq!(priority_of(raise.id()).as_deref(), Some("1"));
+    raise.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    raise.wait().unwrap();
 }
