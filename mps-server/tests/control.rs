@@ -91,6 +91,14 @@ impl Drop for TestDaemon {
     }
 }
 
+/// This test binary, run again to play `role` in test `test`.
+fn role_command(test: &str, role: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture"])
+        .env("MPS_TEST_ROLE", role);
+    cmd
+}
+
 /// Allocates, fills and reads back a little memory: proof that the connection is served.
 fn touch(c: &Client) {
     let p = c.mem_alloc(4096).unwrap();
@@ -120,17 +128,14 @@ fn the_daemon_routes_clients_to_one_server_per_group() {
         1,
         "two clients of one group share a server"
     );
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "the_daemon_routes_clients_to_one_server_per_group",
-            "--exact",
-            "--nocapture",
-        ])
-        .env("MPS_TEST_ROLE", "critical")
-        .env("MPS_GROUP", "critical")
-        .env("MPS_PIPE_DIRECTORY", &d.dir)
-        .output()
-        .unwrap();
+    let out = role_command(
+        "the_daemon_routes_clients_to_one_server_per_group",
+        "critical",
+    )
+    .env("MPS_GROUP", "critical")
+    .env("MPS_PIPE_DIRECTORY", &d.dir)
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -166,13 +171,7 @@ fn a_bad_group_name_is_refused_with_the_reason() {
         return;
     }
     let d = TestDaemon::start();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_bad_group_name_is_refused_with_the_reason",
-            "--exact",
-            "--nocapture",
-        ])
-        .env("MPS_TEST_ROLE", "bad")
+    let out = role_command("a_bad_group_name_is_refused_with_the_reason", "bad")
         .env("MPS_GROUP", "../escape")
         .env("MPS_PIPE_DIRECTORY", &d.dir)
         .output()
@@ -342,9 +341,7 @@ fn device_memory_limits_hold() {
     c.mem_alloc(1 << 20).unwrap();
 
     let child = |env: &str, expect: u64| {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["device_memory_limits_hold", "--exact", "--nocapture"])
-            .env("MPS_TEST_ROLE", expect.to_string())
+        let out = role_command("device_memory_limits_hold", expect.to_string())
             .env("MPS_PINNED_DEVICE_MEM_LIMIT", env)
             .env("MPS_PIPE_DIRECTORY", &d.dir)
             .output()
@@ -435,18 +432,15 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
     }
     let d = TestDaemon::start();
     touch(&d.client());
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "each_user_gets_a_server_of_their_own_running_as_them",
-            "--exact",
-            "--nocapture",
-        ])
-        .env("MPS_TEST_ROLE", "other-user")
-        .env("MPS_PIPE_DIRECTORY", &d.dir)
-        .uid(user.uid.as_raw())
-        .gid(user.gid.as_raw())
-        .output()
-        .unwrap();
+    let out = role_command(
+        "each_user_gets_a_server_of_their_own_running_as_them",
+        "other-user",
+    )
+    .env("MPS_PIPE_DIRECTORY", &d.dir)
+    .uid(user.uid.as_raw())
+    .gid(user.gid.as_raw())
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "client as {TEST_USER}: {}{}",
@@ -565,9 +559,7 @@ fn client_priorities_hold() {
     let normal = d.client();
     touch(&normal);
     let spawn = |role: &str, level: &str| {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["client_priorities_hold", "--exact", "--nocapture"])
-            .env("MPS_TEST_ROLE", role)
+        let mut child = role_command("client_priorities_hold", role)
             .env("MPS_CLIENT_PRIORITY", level)
             .env("MPS_PIPE_DIRECTORY", &d.dir)
             .stdin(Stdio::piped())
@@ -582,9 +574,7 @@ fn client_priorities_hold() {
         );
         child
     };
-    let bad = Command::new(std::env::current_exe().unwrap())
-        .args(["client_priorities_hold", "--exact", "--nocapture"])
-        .env("MPS_TEST_ROLE", "bad")
+    let bad = role_command("client_priorities_hold", "bad")
         .env("MPS_CLIENT_PRIORITY", "7")
         .env("MPS_PIPE_DIRECTORY", &d.dir)
         .output()
