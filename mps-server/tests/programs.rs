@@ -1,6 +1,6 @@
-//! Programs as users write them, run against a real server: the C API test and the C example,
-//! built with `-Wall -Wextra -Werror` against include/mps.h and the library this build produced,
-//! and the Rust example.
+//! Programs as users write them, run against a real server: the C API test, the C example and
+//! the C++ example (include/mps.hpp), built with `-Wall -Wextra -Werror` against include/ and the
+//! library this build produced, and the Rust example.
 
 mod common;
 
@@ -24,8 +24,9 @@ fn build_library() {
     });
 }
 
-/// Compiles `source` into `out`, linking libmpsclient from this build.
-fn build_c(source: &Path, out: &Path) {
+/// Compiles `source` into `out` with `compiler` and `std` (C or C++), linking libmpsclient from
+/// this build.
+fn build_with(compiler: &str, std: &str, source: &Path, out: &Path) {
     build_library();
     let lib_dir = target_dir();
     assert!(
@@ -33,9 +34,9 @@ fn build_c(source: &Path, out: &Path) {
         "libmpsclient.so not found in {}",
         lib_dir.display()
     );
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
+    let cc = compiler;
+    let status = Command::new(cc)
+        .args([std, "-Wall", "-Wextra", "-Werror", "-O1"])
         .arg("-I")
         .arg(root().join("include"))
         .arg(source)
@@ -48,6 +49,11 @@ fn build_c(source: &Path, out: &Path) {
         .status()
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
     assert!(status.success(), "compiling {} failed", source.display());
+}
+
+fn build_c(source: &Path, out: &Path) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    build_with(&cc, "-std=c11", source, out);
 }
 
 fn run_program(program: &Path, server: &TestServer) -> String {
@@ -98,4 +104,20 @@ fn the_rust_example_builds_and_runs() {
     let server = TestServer::start();
     let out = run_program(&target_dir().join("examples/vector_add"), &server);
     assert!(out.contains("elements correct"), "{out}");
+}
+
+#[test]
+fn the_cpp_example_builds_and_runs() {
+    let dir = temp_dir("cpp-example");
+    let exe = dir.join("vector_add_cpp");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    build_with(
+        &cxx,
+        "-std=c++17",
+        &root().join("examples/cpp/vector_add.cpp"),
+        &exe,
+    );
+    let server = TestServer::start();
+    let out = run_program(&exe, &server);
+    assert!(out.contains("(C++): 1048576 elements correct"), "{out}");
 }
