@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mps_core::protocol::{Hello, get_str};
+use mps_core::protocol::Hello;
 use mps_core::{Error, Result, Status};
 use mps_ipc::socket::{self, SOCKET_NAME};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
-use crate::server::read_hello;
+use crate::server::{listen, read_hello, wait_readable};
 
 /// Messages between the daemon and a server, on the socket the server inherits: a header, its
 /// payload, and at most one file descriptor.
@@ -134,32 +134,6 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
-fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
-    if UnixStream::connect(path).is_ok() {
-        return Err(Error::new(
-            Status::PermissionDenied,
-            format!(
-                "{} is already served (another mps-control or mps-server runs there); stop it first",
-                path.display()
-            ),
-        ));
-    }
-    let _ = std::fs::remove_file(path);
-    let l = UnixListener::bind(path).map_err(|e| {
-        Error::new(
-            Status::PermissionDenied,
-            format!("cannot listen on {}: {e}", path.display()),
-        )
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| {
-        Error::new(
-            Status::PermissionDenied,
-            format!("cannot set the mode of {}: {e}", path.display()),
-        )
-    })?;
-    Ok(l)
-}
-
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -177,8 +151,8 @@ impl Daemon {
         let client_mode = if is_root() { 0o666 } else { 0o600 };
         std::fs::set_permissions(&cfg.pipe_dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| perm("cannot set the pipe directory's mode", e))?;
-        let client_listener = bind(&cfg.pipe_dir.join(SOCKET_NAME), client_mode)?;
-        let control_listener = bind(&cfg.pipe_dir.join(CONTROL_SOCKET), 0o600)?;
+        let client_listener = listen(&cfg.pipe_dir.join(SOCKET_NAME), client_mode)?;
+        let control_listener = listen(&cfg.pipe_dir.join(CONTROL_SOCKET), 0o600)?;
         std::fs::write(
             cfg.pipe_dir.join(PID_FILE),
             format!("{}\n", std::process::id()),
@@ -207,7 +181,7 @@ impl Daemon {
             .spawn(move || d.accept_clients())
             .expect("start the client thread");
         while !self.stop.load(Ordering::Relaxed) && !stop_signal.load(Ordering::Relaxed) {
-            if !wait_readable(&self.control_listener) {
+            if !wait_readable(&self.control_listener).unwrap_or(false) {
                 continue;
             }
             match self.control_listener.accept() {
@@ -227,7 +201,7 @@ impl Daemon {
 
     fn accept_clients(self: &Arc<Self>) {
         while !self.stop.load(Ordering::Relaxed) {
-            if !wait_readable(&self.client_listener) {
+            if !wait_readable(&self.client_listener).unwrap_or(false) {
                 continue;
             }
             let Ok((stream, _)) = self.client_listener.accept() else {
@@ -250,10 +224,10 @@ impl Daemon {
             Ok(h) => h,
             Err(e) => return tracing::warn!(pid = peer.pid, "client refused: {e}"),
         };
-        let group = get_str(&hello.group);
-        if let Err(e) = mps_core::protocol::check_group(&group) {
-            return crate::server::refuse(&stream, &e);
-        }
+        let group = match crate::session::hello_group(&hello) {
+            Ok(g) => g,
+            Err(e) => return crate::server::refuse(&stream, &e),
+        };
         let me = nix::unistd::geteuid().as_raw();
         if !is_root() && peer.uid != me {
             let e = Error::new(
@@ -767,13 +741,6 @@ fn stop_server(s: &mut ServerProc, grace: Duration) {
     let _ = s.child.kill();
     let _ = s.child.wait();
     tracing::info!(pid = pid.as_raw(), "server killed");
-}
-
-/// Waits up to 200 ms for a listener to have a connection (so loops can see their stop flag).
-fn wait_readable(l: &UnixListener) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
-    matches!(poll(&mut fds, PollTimeout::from(200u16)), Ok(n) if n > 0)
 }
 
 /// Sends one command to a running daemon and returns its answer.

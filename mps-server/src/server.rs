@@ -63,29 +63,8 @@ impl<B: Backend> Server<B> {
             )
         })?;
         let path = dir.join(SOCKET_NAME);
-        if UnixStream::connect(&path).is_ok() {
-            return Err(Error::new(
-                Status::PermissionDenied,
-                format!(
-                    "another server is already listening on {}; stop it or choose another --pipe-dir",
-                    path.display()
-                ),
-            ));
-        }
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| {
-            Error::new(
-                Status::PermissionDenied,
-                format!("cannot listen on {}: {e}", path.display()),
-            )
-        })?;
         // Only this user (and root) may connect; the handshake checks the uid again.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
-            Error::new(
-                Status::PermissionDenied,
-                format!("cannot restrict {}: {e}", path.display()),
-            )
-        })?;
+        let listener = listen(&path, 0o600)?;
         Ok(Server {
             backend,
             registry: Arc::new(Registry::new(cfg.mem_limit, cfg.client_priority)),
@@ -105,10 +84,9 @@ impl<B: Backend> Server<B> {
     /// Accepts clients until `stop` is set, each served by a thread of its own.
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
         while !stop.load(Ordering::Relaxed) {
-            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(200u16)) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                Ok(_) => {}
+            match wait_readable(&self.listener) {
+                Ok(false) => continue,
+                Ok(true) => {}
                 Err(e) => return Err(Error::internal(format!("poll on the listener: {e}"))),
             }
             match self.listener.accept() {
@@ -204,6 +182,36 @@ fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
         cc_major: info.cc.0,
         cc_minor: info.cc.1,
         backend: info.kind as u32,
+    }
+}
+
+/// Listens on `path` with permissions `mode`. Fails if something already answers there (another
+/// server or daemon); a stale socket file left by one that died is replaced.
+pub(crate) fn listen(path: &Path, mode: u32) -> Result<UnixListener> {
+    let denied = |what: String| Error::new(Status::PermissionDenied, what);
+    if UnixStream::connect(path).is_ok() {
+        return Err(denied(format!(
+            "{} is already served (another mps-server or mps-control listens there); stop it \
+             or choose another pipe directory",
+            path.display()
+        )));
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)
+        .map_err(|e| denied(format!("cannot listen on {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| denied(format!("cannot set the mode of {}: {e}", path.display())))?;
+    Ok(listener)
+}
+
+/// Waits up to 200 ms for a connection on `l`, so accept loops can look at their stop flag;
+/// `Ok(false)` on a timeout or an interrupted wait.
+pub(crate) fn wait_readable(l: &UnixListener) -> nix::Result<bool> {
+    let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(200u16)) {
+        Ok(n) => Ok(n > 0),
+        Err(nix::errno::Errno::EINTR) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
