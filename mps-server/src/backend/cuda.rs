@@ -679,10 +679,6 @@ impl Backend for CudaBackend {
                 self.shared.check(r, "cuStreamWaitEvent")?;
             }
             Op::Nop => {}
-            Op::Notify(done) => {
-                self.stream_synchronize(stream, &AtomicBool::new(false))?;
-                let _ = done.send(());
-            }
         }
         if let Some(p) = publish {
             let word = p.channel.stream_done(p.slot) as *const _ as *const u8;

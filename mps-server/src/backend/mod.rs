@@ -168,8 +168,6 @@ pub enum Op<B: Backend> {
     Wait(Arc<B::Event>),
     /// Nothing; exists to carry a publish.
     Nop,
-    /// Signals the sender once everything queued before it has run (used to synchronise).
-    Notify(std::sync::mpsc::Sender<()>),
 }
 
 /// A device.

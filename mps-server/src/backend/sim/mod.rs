@@ -107,6 +107,8 @@ struct Job {
     publish: Option<Publish>,
     /// For a record, its number; for a wait, the record number to wait for.
     event_no: u64,
+    /// Signalled when the worker reaches this job (how the simulator synchronises a stream).
+    notify: Option<mpsc::Sender<()>>,
 }
 
 /// A stream: a worker thread fed through a channel.
@@ -114,6 +116,14 @@ struct Job {
 pub struct SimStream {
     jobs: mpsc::Sender<Job>,
     worker: JoinHandle<()>,
+}
+
+impl SimStream {
+    fn send(&self, job: Job) -> Result<()> {
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::internal("simulator stream worker has stopped"))
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -132,7 +142,7 @@ struct Worker {
 impl Worker {
     fn run(self, jobs: mpsc::Receiver<Job>) {
         for job in jobs {
-            if let Op::Notify(done) = &job.op {
+            if let Some(done) = &job.notify {
                 // Synchronisation is answered even for a closing or faulted client.
                 let _ = done.send(());
                 continue;
@@ -259,7 +269,7 @@ impl Worker {
                 }
                 Ok(())
             }
-            Op::Nop | Op::Notify(_) => Ok(()),
+            Op::Nop => Ok(()),
         }
     }
 }
@@ -359,20 +369,25 @@ impl Backend for SimBackend {
             Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
             _ => 0,
         };
-        stream
-            .jobs
-            .send(Job {
-                seq,
-                op,
-                publish,
-                event_no,
-            })
-            .map_err(|_| Error::internal("simulator stream worker has stopped"))
+        stream.send(Job {
+            seq,
+            op,
+            publish,
+            event_no,
+            notify: None,
+        })
     }
 
     fn stream_synchronize(&self, stream: &SimStream, closing: &AtomicBool) -> Result<()> {
         let (tx, rx) = mpsc::channel();
-        self.submit(stream, 0, Op::Notify(tx), None)?;
+        let job = Job {
+            seq: 0,
+            op: Op::Nop,
+            publish: None,
+            event_no: 0,
+            notify: Some(tx),
+        };
+        stream.send(job)?;
         // Wait in slices so a client that goes away meanwhile is noticed.
         loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
