@@ -239,6 +239,17 @@ enum mps_status mps_mem_free(struct mps_client *client, mps_deviceptr dptr);
 enum mps_status mps_mem_get_info(struct mps_client *client, size_t *free, size_t *total);
 
 /*
+ Where this client's kernels run: `*sms` SMs of the device's `*device_sms` (its share, set by
+ the operator and lowered by `MPS_ACTIVE_THREAD_PERCENTAGE`, or its reservation,
+ `MPS_SM_RESERVE`, rounded up to the device's partition size). It can change while the client
+ runs.
+
+ # Safety
+ `sms` and `device_sms` are NULL or writable.
+ */
+enum mps_status mps_sm_get_info(struct mps_client *client, uint32_t *sms, uint32_t *device_sms);
+
+/*
  Allocates a host buffer shared with the server into `*ptr`: copies from and to it are fully
  asynchronous.
 

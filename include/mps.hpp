@@ -93,6 +93,13 @@ class client {
         return {free, total};
     }
 
+    /// (SMs this client's kernels may use now, SMs of the device).
+    std::pair<std::uint32_t, std::uint32_t> sm_info() const {
+        std::uint32_t sms = 0, device_sms = 0;
+        detail::check(mps_sm_get_info(c_, &sms, &device_sms), c_);
+        return {sms, device_sms};
+    }
+
     /// Waits for all of this client's streams.
     void synchronize() const { detail::check(mps_synchronize(c_), c_); }
 

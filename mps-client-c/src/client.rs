@@ -307,6 +307,13 @@ impl Client {
             };
             client.call(&Request::SetPriority { level })?;
         }
+        // ... its share of the SMs, and SMs of its own.
+        if let Some(percent) = percent_var("MPS_ACTIVE_THREAD_PERCENTAGE")? {
+            client.call(&Request::SetSmShare { percent })?;
+        }
+        if let Some(percent) = percent_var("MPS_SM_RESERVE")? {
+            client.call(&Request::ReserveSms { percent })?;
+        }
         Ok(client)
     }
 
@@ -561,6 +568,18 @@ impl Client {
     pub fn mem_get_info(&self) -> Result<(u64, u64)> {
         let v = self.call(&Request::MemGetInfo)?.values;
         Ok((v[0], v[1]))
+    }
+
+    /// The SMs this client's kernels run on now (the server may change them as other clients
+    /// come and go, or as the operator changes the share).
+    pub fn sm_info(&self) -> Result<SmInfo> {
+        let v = self.call(&Request::SmInfo)?.values;
+        Ok(SmInfo {
+            sms: v[0] as u32,
+            device_sms: v[1] as u32,
+            share_percent: v[2] as u32,
+            reserved_percent: v[3] as u32,
+        })
     }
 
     /// Allocates a host buffer shared with the server: copies from and to it are fully
@@ -1181,4 +1200,31 @@ impl Client {
 
 fn unknown(what: &str, h: u64) -> Error {
     Error::invalid_handle(format!("{what} {h:#x} is not a {what} of this client"))
+}
+
+/// Where a client's kernels run: see [`Client::sm_info`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmInfo {
+    /// SMs the client's kernels may use (its share or reservation, rounded up to the device's
+    /// partition size).
+    pub sms: u32,
+    /// SMs of the device.
+    pub device_sms: u32,
+    /// The share in force, percent.
+    pub share_percent: u32,
+    /// SMs reserved for the client alone, percent (0: none).
+    pub reserved_percent: u32,
+}
+
+/// Reads a percentage (1 to 100) from environment variable `name`; unset or empty is None.
+fn percent_var(name: &str) -> Result<Option<u32>> {
+    let Some(v) = std::env::var(name).ok().filter(|s| !s.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match v.trim().trim_end_matches('%').parse::<u32>() {
+        Ok(p @ 1..=100) => Ok(Some(p)),
+        _ => Err(Error::invalid_value(format!(
+            "{name} is {v:?}; it must be a percentage from 1 to 100"
+        ))),
+    }
 }

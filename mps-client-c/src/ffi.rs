@@ -396,6 +396,28 @@ pub unsafe extern "C" fn mps_mem_get_info(
     })
 }
 
+/// Where this client's kernels run: `*sms` SMs of the device's `*device_sms` (its share, set by
+/// the operator and lowered by `MPS_ACTIVE_THREAD_PERCENTAGE`, or its reservation,
+/// `MPS_SM_RESERVE`, rounded up to the device's partition size). It can change while the client
+/// runs.
+///
+/// # Safety
+/// `sms` and `device_sms` are NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_sm_get_info(
+    client: *mut mps_client,
+    sms: *mut u32,
+    device_sms: *mut u32,
+) -> mps_status {
+    with_client(client, |c| {
+        let (s, d) = (out(sms, "sms")?, out(device_sms, "device_sms")?);
+        let info = c.sm_info()?;
+        *s = info.sms;
+        *d = info.device_sms;
+        Ok(())
+    })
+}
+
 /// Allocates a host buffer shared with the server into `*ptr`: copies from and to it are fully
 /// asynchronous.
 ///

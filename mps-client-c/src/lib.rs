@@ -6,6 +6,6 @@
 pub mod client;
 pub mod ffi;
 
-pub use client::{Client, DeviceInfo, DevicePtr, Event, Function, Module, Stream};
+pub use client::{Client, DeviceInfo, DevicePtr, Event, Function, Module, SmInfo, Stream};
 pub use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
 pub use mps_core::{Error, Result, Status};

@@ -20,7 +20,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::status::{Error, Result, Status};
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// First word of every handshake message ("MPS!" little-endian).
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
 
@@ -107,10 +107,13 @@ pub enum Opcode {
     EventElapsed = 22,
     SetMemLimit = 23,
     SetPriority = 24,
+    SetSmShare = 25,
+    ReserveSms = 26,
+    SmInfo = 27,
 }
 
 impl Opcode {
-    const ALL: [Opcode; 24] = [
+    const ALL: [Opcode; 27] = [
         Opcode::MemAlloc,
         Opcode::MemFree,
         Opcode::MemGetInfo,
@@ -135,6 +138,9 @@ impl Opcode {
         Opcode::EventElapsed,
         Opcode::SetMemLimit,
         Opcode::SetPriority,
+        Opcode::SetSmShare,
+        Opcode::ReserveSms,
+        Opcode::SmInfo,
     ];
 
     /// The opcode with this wire value.
@@ -312,6 +318,19 @@ pub enum Request<'a> {
     SetPriority {
         level: u32,
     },
+    /// Lowers this client's share of the device's SMs to `percent` (1..=100; it can never rise
+    /// above what the server set). Replies like [`Request::SmInfo`].
+    SetSmShare {
+        percent: u32,
+    },
+    /// Reserves `percent` (1..=100) of the device's SMs for this client alone, within the
+    /// ceiling the operator set. Replies like [`Request::SmInfo`].
+    ReserveSms {
+        percent: u32,
+    },
+    /// The SMs this client's work runs on now: replies `[sms, device sms, share percent,
+    /// reserved percent]`.
+    SmInfo,
 }
 
 /// Client priority: served as the operator set it.
@@ -348,6 +367,9 @@ impl Request<'_> {
             Request::EventElapsed { .. } => Opcode::EventElapsed,
             Request::SetMemLimit { .. } => Opcode::SetMemLimit,
             Request::SetPriority { .. } => Opcode::SetPriority,
+            Request::SetSmShare { .. } => Opcode::SetSmShare,
+            Request::ReserveSms { .. } => Opcode::ReserveSms,
+            Request::SmInfo => Opcode::SmInfo,
         }
     }
 
@@ -360,7 +382,7 @@ impl Request<'_> {
             Request::MemAlloc { size } | Request::HostAlloc { size } => args[0] = size,
             Request::MemFree { ptr } => args[0] = ptr,
             Request::HostFree { handle } => args[0] = handle,
-            Request::MemGetInfo | Request::Mark | Request::EventCreate => {}
+            Request::MemGetInfo | Request::Mark | Request::EventCreate | Request::SmInfo => {}
             Request::CopyHtoD { dst, src, len } => {
                 let (h, o) = src.encode();
                 args = [dst, h, o, len, 0];
@@ -411,6 +433,9 @@ impl Request<'_> {
             Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
             Request::SetMemLimit { bytes } => args[0] = bytes,
             Request::SetPriority { level } => args[0] = level as u64,
+            Request::SetSmShare { percent } | Request::ReserveSms { percent } => {
+                args[0] = percent as u64
+            }
         }
         let cmd = Command {
             opcode: self.opcode() as u16,
@@ -581,8 +606,25 @@ impl Request<'_> {
                     }
                 },
             },
+            Opcode::SetSmShare => Request::SetSmShare {
+                percent: percent(a[0], "an SM share")?,
+            },
+            Opcode::ReserveSms => Request::ReserveSms {
+                percent: percent(a[0], "an SM reservation")?,
+            },
+            Opcode::SmInfo => Request::SmInfo,
         };
         Ok(req)
+    }
+}
+
+/// A percentage of the device's SMs: 1 to 100.
+fn percent(v: u64, what: &str) -> Result<u32> {
+    match v {
+        1..=100 => Ok(v as u32),
+        _ => Err(Error::invalid_value(format!(
+            "{what} of {v}% (it must be 1 to 100)"
+        ))),
     }
 }
 
@@ -959,6 +1001,9 @@ mod tests {
             Request::EventElapsed { start: 1, end: 2 },
             Request::SetMemLimit { bytes: 1 << 30 },
             Request::SetPriority { level: 1 },
+            Request::SetSmShare { percent: 25 },
+            Request::ReserveSms { percent: 50 },
+            Request::SmInfo,
         ] {
             roundtrip(req);
         }

@@ -93,6 +93,9 @@ pub const CONTROL_SOCKET: &str = "control.sock";
 /// The daemon's pid file in the pipe directory.
 pub const PID_FILE: &str = "mps-control.pid";
 
+/// Share of the SMs a server's clients may reserve in all, unless the operator says otherwise.
+pub const DEFAULT_MAX_SM_RESERVATION: u32 = 50;
+
 /// How a daemon is set up.
 #[derive(Clone, Debug)]
 pub struct DaemonConfig {
@@ -122,6 +125,10 @@ pub struct Daemon {
     default_mem_limit: std::sync::atomic::AtomicU64,
     /// Priority of new servers' clients.
     default_priority: std::sync::atomic::AtomicU32,
+    /// SM share of new servers' clients, percent.
+    default_share: std::sync::atomic::AtomicU32,
+    /// Reservation ceiling of new servers, percent.
+    default_max_reserve: std::sync::atomic::AtomicU32,
     servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
     stop: AtomicBool,
     client_listener: UnixListener,
@@ -162,6 +169,8 @@ impl Daemon {
             cfg,
             default_mem_limit: std::sync::atomic::AtomicU64::new(0),
             default_priority: std::sync::atomic::AtomicU32::new(0),
+            default_share: std::sync::atomic::AtomicU32::new(100),
+            default_max_reserve: std::sync::atomic::AtomicU32::new(DEFAULT_MAX_SM_RESERVATION),
             servers: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             client_listener,
@@ -322,6 +331,10 @@ impl Daemon {
             .arg(self.default_mem_limit.load(Ordering::Relaxed).to_string())
             .arg("--client-priority")
             .arg(self.default_priority.load(Ordering::Relaxed).to_string())
+            .arg("--active-thread-percentage")
+            .arg(self.default_share.load(Ordering::Relaxed).to_string())
+            .arg("--max-sm-reservation")
+            .arg(self.default_max_reserve.load(Ordering::Relaxed).to_string())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -473,6 +486,66 @@ impl Daemon {
                 "{}\n",
                 self.default_priority.load(Ordering::Relaxed)
             )),
+            ["set_default_active_thread_percentage", p] => {
+                let p = percent(p, 1, "set_default_active_thread_percentage <1-100>")?;
+                self.default_share.store(p, Ordering::Relaxed);
+                Ok(format!("new servers: {p}% of the SMs per client\n"))
+            }
+            ["set_default_active_thread_percentage", ..] => {
+                Err(bad("set_default_active_thread_percentage <1-100>"))
+            }
+            ["get_default_active_thread_percentage"] => {
+                Ok(format!("{}\n", self.default_share.load(Ordering::Relaxed)))
+            }
+            ["set_active_thread_percentage", server, p] => {
+                let usage = "set_active_thread_percentage <server-pid> <1-100>";
+                let pid = pid_arg(Some(server), usage)?;
+                let p = percent(p, 1, usage)?;
+                self.ask(pid, &format!("set_share {p}"))?;
+                Ok(format!("server {pid}: {p}% of the SMs per client\n"))
+            }
+            ["set_active_thread_percentage", ..] => {
+                Err(bad("set_active_thread_percentage <server-pid> <1-100>"))
+            }
+            ["get_active_thread_percentage", server] => {
+                let pid = pid_arg(Some(server), "get_active_thread_percentage <server-pid>")?;
+                self.ask(pid, "get_share")
+            }
+            ["get_active_thread_percentage", ..] => {
+                Err(bad("get_active_thread_percentage <server-pid>"))
+            }
+            ["set_max_sm_reservation", target, p] => {
+                let usage = "set_max_sm_reservation <server-pid|default> <0-100>";
+                let p = percent(p, 0, usage)?;
+                if *target == "default" {
+                    self.default_max_reserve.store(p, Ordering::Relaxed);
+                    return Ok(format!(
+                        "new servers: clients may reserve {p}% of the SMs in all\n"
+                    ));
+                }
+                let pid = pid_arg(Some(target), usage)?;
+                self.ask(pid, &format!("set_max_reserve {p}"))?;
+                Ok(format!(
+                    "server {pid}: clients may reserve {p}% of the SMs in all\n"
+                ))
+            }
+            ["set_max_sm_reservation", ..] => {
+                Err(bad("set_max_sm_reservation <server-pid|default> <0-100>"))
+            }
+            ["get_max_sm_reservation", target] => {
+                if *target == "default" {
+                    return Ok(format!(
+                        "{}\n",
+                        self.default_max_reserve.load(Ordering::Relaxed)
+                    ));
+                }
+                let usage = "get_max_sm_reservation <server-pid|default>";
+                let pid = pid_arg(Some(target), usage)?;
+                self.ask(pid, "get_max_reserve")
+            }
+            ["get_max_sm_reservation", ..] => {
+                Err(bad("get_max_sm_reservation <server-pid|default>"))
+            }
             ["set_default_device_pinned_mem_limit", dev, value] => {
                 let bytes = device_limit(dev, value)?;
                 self.default_mem_limit.store(bytes, Ordering::Relaxed);
@@ -509,7 +582,11 @@ impl Daemon {
                  get_default_device_pinned_mem_limit <dev>, \
                  set_device_pinned_mem_limit <pid> <dev> <size>, \
                  set_default_client_priority <0|1>, get_default_client_priority, \
-                 shutdown_server <pid> [-f], \
+                 set_default_active_thread_percentage <p>, \
+                 get_default_active_thread_percentage, \
+                 set_active_thread_percentage <pid> <p>, get_active_thread_percentage <pid>, \
+                 set_max_sm_reservation <pid|default> <p>, \
+                 get_max_sm_reservation <pid|default>, shutdown_server <pid> [-f], \
                  status, quit [-t <seconds>]"
             ))),
         }
@@ -563,21 +640,27 @@ impl Daemon {
         };
         let mut out = String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S\n");
         let mut clients = String::from(
-            "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  LAUNCHES    COPIES      BYTES-COPIED\n",
+            "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  SMS  SHARE%  \
+             RESERVED%  LAUNCHES    COPIES      BYTES-COPIED  GPU-MS\n",
         );
         for (pid, uid, group, routed, up) in pids {
             out += &format!("{pid:<11} {uid:<7} {group:<17} {routed:<7} {up}\n");
             for line in self.ask(pid, "clients").unwrap_or_default().lines() {
                 let f = |k| field(line, k).unwrap_or("?").to_string();
                 clients += &format!(
-                    "{pid:<11} {:<11} {:<13} {:<13} {:<9} {:<11} {:<11} {}\n",
+                    "{pid:<11} {:<11} {:<13} {:<13} {:<9} {:<4} {:<7} {:<10} {:<11} {:<11} \
+                     {:<13} {}\n",
                     f("pid"),
                     f("mem"),
                     f("mem_limit"),
                     f("priority"),
+                    f("sms"),
+                    f("sm_share"),
+                    f("sm_reserve"),
                     f("launches"),
                     f("copies"),
-                    f("bytes_copied")
+                    f("bytes_copied"),
+                    f("gpu_ms")
                 );
             }
         }
@@ -612,6 +695,24 @@ impl Daemon {
                 "mps_client_priority",
                 "gauge",
                 "A client's priority (0 normal, 1 below normal).",
+            ),
+            (
+                "sms",
+                "mps_client_sms",
+                "gauge",
+                "SMs a client's kernels may use.",
+            ),
+            (
+                "sm_reserve",
+                "mps_client_sm_reserved_percent",
+                "gauge",
+                "Percent of the SMs reserved for a client alone.",
+            ),
+            (
+                "gpu_ms",
+                "mps_client_gpu_busy_milliseconds_total",
+                "counter",
+                "Time the device had work of a client pending or running.",
             ),
             (
                 "launches",
@@ -762,4 +863,13 @@ pub fn send_command(pipe_dir: &Path, line: &str) -> Result<String> {
     std::io::Read::read_to_string(&mut s, &mut reply)
         .map_err(|e| Error::new(Status::Connection, format!("reading the answer: {e}")))?;
     Ok(reply)
+}
+
+/// Reads a percentage from `min` to 100.
+fn percent(word: &str, min: u32, usage: &str) -> Result<u32> {
+    word.trim_end_matches('%')
+        .parse()
+        .ok()
+        .filter(|p| (min..=100).contains(p))
+        .ok_or_else(|| Error::invalid_value(format!("usage: {usage}")))
 }

@@ -10,3 +10,4 @@ pub mod process;
 pub mod registry;
 pub mod server;
 mod session;
+pub mod sm;

@@ -56,6 +56,14 @@ struct Args {
     /// MPS_CLIENT_PRIORITY.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
     client_priority: u32,
+    /// Share of the device's SMs each client's kernels may use, percent (green contexts on a
+    /// GPU). A client can lower its own with MPS_ACTIVE_THREAD_PERCENTAGE.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    active_thread_percentage: u32,
+    /// Ceiling on the SMs this server's clients may reserve for themselves in all
+    /// (MPS_SM_RESERVE), percent.
+    #[arg(long, default_value_t = mps_server::control::DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
+    max_sm_reservation: u32,
     /// Name of the log file in the log directory.
     #[arg(long, default_value = "server.log")]
     log_name: String,
@@ -167,6 +175,8 @@ fn main() -> std::process::ExitCode {
         yield_for: std::time::Duration::from_micros(args.yield_us),
         mem_limit: args.mem_limit,
         client_priority: args.client_priority,
+        sm_share: args.active_thread_percentage,
+        max_sm_reserve: args.max_sm_reservation,
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

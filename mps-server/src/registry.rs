@@ -8,7 +8,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use mps_core::alloc::AllocTable;
 use mps_core::{Error, Result, Status};
 
+use crate::backend::SmSlot;
 use crate::outbox::Outbox;
+use crate::sm::{self, Assignment, SmRequest};
+
+/// Applies an SM placement to the device ([`crate::backend::Backend::place`]).
+pub type Placer = Box<dyn Fn(&[Assignment]) -> Result<()> + Send + Sync>;
 
 /// Counters of one client's work.
 #[derive(Debug, Default)]
@@ -41,25 +46,153 @@ pub(crate) struct ClientEntry {
     pub(crate) mem_limit: Arc<AtomicU64>,
     /// Client priority (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
     pub(crate) priority: Arc<AtomicU32>,
+    /// Where its kernels run.
+    pub(crate) sm: Arc<SmSlot>,
+    /// GPU busy time, in nanoseconds.
+    pub(crate) busy_ns: Arc<AtomicU64>,
+    /// The SM share it asked for, in percent (100 unless it lowered it).
+    pub(crate) sm_share: AtomicU32,
+    /// The SMs reserved for it, in percent (0: none).
+    pub(crate) sm_reserve: AtomicU32,
 }
 
-/// Every live client of a server, by client id, and the limit new clients get.
-#[derive(Debug, Default)]
+/// What a server's clients start from: the operator's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Defaults {
+    /// Device memory per client in bytes (0: no limit).
+    pub mem_limit: u64,
+    /// Client priority.
+    pub priority: u32,
+    /// Share of the SMs per client, percent.
+    pub sm_share: u32,
+    /// Ceiling on the SMs the server's clients may reserve in all, percent.
+    pub max_sm_reserve: u32,
+}
+
+/// The server's SM policy: the device's units and what the operator allows.
+struct SmPolicy {
+    units: Vec<u32>,
+    share: AtomicU32,
+    max_reserve: AtomicU32,
+    placer: Placer,
+}
+
+impl std::fmt::Debug for SmPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmPolicy")
+            .field("units", &self.units)
+            .field("share", &self.share)
+            .field("max_reserve", &self.max_reserve)
+            .finish()
+    }
+}
+
+/// Every live client of a server, by client id, the settings new clients get, and where each
+/// client's kernels run.
+#[derive(Debug)]
 pub struct Registry {
     clients: Mutex<BTreeMap<u32, ClientEntry>>,
     default_mem_limit: AtomicU64,
     default_priority: AtomicU32,
+    sm: SmPolicy,
 }
 
 impl Registry {
-    /// A registry whose new clients get `mem_limit` bytes of device memory (0: no limit) and
-    /// priority `priority`.
-    pub fn new(mem_limit: u64, priority: u32) -> Registry {
+    /// A registry for a device cut into SM `units` (see [`crate::sm`]), whose placements
+    /// `placer` applies.
+    pub fn new(defaults: Defaults, units: Vec<u32>, placer: Placer) -> Registry {
         Registry {
             clients: Mutex::new(BTreeMap::new()),
-            default_mem_limit: AtomicU64::new(mem_limit),
-            default_priority: AtomicU32::new(priority),
+            default_mem_limit: AtomicU64::new(defaults.mem_limit),
+            default_priority: AtomicU32::new(defaults.priority),
+            sm: SmPolicy {
+                units,
+                share: AtomicU32::new(defaults.sm_share),
+                max_reserve: AtomicU32::new(defaults.max_sm_reserve),
+                placer,
+            },
         }
+    }
+
+    /// Places every client anew and tells each where it runs. On failure nothing changes.
+    fn replan(&self, clients: &BTreeMap<u32, ClientEntry>) -> Result<()> {
+        let share = self.sm.share.load(Ordering::Relaxed);
+        let requests: Vec<SmRequest> = clients
+            .iter()
+            .map(|(id, c)| SmRequest {
+                client: *id,
+                share: c.sm_share.load(Ordering::Relaxed).min(share),
+                reserve: c.sm_reserve.load(Ordering::Relaxed),
+            })
+            .collect();
+        let plan = sm::plan(&self.sm.units, &requests)?;
+        (self.sm.placer)(&plan)?;
+        for a in &plan {
+            if let Some(c) = clients.get(&a.client) {
+                c.sm.set(&a.placement, a.sms);
+            }
+        }
+        Ok(())
+    }
+
+    fn replan_or_log(&self, clients: &BTreeMap<u32, ClientEntry>) {
+        if let Err(e) = self.replan(clients) {
+            tracing::error!("cannot place clients on SMs: {}", e.message);
+        }
+    }
+
+    /// Lowers client `id`'s SM share to `percent`.
+    pub(crate) fn set_sm_share(&self, id: u32, percent: u32) -> Result<()> {
+        let clients = self.clients();
+        let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
+        c.sm_share.fetch_min(percent, Ordering::Relaxed);
+        self.replan(&clients)
+    }
+
+    /// Reserves `percent` of the SMs for client `id`, within the operator's ceiling.
+    pub(crate) fn reserve_sms(&self, id: u32, percent: u32) -> Result<()> {
+        let clients = self.clients();
+        let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
+        let others: u32 = clients
+            .iter()
+            .filter(|(other, _)| **other != id)
+            .map(|(_, c)| c.sm_reserve.load(Ordering::Relaxed))
+            .sum();
+        let max = self.sm.max_reserve.load(Ordering::Relaxed);
+        if others + percent > max {
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!(
+                    "reserving {percent}% of the SMs would bring this server's reservations to                      {}%, above the {max}% the operator allows (set_max_sm_reservation)",
+                    others + percent
+                ),
+            ));
+        }
+        let before = c.sm_reserve.swap(percent, Ordering::Relaxed);
+        self.replan(&clients).inspect_err(|_| {
+            c.sm_reserve.store(before, Ordering::Relaxed);
+        })
+    }
+
+    /// `[sms, device sms, share percent, reserved percent]` of client `id`.
+    pub(crate) fn sm_info(&self, id: u32) -> Result<[u64; 4]> {
+        let clients = self.clients();
+        let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
+        let total: u32 = self.sm.units.iter().sum();
+        let sms = match c.sm.sms.load(Ordering::Relaxed) {
+            0 => total,
+            n => n,
+        };
+        let share = c
+            .sm_share
+            .load(Ordering::Relaxed)
+            .min(self.sm.share.load(Ordering::Relaxed));
+        Ok([
+            sms as u64,
+            total as u64,
+            share as u64,
+            c.sm_reserve.load(Ordering::Relaxed) as u64,
+        ])
     }
 
     pub(crate) fn default_priority(&self) -> u32 {
@@ -75,11 +208,19 @@ impl Registry {
     }
 
     pub(crate) fn add(&self, id: u32, entry: ClientEntry) {
-        self.clients().insert(id, entry);
+        let mut clients = self.clients();
+        clients.insert(id, entry);
+        self.replan_or_log(&clients);
     }
 
     pub(crate) fn remove(&self, id: u32) {
-        self.clients().remove(&id);
+        let mut clients = self.clients();
+        if clients.remove(&id).is_some_and(|c| {
+            c.sm_reserve.load(Ordering::Relaxed) > 0 || c.sm.sms.load(Ordering::Relaxed) > 0
+        }) {
+            // Its SMs go back to the others.
+            self.replan_or_log(&clients);
+        }
     }
 
     /// Answers a command of the control daemon (one line; the answer's lines end in `\n`).
@@ -95,17 +236,29 @@ impl Registry {
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
                         .bytes();
+                    let total: u32 = self.sm.units.iter().sum();
+                    let share = c
+                        .sm_share
+                        .load(Ordering::Relaxed)
+                        .min(self.sm.share.load(Ordering::Relaxed));
                     format!(
-                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} launches={} \
-                         copies={} bytes_copied={}\n",
+                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} sms={} \
+                         sm_share={share} sm_reserve={} launches={} copies={} bytes_copied={} \
+                         gpu_ms={}\n",
                         c.pid,
                         c.uid,
                         mem,
                         c.mem_limit.load(Ordering::Relaxed),
                         c.priority.load(Ordering::Relaxed),
+                        match c.sm.sms.load(Ordering::Relaxed) {
+                            0 => total,
+                            n => n,
+                        },
+                        c.sm_reserve.load(Ordering::Relaxed),
                         c.stats.launches.load(Ordering::Relaxed),
                         c.stats.copies.load(Ordering::Relaxed),
                         c.stats.bytes_copied.load(Ordering::Relaxed),
+                        c.busy_ns.load(Ordering::Relaxed) / 1_000_000,
                     )
                 })
                 .collect()),
@@ -138,6 +291,32 @@ impl Registry {
                 self.default_priority.store(level, Ordering::Relaxed);
                 Ok("ok\n".into())
             }
+            ["set_share", percent] => {
+                let percent: u32 = percent
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=100).contains(p))
+                    .ok_or_else(|| Error::invalid_value("usage: set_share <1-100>"))?;
+                let clients = self.clients();
+                let before = self.sm.share.swap(percent, Ordering::Relaxed);
+                if let Err(e) = self.replan(&clients) {
+                    self.sm.share.store(before, Ordering::Relaxed);
+                    return Err(e);
+                }
+                Ok("ok\n".into())
+            }
+            ["get_share"] => Ok(format!("{}\n", self.sm.share.load(Ordering::Relaxed))),
+            ["set_max_reserve", percent] => {
+                let percent: u32 = percent
+                    .parse()
+                    .ok()
+                    .filter(|p| *p <= 100)
+                    .ok_or_else(|| Error::invalid_value("usage: set_max_reserve <0-100>"))?;
+                // Reservations already made stay; the ceiling applies to new ones.
+                self.sm.max_reserve.store(percent, Ordering::Relaxed);
+                Ok("ok\n".into())
+            }
+            ["get_max_reserve"] => Ok(format!("{}\n", self.sm.max_reserve.load(Ordering::Relaxed))),
             ["set_mem_limit", bytes] => {
                 let bytes: u64 = bytes
                     .parse()
@@ -150,4 +329,8 @@ impl Registry {
             ))),
         }
     }
+}
+
+fn unknown_client(id: u32) -> Error {
+    Error::internal(format!("client {id} is not registered"))
 }

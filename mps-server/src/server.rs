@@ -19,7 +19,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
 use crate::control::wire;
-use crate::registry::Registry;
+use crate::registry::{Defaults, Registry};
 use crate::session::{ServerEnv, Session, check_hello, hello_group};
 
 /// How a server is set up.
@@ -37,6 +37,10 @@ pub struct ServerConfig {
     pub mem_limit: u64,
     /// Priority of new clients (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
     pub client_priority: u32,
+    /// Share of the device's SMs each client may use, percent.
+    pub sm_share: u32,
+    /// Ceiling on the SMs the clients may reserve in all, percent.
+    pub max_sm_reserve: u32,
 }
 
 /// A server bound to its socket.
@@ -65,9 +69,20 @@ impl<B: Backend> Server<B> {
         let path = dir.join(SOCKET_NAME);
         // Only this user (and root) may connect; the handshake checks the uid again.
         let listener = listen(&path, 0o600)?;
+        let defaults = Defaults {
+            mem_limit: cfg.mem_limit,
+            priority: cfg.client_priority,
+            sm_share: cfg.sm_share,
+            max_sm_reserve: cfg.max_sm_reserve,
+        };
+        let placer = {
+            let backend = backend.clone();
+            Box::new(move |a: &[crate::sm::Assignment]| backend.place(a))
+        };
+        let registry = Registry::new(defaults, backend.info().sm_units.clone(), placer);
         Ok(Server {
             backend,
-            registry: Arc::new(Registry::new(cfg.mem_limit, cfg.client_priority)),
+            registry: Arc::new(registry),
             cfg,
             listener,
             socket_path: path,

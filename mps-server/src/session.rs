@@ -112,6 +112,8 @@ impl<B: Backend> Session<B> {
             allocations: Arc::new(RwLock::new(AllocTable::default())),
             closing,
             faults: outbox.clone(),
+            sm: Arc::default(),
+            busy_ns: Arc::default(),
         };
         // The GPU writes progress into the server segment and copies through the staging area
         // in the client segment: both must be registered with the device.
@@ -192,6 +194,10 @@ impl<B: Backend> Session<B> {
                 allocations: self.ctx.allocations.clone(),
                 mem_limit: self.mem_limit.clone(),
                 priority: self.priority.clone(),
+                sm: self.ctx.sm.clone(),
+                busy_ns: self.ctx.busy_ns.clone(),
+                sm_share: std::sync::atomic::AtomicU32::new(100),
+                sm_reserve: std::sync::atomic::AtomicU32::new(0),
             },
         );
         self.apply_priority();
@@ -529,6 +535,15 @@ impl<B: Backend> Session<B> {
                 self.mem_limit.store(new, Ordering::Relaxed);
                 ok([new, 0, 0, 0])
             }
+            Request::SetSmShare { percent } => {
+                self.registry.set_sm_share(self.id, percent)?;
+                Ok(Completion::reply(seq, self.registry.sm_info(self.id)?))
+            }
+            Request::ReserveSms { percent } => {
+                self.registry.reserve_sms(self.id, percent)?;
+                Ok(Completion::reply(seq, self.registry.sm_info(self.id)?))
+            }
+            Request::SmInfo => Ok(Completion::reply(seq, self.registry.sm_info(self.id)?)),
             Request::HostAlloc { size } => self.host_alloc(seq, size),
             Request::HostFree { handle } => {
                 self.host.get(handle)?;

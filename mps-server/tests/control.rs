@@ -26,7 +26,13 @@ impl TestDaemon {
         let dir = temp_dir("control");
         let child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
             .arg("-f")
-            .args(["--backend", "sim", "--sim-memory", "256MiB", "--server"])
+            .args([
+                "--backend",
+                &backend(),
+                "--sim-memory",
+                "256MiB",
+                "--server",
+            ])
             .arg(server_bin())
             .arg("--pipe-dir")
             .arg(&dir)
@@ -572,6 +578,7 @@ fn client_priorities_hold() {
             lines.any(|l| l.unwrap().ends_with("ready")),
             "{role} never got ready"
         );
+        std::thread::spawn(move || lines.for_each(drop));
         child
     };
     let bad = role_command("client_priorities_hold", "bad")
@@ -621,4 +628,282 @@ fn client_priorities_hold() {
     assert_eq!(priority_of(raise.id()).as_deref(), Some("1"));
     raise.stdin.take().unwrap().write_all(b"done\n").unwrap();
     raise.wait().unwrap();
+}
+
+/// Starts this test binary as a client of `d`'s with `env`, in the role that reports its SMs
+/// and then holds them; returns it with the line it printed.
+fn sm_client(d: &TestDaemon, test: &str, env: &[(&str, &str)]) -> (Child, String) {
+    let mut cmd = role_command(test, "client");
+    cmd.env("MPS_PIPE_DIRECTORY", &d.dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let said = lines
+        .find_map(|l| {
+            let l = l.unwrap();
+            (l.starts_with("sms=") || l.starts_with("refused=")).then_some(l)
+        })
+        .expect("the client said nothing");
+    // Read the rest, so the client's test harness can report on a live pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, said)
+}
+
+/// Lets a client started by [`sm_client`] go.
+fn release(mut child: Child) {
+    let _ = child.stdin.take().unwrap().write_all(b"go\n");
+    assert!(child.wait().unwrap().success(), "a client failed");
+}
+
+/// A client's SMs as `sm_info` reports them: "sms/device".
+fn sms_of(c: &Client) -> String {
+    let i = c.sm_info().unwrap();
+    format!("{}/{}", i.sms, i.device_sms)
+}
+
+/// Seconds a client takes to run `blocks` blocks of `threads` threads that each spin for `ms`
+/// milliseconds (the simulator runs one block per SM at a time; an H200 two blocks of 1024).
+fn spin_time(c: &Client, blocks: u32, threads: u32, ms: u64) -> f64 {
+    let m = c.module_load(&ptx()).unwrap();
+    let spin = c.module_get_function(m, "spin_ns").unwrap();
+    let ctr = c.mem_alloc(4).unwrap();
+    let t = Instant::now();
+    c.launch(
+        spin,
+        mpsclient::Dim3 {
+            x: blocks,
+            y: 1,
+            z: 1,
+        },
+        mpsclient::Dim3 {
+            x: threads,
+            y: 1,
+            z: 1,
+        },
+        0,
+        Stream::DEFAULT,
+        &[&(ms * 1_000_000).to_le_bytes(), &ctr.0.to_le_bytes()],
+    )
+    .unwrap();
+    c.stream_synchronize(Stream::DEFAULT).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    c.mem_free(ctr).unwrap();
+    secs
+}
+
+#[test]
+fn sm_shares_and_reservations_hold() {
+    if role().is_some() {
+        // A client started with MPS_SM_RESERVE or MPS_ACTIVE_THREAD_PERCENTAGE: it reports its
+        // SMs, then holds them until told to go.
+        match Client::connect(None) {
+            Ok(c) => {
+                // Its kernels run where it was placed.
+                spin_time(&c, 1, 32, 1);
+                println!("sms={}", sms_of(&c));
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
+            }
+            Err(e) => println!("refused={:?}: {}", e.status, e.message),
+        }
+        return;
+    }
+    if on_gpu() {
+        println!(
+            "skipped: the simulator's SM model (sm_partitions_hold_on_the_gpu covers the GPU)"
+        );
+        return;
+    }
+    let d = TestDaemon::start();
+    let spawn = |env: &[(&str, &str)]| sm_client(&d, "sm_shares_and_reservations_hold", env);
+    for bad in [
+        vec!["set_default_active_thread_percentage", "0"],
+        vec!["set_default_active_thread_percentage", "101"],
+        vec!["set_default_active_thread_percentage"],
+        vec!["set_active_thread_percentage", "1", "50"],
+        vec!["set_max_sm_reservation", "default", "101"],
+        vec!["get_max_sm_reservation"],
+    ] {
+        let out = d.ctl(&bad);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("error: ") && text.lines().count() == 1,
+            "{bad:?}: {text}"
+        );
+    }
+    assert_eq!(d.ctl_ok(&["get_default_active_thread_percentage"]), "100\n");
+    assert_eq!(d.ctl_ok(&["get_max_sm_reservation", "default"]), "50\n");
+
+    // The simulator has 16 SMs. A first client has them all.
+    let c = d.client();
+    assert_eq!(sms_of(&c), "16/16");
+    let pid = d.servers()[0].to_string();
+
+    // A reservation takes SMs from everyone else; a share caps a client within the rest.
+    let (reserver, said) = spawn(&[("MPS_SM_RESERVE", "25")]);
+    assert_eq!(said, "sms=4/16");
+    assert_eq!(sms_of(&c), "12/16", "the others share what is left");
+    let (sharer, said) = spawn(&[("MPS_ACTIVE_THREAD_PERCENTAGE", "25")]);
+    assert_eq!(said, "sms=4/16");
+
+    // Past the ceiling a reservation is refused, with the reason; the operator can raise it.
+    let (refused, said) = spawn(&[("MPS_SM_RESERVE", "30")]);
+    assert!(
+        said.starts_with("refused=QuotaExceeded") && said.contains("set_max_sm_reservation"),
+        "{said}"
+    );
+    release(refused);
+    let (bad, said) = spawn(&[("MPS_SM_RESERVE", "0")]);
+    assert!(said.contains("MPS_SM_RESERVE"), "{said}");
+    release(bad);
+    d.ctl_ok(&["set_max_sm_reservation", &pid, "60"]);
+    assert_eq!(d.ctl_ok(&["get_max_sm_reservation", &pid]), "60\n");
+    let (second, said) = spawn(&[("MPS_SM_RESERVE", "30")]);
+    assert_eq!(said, "sms=5/16", "30% of 16 SMs rounds up");
+    assert_eq!(sms_of(&c), "7/16");
+    let status = d.ctl_ok(&["status"]);
+    assert!(
+        status.contains("RESERVED%") && status.contains("GPU-MS"),
+        "{status}"
+    );
+
+    // Reserved SMs come back when their client leaves.
+    release(second);
+    release(reserver);
+    release(sharer);
+    assert_eq!(sms_of(&c), "16/16");
+
+    // The operator's live share applies to running clients, and kernels feel it.
+    let full = spin_time(&c, 16, 32, 20);
+    d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);
+    assert_eq!(d.ctl_ok(&["get_active_thread_percentage", &pid]), "25\n");
+    assert_eq!(sms_of(&c), "4/16");
+    let quarter = spin_time(&c, 16, 32, 20);
+    assert!(
+        quarter > 3.0 * full,
+        "16 blocks on 4 SMs took {quarter:.3} s, on 16 SMs {full:.3} s"
+    );
+    // GPU busy time counts what the client ran.
+    let status = d.ctl_ok(&["status"]);
+    let header = status.lines().find(|l| l.contains("GPU-MS")).unwrap();
+    let column = header
+        .split_whitespace()
+        .position(|h| h == "GPU-MS")
+        .unwrap();
+    let me = std::process::id().to_string();
+    let gpu_ms: u64 = status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
+        .and_then(|l| l.split_whitespace().nth(column))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no GPU-MS for this client in {status}"));
+    assert!(
+        (90..2_000).contains(&gpu_ms),
+        "ran 20 + 80 ms of kernels, GPU-MS says {gpu_ms}"
+    );
+
+    // A new default applies to new servers (here: a new group's).
+    d.ctl_ok(&["set_default_active_thread_percentage", "50"]);
+    let (other, said) = spawn(&[("MPS_GROUP", "other")]);
+    assert_eq!(said, "sms=8/16");
+    release(other);
+    assert_eq!(sms_of(&c), "4/16", "running servers keep their own share");
+}
+
+/// The column `name` of the row of client process `pid` in `status`.
+fn status_field(d: &TestDaemon, pid: u32, name: &str) -> Option<String> {
+    let status = d.ctl_ok(&["status"]);
+    let header = status.lines().find(|l| l.contains(name))?;
+    let column = header.split_whitespace().position(|h| h == name)?;
+    status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
+        .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
+}
+
+#[test]
+fn sm_partitions_hold_on_the_gpu() {
+    if let Some(role) = role() {
+        let c = Client::connect(None).unwrap();
+        spin_time(&c, 1, 32, 1);
+        println!("sms={}", sms_of(&c));
+        if role == "client" {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
+        }
+        return;
+    }
+    if !on_gpu() {
+        println!("skipped: needs a GPU (MPS_TEST_BACKEND=cuda)");
+        return;
+    }
+    let d = TestDaemon::start();
+    let c = d.client();
+    let device = c.sm_info().unwrap().device_sms;
+    assert_eq!(sms_of(&c), format!("{device}/{device}"));
+    let pid = d.servers()[0].to_string();
+    // Two blocks of 1024 threads fill an SM: 2 x SMs blocks are one wave on the whole device.
+    let blocks = 2 * device;
+    let full = spin_time(&c, blocks, 1024, 10);
+
+    // A live share: the client's stream moves to a green context of a quarter of the SMs.
+    d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);
+    let quarter_sms = c.sm_info().unwrap().sms;
+    assert!(
+        quarter_sms >= device / 4 && quarter_sms < device / 2,
+        "25% of {device} SMs gave {quarter_sms}"
+    );
+    let quarter = spin_time(&c, blocks, 1024, 10);
+    println!(
+        "share 25%: {quarter_sms} SMs, {blocks} blocks in {:.1} ms (whole device {:.1} ms)",
+        quarter * 1e3,
+        full * 1e3
+    );
+    assert!(quarter > 2.5 * full, "{quarter} s vs {full} s");
+    d.ctl_ok(&["set_active_thread_percentage", &pid, "100"]);
+
+    // A reservation: its SMs leave everyone else's partition.
+    let (reserver, said) = sm_client(
+        &d,
+        "sm_partitions_hold_on_the_gpu",
+        &[("MPS_SM_RESERVE", "25")],
+    );
+    let reserved: u32 = said
+        .trim_start_matches("sms=")
+        .split('/')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(reserved >= device / 4 && reserved < device / 2, "{said}");
+    assert_eq!(c.sm_info().unwrap().sms, device - reserved);
+    let rest = spin_time(&c, blocks, 1024, 10);
+    println!(
+        "reserved {reserved} SMs for another client: {blocks} blocks on the other {} in {:.1} ms",
+        device - reserved,
+        rest * 1e3
+    );
+    assert!(rest > 1.5 * full, "{rest} s vs {full} s");
+    release(reserver);
+    assert_eq!(sms_of(&c), format!("{device}/{device}"));
+    let again = spin_time(&c, blocks, 1024, 10);
+    assert!(
+        again < 1.5 * full,
+        "back on the whole device: {again} s vs {full} s"
+    );
+
+    // Busy time was sampled while those kernels ran.
+    let gpu_ms: u64 = status_field(&d, std::process::id(), "GPU-MS")
+        .and_then(|v| v.parse().ok())
+        .expect("a GPU-MS column");
+    let ran = (full + quarter + rest + again) * 1e3;
+    println!("GPU-MS {gpu_ms} for {ran:.0} ms of kernels");
+    assert!(
+        gpu_ms as f64 >= 0.5 * ran && (gpu_ms as f64) < 3.0 * ran + 50.0,
+        "GPU-MS {gpu_ms} for {ran:.0} ms of kernels"
+    );
 }

@@ -14,13 +14,20 @@
 //!   client's pages.
 //! - A kernel fault destroys the context for every client of the server (the device gives no
 //!   finer containment): a health thread notices and tells every client.
+//! - SM shares and reservations are green contexts ([`partition`]); a client's streams move to
+//!   its new partition at their next submission after a change.
+//! - GPU busy time is sampled: every few milliseconds the health thread asks each stream
+//!   whether it has work pending, and credits the interval to the clients whose streams do.
+//!   (Timing every command with events would cost two driver calls per launch.)
 
-use std::cell::Cell;
+mod partition;
+
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
 use mps_core::protocol::{BackendKind, ParamInfo};
@@ -28,7 +35,12 @@ use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
 
-use super::{Backend, ClientContext, DeviceInfo, FaultSink, HostBytes, Op, Publish};
+use super::{Backend, ClientContext, DeviceInfo, FaultSink, HostBytes, Op, Publish, SmSlot};
+use crate::sm::Assignment;
+use partition::{Partition, Partitions};
+
+/// How often the health thread samples which streams have work pending.
+const BUSY_SAMPLE: Duration = Duration::from_millis(5);
 
 thread_local! {
     static BOUND: Cell<bool> = const { Cell::new(false) };
@@ -161,10 +173,25 @@ impl Drop for CudaEvent {
     }
 }
 
-/// A stream.
+/// A stream: a CUDA stream in the client's current partition (or the primary context), which
+/// is replaced by one in the new partition when the client's placement changes.
 #[derive(Debug)]
 pub struct CudaStream {
+    raw: Cell<CUstream>,
+    priority: i32,
+    client: u32,
+    busy: Arc<AtomicU64>,
+    sm: Arc<SmSlot>,
+    /// The placement generation `raw` was made for.
+    seen: Cell<u64>,
+    /// Keeps the green context alive while `raw` lives in it.
+    partition: RefCell<Option<Arc<Partition>>>,
+}
+
+/// A stream the health thread samples for GPU busy time.
+struct Live {
     raw: CUstream,
+    busy: Arc<AtomicU64>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -190,6 +217,9 @@ struct Shared {
     is_dead: AtomicBool,
     dead: Mutex<Option<Error>>,
     clients: Mutex<Vec<Weak<dyn FaultSink>>>,
+    /// Every client stream, for busy-time sampling. A stream leaves this list before it is
+    /// destroyed, under the lock the sampler holds while it queries.
+    live: Mutex<Vec<Live>>,
 }
 
 // SAFETY: a CUcontext may be made current on any thread.
@@ -246,6 +276,27 @@ impl Shared {
         }
     }
 
+    fn live(&self) -> std::sync::MutexGuard<'_, Vec<Live>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Credits `interval` to every client with work pending on one of its streams.
+    fn sample_busy(&self, interval: Duration) {
+        let live = self.live();
+        let mut credited: Vec<*const AtomicU64> = Vec::new();
+        for s in live.iter() {
+            // SAFETY: the stream is live: it leaves this list (under this lock) before it is
+            // destroyed.
+            let r = unsafe { sys::cuStreamQuery(s.raw) };
+            let ptr = Arc::as_ptr(&s.busy);
+            if r == CUresult::CUDA_ERROR_NOT_READY && !credited.contains(&ptr) {
+                s.busy
+                    .fetch_add(interval.as_nanos() as u64, Ordering::Relaxed);
+                credited.push(ptr);
+            }
+        }
+    }
+
     fn alive(&self) -> Result<()> {
         if !self.is_dead.load(Ordering::Acquire) {
             return Ok(());
@@ -264,6 +315,7 @@ pub struct CudaBackend {
     /// Host base address of each registered segment → (length, device address).
     registered: Mutex<BTreeMap<usize, (usize, u64)>>,
     priorities: (i32, i32),
+    partitions: Partitions,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -339,6 +391,10 @@ impl CudaBackend {
             )?;
         }
         BOUND.with(|b| b.set(true));
+        let partitions = Partitions::discover(dev);
+        if let Some(why) = partitions.unsupported() {
+            tracing::warn!("SM shares and reservations are unavailable: {why}");
+        }
         // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
             .to_string_lossy()
@@ -348,6 +404,7 @@ impl CudaBackend {
             is_dead: AtomicBool::new(false),
             dead: Mutex::new(None),
             clients: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
         });
         spawn_health_thread(shared.clone())?;
         Ok(CudaBackend {
@@ -356,11 +413,13 @@ impl CudaBackend {
                 name,
                 total_mem: total as u64,
                 sm_count: sms as u32,
+                sm_units: partitions.unit_sizes(sms as u32),
                 cc: (major as u32, minor as u32),
                 kind: BackendKind::Cuda,
             },
             registered: Mutex::new(BTreeMap::new()),
             priorities: (least, greatest),
+            partitions,
         })
     }
 
@@ -375,6 +434,65 @@ impl CudaBackend {
             .ok_or_else(|| Error::internal(format!("{host:p} is not in a registered host segment")))
     }
 
+    /// Creates a raw stream in `partition` (None: the primary context) and lists it for busy
+    /// sampling.
+    fn raw_stream(
+        &self,
+        partition: Option<&Partition>,
+        priority: i32,
+        busy: &Arc<AtomicU64>,
+    ) -> Result<CUstream> {
+        let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: creates a stream in the bound primary context or in a live green context.
+        let r = unsafe {
+            match partition {
+                Some(p) => sys::cuGreenCtxStreamCreate(&mut s, p.green, flags, priority),
+                None => sys::cuStreamCreateWithPriority(&mut s, flags, priority),
+            }
+        };
+        self.shared.check(r, "creating a stream")?;
+        self.shared.live().push(Live {
+            raw: s,
+            busy: busy.clone(),
+        });
+        Ok(s)
+    }
+
+    /// Waits for a raw stream's work (queued work cannot be cancelled on a GPU) and destroys
+    /// it.
+    fn retire(&self, raw: CUstream) {
+        self.shared.live().retain(|l| l.raw != raw);
+        // SAFETY: a live stream, destroyed once, after its work is done.
+        unsafe {
+            sys::cuStreamSynchronize(raw);
+            sys::cuStreamDestroy_v2(raw);
+        }
+    }
+
+    /// Moves a stream to its client's current partition if the placement changed since the
+    /// stream was made: the old stream's work completes before any later work starts on the
+    /// new one, so stream order holds.
+    fn follow_placement(&self, stream: &CudaStream) -> Result<()> {
+        let generation = stream.sm.generation.load(Ordering::Acquire);
+        if generation == stream.seen.get() {
+            return Ok(());
+        }
+        let next = self.partitions.of(stream.client);
+        let same = match (&next, &*stream.partition.borrow()) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !same {
+            let raw = self.raw_stream(next.as_deref(), stream.priority, &stream.busy)?;
+            self.retire(stream.raw.replace(raw));
+            *stream.partition.borrow_mut() = next;
+        }
+        stream.seen.set(generation);
+        Ok(())
+    }
+
     fn copy_in(&self, stream: CUstream, dst: u64, src: &HostBytes) -> Result<()> {
         let (ptr, len) = src.as_raw();
         // SAFETY: `src` keeps its bytes alive until the session synchronises (shared pages) or,
@@ -384,6 +502,12 @@ impl CudaBackend {
         self.shared.check(r, "cuMemcpyHtoDAsync")
     }
 }
+
+/// The health thread's own stream.
+struct HealthStream(CUstream);
+
+// SAFETY: a stream handle may be used from any thread.
+unsafe impl Send for HealthStream {}
 
 /// Watches the context: a fault is reported by the next driver call of any thread, so a
 /// thread of our own queries a stream of ours every few milliseconds, and tells every client as
@@ -395,17 +519,23 @@ fn spawn_health_thread(shared: Arc<Shared>) -> Result<()> {
     // SAFETY: creates a stream in the current (bound) context.
     let r = unsafe { sys::cuStreamCreate(&mut stream, flags) };
     shared.check(r, "cuStreamCreate")?;
-    let stream = CudaStream { raw: stream };
+    let stream = HealthStream(stream);
     std::thread::Builder::new()
         .name("cuda-health".into())
         .spawn(move || {
             // Capture the whole stream (Send), not its raw field.
             let stream = stream;
             shared.bind();
+            let mut sampled = Instant::now();
             loop {
                 std::thread::sleep(Duration::from_millis(2));
+                let now = Instant::now();
+                if now - sampled >= BUSY_SAMPLE {
+                    shared.sample_busy(now - sampled);
+                    sampled = now;
+                }
                 // SAFETY: queries our own stream.
-                let r = unsafe { sys::cuStreamQuery(stream.raw) };
+                let r = unsafe { sys::cuStreamQuery(stream.0) };
                 if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_NOT_READY {
                     let _ = shared.check(r, "the device context");
                     if is_sticky(r) {
@@ -555,22 +685,23 @@ impl Backend for CudaBackend {
         Ok((func, params))
     }
 
+    fn place(&self, assignments: &[Assignment]) -> Result<()> {
+        self.shared.bind();
+        self.shared.alive()?;
+        self.partitions.place(assignments)
+    }
+
     fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<CudaStream> {
         self.shared.bind();
         self.shared.alive()?;
         // CUDA priorities: lower is more urgent, between `greatest` and `least`.
         let (least, greatest) = self.priorities;
         let p = priority.clamp(greatest, least);
-        let mut s: CUstream = std::ptr::null_mut();
-        // SAFETY: creates a stream in the bound context.
-        let r = unsafe {
-            sys::cuStreamCreateWithPriority(
-                &mut s,
-                sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32,
-                p,
-            )
-        };
-        self.shared.check(r, "cuStreamCreateWithPriority")?;
+        // The generation is read before the partition, so a change in between is followed at
+        // the first submission.
+        let seen = client.sm.generation.load(Ordering::Acquire);
+        let partition = self.partitions.of(client.id);
+        let s = self.raw_stream(partition.as_deref(), p, &client.busy_ns)?;
         let mut clients = self
             .shared
             .clients
@@ -583,7 +714,15 @@ impl Backend for CudaBackend {
         {
             clients.push(Arc::downgrade(&client.faults));
         }
-        Ok(CudaStream { raw: s })
+        Ok(CudaStream {
+            raw: Cell::new(s),
+            priority: p,
+            client: client.id,
+            busy: client.busy_ns.clone(),
+            sm: client.sm.clone(),
+            seen: Cell::new(seen),
+            partition: RefCell::new(partition),
+        })
     }
 
     fn submit(
@@ -595,7 +734,8 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.shared.bind();
         self.shared.alive()?;
-        let s = stream.raw;
+        self.follow_placement(stream)?;
+        let s = stream.raw.get();
         match op {
             Op::Launch {
                 function,
@@ -695,19 +835,16 @@ impl Backend for CudaBackend {
     fn stream_synchronize(&self, stream: &CudaStream, _closing: &AtomicBool) -> Result<()> {
         self.shared.bind();
         // SAFETY: a live stream.
-        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+        let r = unsafe { sys::cuStreamSynchronize(stream.raw.get()) };
         self.shared.check(r, "cuStreamSynchronize")
     }
 
     fn stream_destroy(&self, stream: CudaStream) {
         self.shared.bind();
-        // Queued work cannot be cancelled on a GPU: wait for it, so that the stream's progress
-        // slot and the client's memory can be reused safely.
-        // SAFETY: a live stream, destroyed once.
-        unsafe {
-            sys::cuStreamSynchronize(stream.raw);
-            sys::cuStreamDestroy_v2(stream.raw);
-        }
+        // Waiting for the work lets the stream's progress slot and the client's memory be
+        // reused safely; the partition is released after the stream.
+        self.retire(stream.raw.get());
+        drop(stream);
     }
 
     fn event_create(&self) -> Result<CudaEvent> {

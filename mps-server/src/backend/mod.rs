@@ -10,13 +10,15 @@ pub mod sim;
 
 use std::sync::Arc;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use mps_core::alloc::AllocTable;
 use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
+
+use crate::sm::{Assignment, Placement};
 
 /// A description of the device.
 #[derive(Clone, Debug)]
@@ -27,6 +29,9 @@ pub struct DeviceInfo {
     pub total_mem: u64,
     /// Streaming multiprocessors.
     pub sm_count: u32,
+    /// The device's smallest SM partitions, in SMs (see [`crate::sm`]); they sum to
+    /// `sm_count`.
+    pub sm_units: Vec<u32>,
     /// Compute capability.
     pub cc: (u32, u32),
     /// Which backend.
@@ -102,6 +107,35 @@ pub struct ClientContext {
     pub closing: Arc<AtomicBool>,
     /// Where a failure of accepted work is reported.
     pub faults: Arc<dyn FaultSink>,
+    /// The SMs the client's kernels may use.
+    pub sm: Arc<SmSlot>,
+    /// Nanoseconds the device spent on the client's work (see each backend for how it is
+    /// measured).
+    pub busy_ns: Arc<AtomicU64>,
+}
+
+/// A client's current SM placement, as the server last decided it.
+#[derive(Debug, Default)]
+pub struct SmSlot {
+    /// Raised after every change of placement, so that streams notice with one load.
+    pub generation: AtomicU64,
+    /// SMs the client may use (0: the whole device).
+    pub sms: AtomicU32,
+    placement: std::sync::Mutex<Option<Placement>>,
+}
+
+impl SmSlot {
+    /// Publishes the client's placement, of `sms` SMs; call after [`Backend::place`] took it.
+    pub fn set(&self, placement: &Placement, sms: u32) {
+        let mut current = self.placement.lock().unwrap_or_else(|p| p.into_inner());
+        if current.as_ref() != Some(placement) {
+            let whole = *placement == Placement::Whole;
+            self.sms
+                .store(if whole { 0 } else { sms }, Ordering::Relaxed);
+            *current = Some(placement.clone());
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+    }
 }
 
 /// Receives failures of work that was accepted earlier (a kernel fault).
@@ -201,6 +235,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
         module: &Self::Module,
         name: &str,
     ) -> Result<(Self::Function, Vec<ParamInfo>)>;
+    /// Makes `assignments` the SM placement of their clients: work submitted after the call runs
+    /// where it says (streams created before follow at their next submission). On failure the
+    /// previous placement stays.
+    fn place(&self, assignments: &[Assignment]) -> Result<()>;
     /// Creates a stream for a client.
     fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<Self::Stream>;
     /// Queues `op` on `stream`, to be followed by `publish` once it completes. Failures while

@@ -19,6 +19,7 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
 
 use super::{Backend, ClientContext, DeviceInfo, Op, Publish};
+use crate::sm::Assignment;
 use kernels::{Builtin, KernelEnv};
 use memory::DeviceMemory;
 
@@ -50,6 +51,8 @@ impl SimBackend {
                 name: "mps simulator".to_string(),
                 total_mem: cfg.memory_bytes,
                 sm_count: cfg.sm_count,
+                // Partitions of single SMs: a share or reservation gets exactly its SMs.
+                sm_units: vec![1; cfg.sm_count as usize],
                 cc: (9, 0),
                 kind: BackendKind::Sim,
             },
@@ -152,6 +155,7 @@ impl Worker {
                 continue;
             }
             // A bug in a simulated kernel must cost the client its work, not the worker thread.
+            let started = Instant::now();
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job)))
                     .unwrap_or_else(|_| {
@@ -159,6 +163,11 @@ impl Worker {
                             "the simulator panicked while running this command",
                         ))
                     });
+            // Waiting for another stream's event is not work of the device.
+            if !matches!(job.op, Op::Wait(_)) {
+                let ns = started.elapsed().as_nanos() as u64;
+                self.client.busy_ns.fetch_add(ns, Ordering::Relaxed);
+            }
             match result {
                 Ok(()) => {
                     if let Some(p) = &job.publish {
@@ -198,7 +207,11 @@ impl Worker {
                     memory: &self.memory,
                     allocations: &table,
                     closing: &self.client.closing,
-                    sm_count: self.sm_count,
+                    // The client's placement bounds how many blocks run at once.
+                    sm_count: match self.client.sm.sms.load(Ordering::Relaxed) {
+                        0 => self.sm_count,
+                        n => n,
+                    },
                     grid: *grid,
                     params,
                     layout: &function.layout,
@@ -335,6 +348,11 @@ impl Backend for SimBackend {
             layout: entry.params.clone(),
         };
         Ok((f, entry.params.clone()))
+    }
+
+    fn place(&self, _assignments: &[Assignment]) -> Result<()> {
+        // Workers read each client's SM count from its slot at every launch.
+        Ok(())
     }
 
     fn stream_create(&self, _priority: i32, client: &ClientContext) -> Result<SimStream> {

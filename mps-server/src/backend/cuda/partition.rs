@@ -1,0 +1,228 @@
+//! SM partitions on the GPU: green contexts built from the device's smallest SM groups.
+//!
+//! At start the device's SMs are split once into groups of the driver's minimum partition size
+//! (8 SMs on Hopper) plus a remainder; these are the units [`crate::sm`] plans with. A placement
+//! becomes a green context over its units (one per distinct unit set, shared by every client
+//! placed there). Green contexts share the primary context's memory, modules and events, and
+//! their streams take the same commands; only the SMs their kernels may use differ. A client
+//! placed on the whole device keeps plain primary-context streams.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use cudarc::driver::sys::{self, CUdevResource, CUdevice, CUgreenCtx, CUresult};
+use mps_core::{Error, Result, Status};
+
+use super::{error_name, status_of};
+use crate::sm::{Assignment, Placement};
+
+/// A green context: kernels of its streams run on its SMs only.
+#[derive(Debug)]
+pub(super) struct Partition {
+    pub(super) green: CUgreenCtx,
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        // SAFETY: created by cuGreenCtxCreate; the last owner is gone, and every stream made in
+        // it was synchronised and destroyed before it let go (see `CudaStream`).
+        unsafe { sys::cuGreenCtxDestroy(self.green) };
+    }
+}
+
+// SAFETY: a green context handle may be used from any thread; creating streams in it is
+// thread-safe in the driver.
+unsafe impl Send for Partition {}
+// SAFETY: as above.
+unsafe impl Sync for Partition {}
+
+/// The device's SM units and the partitions in use.
+pub(super) struct Partitions {
+    dev: CUdevice,
+    /// The units, or why the device cannot be partitioned.
+    units: std::result::Result<Vec<CUdevResource>, String>,
+    /// Each partitioned client's partition (absent: the whole device).
+    by_client: Mutex<HashMap<u32, Arc<Partition>>>,
+    /// Live partitions by unit set, so that clients placed alike share one green context.
+    by_units: Mutex<HashMap<Vec<usize>, Weak<Partition>>>,
+}
+
+// SAFETY: CUdevResource is plain data describing SMs; the maps are locked.
+unsafe impl Send for Partitions {}
+// SAFETY: as above.
+unsafe impl Sync for Partitions {}
+
+fn check(r: CUresult, what: &str) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(
+            status_of(r),
+            format!("{what}: {}", error_name(r)),
+        ))
+    }
+}
+
+impl Partitions {
+    /// Splits device `dev` into units. A driver without green contexts (before CUDA 12.4)
+    /// leaves one unit, the whole device: shares and reservations are then refused.
+    pub(super) fn discover(dev: CUdevice) -> Partitions {
+        Partitions {
+            dev,
+            units: split(dev),
+            by_client: Mutex::new(HashMap::new()),
+            by_units: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The SMs of each unit.
+    pub(super) fn unit_sizes(&self, sm_count: u32) -> Vec<u32> {
+        match &self.units {
+            // SAFETY: the driver filled these resources as SM resources.
+            Ok(units) => units
+                .iter()
+                .map(|u| unsafe { u.__bindgen_anon_1.sm.smCount })
+                .collect(),
+            Err(_) => vec![sm_count],
+        }
+    }
+
+    /// Why SMs cannot be partitioned, if they cannot.
+    pub(super) fn unsupported(&self) -> Option<&str> {
+        self.units.as_ref().err().map(String::as_str)
+    }
+
+    /// The partition client `client` is placed on (None: the whole device).
+    pub(super) fn of(&self, client: u32) -> Option<Arc<Partition>> {
+        self.by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&client)
+            .cloned()
+    }
+
+    /// Makes `assignments` current, creating the green contexts they need first (so that a
+    /// failure changes nothing).
+    pub(super) fn place(&self, assignments: &[Assignment]) -> Result<()> {
+        let mut by_units = self.by_units.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = HashMap::new();
+        for a in assignments {
+            let Placement::Units(set) = &a.placement else {
+                continue;
+            };
+            let p = match by_units.get(set).and_then(Weak::upgrade) {
+                Some(p) => p,
+                None => {
+                    let p = Arc::new(self.create(set)?);
+                    by_units.insert(set.clone(), Arc::downgrade(&p));
+                    p
+                }
+            };
+            next.insert(a.client, p);
+        }
+        *self.by_client.lock().unwrap_or_else(|p| p.into_inner()) = next;
+        by_units.retain(|_, w| w.strong_count() > 0);
+        Ok(())
+    }
+
+    fn create(&self, set: &[usize]) -> Result<Partition> {
+        let units = self.units.as_ref().map_err(|why| {
+            Error::new(
+                Status::Unsupported,
+                format!("this device's SMs cannot be partitioned: {why}"),
+            )
+        })?;
+        let mut resources: Vec<CUdevResource> = set.iter().map(|&u| units[u]).collect();
+        // SAFETY: the SM counts were filled by the driver's split.
+        let sms: u32 = resources
+            .iter()
+            .map(|r| unsafe { r.__bindgen_anon_1.sm.smCount })
+            .sum();
+        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+        let mut green: CUgreenCtx = std::ptr::null_mut();
+        // SAFETY: the resources all come from one split of this device, as
+        // cuDevResourceGenerateDesc requires to combine them; both calls write one handle.
+        unsafe {
+            check(
+                sys::cuDevResourceGenerateDesc(
+                    &mut desc,
+                    resources.as_mut_ptr(),
+                    resources.len() as u32,
+                ),
+                "cuDevResourceGenerateDesc",
+            )?;
+            check(
+                sys::cuGreenCtxCreate(
+                    &mut green,
+                    desc,
+                    self.dev,
+                    sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+                ),
+                &format!("cuGreenCtxCreate of {sms} SMs"),
+            )?;
+        }
+        tracing::info!("SM partition of {sms} SMs (units {set:?}) created");
+        Ok(Partition { green })
+    }
+}
+
+/// The device's SMs in groups of the driver's minimum partition size, and the remainder.
+fn split(dev: CUdevice) -> std::result::Result<Vec<CUdevResource>, String> {
+    // SAFETY: CUdevResource is plain data for which all-zero is a valid (empty) value.
+    let mut all: CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: writes one resource description.
+    let r = unsafe {
+        sys::cuDeviceGetDevResource(
+            dev,
+            &mut all,
+            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+        )
+    };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "the driver has no green contexts (cuDeviceGetDevResource: {}); CUDA 12.4 or later \
+             is needed",
+            error_name(r)
+        ));
+    }
+    // SAFETY: the driver filled `all` as an SM resource.
+    let min = unsafe { all.__bindgen_anon_1.sm.minSmPartitionSize }.max(1);
+    let mut n = 0u32;
+    // SAFETY: with a null result array the driver only counts the groups.
+    let r = unsafe {
+        sys::cuDevSmResourceSplitByCount(
+            std::ptr::null_mut(),
+            &mut n,
+            &all,
+            std::ptr::null_mut(),
+            0,
+            min,
+        )
+    };
+    if r != CUresult::CUDA_SUCCESS || n == 0 {
+        return Err(format!(
+            "cannot split the device's SMs into groups of {min}: {}",
+            error_name(r)
+        ));
+    }
+    // SAFETY: zeroed resources are valid placeholders for the driver to fill.
+    let mut groups: Vec<CUdevResource> = vec![unsafe { std::mem::zeroed() }; n as usize];
+    // SAFETY: as above.
+    let mut rest: CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: `groups` has room for `n` results, `rest` for the remainder.
+    let r = unsafe {
+        sys::cuDevSmResourceSplitByCount(groups.as_mut_ptr(), &mut n, &all, &mut rest, 0, min)
+    };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "cannot split the device's SMs into groups of {min}: {}",
+            error_name(r)
+        ));
+    }
+    groups.truncate(n as usize);
+    // SAFETY: the driver filled `rest` as an SM resource.
+    if unsafe { rest.__bindgen_anon_1.sm.smCount } > 0 {
+        groups.push(rest);
+    }
+    Ok(groups)
+}

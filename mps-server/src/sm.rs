@@ -1,0 +1,203 @@
+//! Which SMs each client's kernels may run on: shares (a cap, as NVIDIA MPS's active thread
+//! percentage) and reservations (SMs no other client of the server uses).
+//!
+//! The device is cut into *units*, its smallest SM partitions (on a GPU, the groups green
+//! contexts are built from: 8 SMs on Hopper, plus a remainder). Reservations take whole units
+//! from the front, in client order, so that each reserving client's SMs are disjoint from
+//! everyone else's; the remaining units are the pool, and every other client gets the first
+//! units of the pool that cover its share. The whole device, with no reservation in force,
+//! needs no partition at all.
+
+use mps_core::{Error, Result, Status};
+
+/// What one client asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmRequest {
+    /// The client.
+    pub client: u32,
+    /// Share of the device's SMs, 1..=100 percent (the lower of the client's and the server's).
+    pub share: u32,
+    /// SMs reserved for it alone, percent (0: none).
+    pub reserve: u32,
+}
+
+/// Where a client's kernels run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Anywhere on the device.
+    Whole,
+    /// On these units (indices into the device's unit list, ascending).
+    Units(Vec<usize>),
+}
+
+/// A client's placement and the SMs it spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// The client.
+    pub client: u32,
+    /// Where its kernels run.
+    pub placement: Placement,
+    /// SMs of that placement.
+    pub sms: u32,
+}
+
+/// SMs that cover `percent` of `total` (at least one).
+pub fn sms_for(total: u32, percent: u32) -> u32 {
+    (total as u64 * percent as u64)
+        .div_ceil(100)
+        .clamp(1, total as u64) as u32
+}
+
+/// Takes units from the front of `free` until they cover `need` SMs.
+fn take(units: &[u32], free: &mut Vec<usize>, need: u32) -> Vec<usize> {
+    let mut got = 0;
+    let n = free
+        .iter()
+        .take_while(|&&u| {
+            let more = got < need;
+            got += units[u];
+            more
+        })
+        .count();
+    free.drain(..n).collect()
+}
+
+fn span(units: &[u32], set: &[usize]) -> u32 {
+    set.iter().map(|&u| units[u]).sum()
+}
+
+/// Places every client. Fails, placing no one, when the reservations would leave no unit for
+/// the clients that share.
+pub fn plan(units: &[u32], requests: &[SmRequest]) -> Result<Vec<Assignment>> {
+    let total: u32 = units.iter().sum();
+    let mut free: Vec<usize> = (0..units.len()).collect();
+    let mut out = Vec::with_capacity(requests.len());
+    for r in requests.iter().filter(|r| r.reserve > 0) {
+        if units.len() == 1 {
+            return Err(Error::new(
+                Status::Unsupported,
+                "this device's SMs cannot be partitioned, so none can be reserved (the server's \
+                 log says why)",
+            ));
+        }
+        let set = take(units, &mut free, sms_for(total, r.reserve));
+        if free.is_empty() {
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!(
+                    "reserving {}% of the SMs would leave none for the other clients of the \
+                     server; ask for less",
+                    r.reserve
+                ),
+            ));
+        }
+        out.push(Assignment {
+            client: r.client,
+            sms: span(units, &set),
+            placement: Placement::Units(set),
+        });
+    }
+    let pool = free;
+    for r in requests.iter().filter(|r| r.reserve == 0) {
+        let set = take(units, &mut pool.clone(), sms_for(total, r.share));
+        out.push(if set.len() == units.len() {
+            Assignment {
+                client: r.client,
+                placement: Placement::Whole,
+                sms: total,
+            }
+        } else {
+            Assignment {
+                client: r.client,
+                sms: span(units, &set),
+                placement: Placement::Units(set),
+            }
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H200 as green contexts cut it: 15 groups of 8 SMs and a remainder of 12.
+    fn h200() -> Vec<u32> {
+        let mut u = vec![8; 15];
+        u.push(12);
+        u
+    }
+
+    fn req(client: u32, share: u32, reserve: u32) -> SmRequest {
+        SmRequest {
+            client,
+            share,
+            reserve,
+        }
+    }
+
+    #[test]
+    fn full_shares_without_reservations_need_no_partition() {
+        let a = plan(&h200(), &[req(1, 100, 0), req(2, 100, 0)]).unwrap();
+        assert!(
+            a.iter()
+                .all(|a| a.placement == Placement::Whole && a.sms == 132)
+        );
+    }
+
+    #[test]
+    fn a_share_rounds_up_to_whole_units() {
+        let a = plan(&h200(), &[req(1, 50, 0), req(2, 25, 0)]).unwrap();
+        // 50% of 132 is 66 SMs: nine units of 8 (72); 25% is 33: five units (40).
+        assert_eq!(a[0].sms, 72);
+        assert_eq!(a[1].sms, 40);
+        assert_eq!(a[0].placement, Placement::Units((0..9).collect()));
+    }
+
+    #[test]
+    fn reservations_are_disjoint_from_everyone_else() {
+        let a = plan(&h200(), &[req(1, 100, 25), req(2, 100, 0), req(3, 100, 10)]).unwrap();
+        let units = |c: u32| match &a.iter().find(|x| x.client == c).unwrap().placement {
+            Placement::Units(u) => u.clone(),
+            Placement::Whole => panic!("client {c} was not partitioned"),
+        };
+        let (r1, shared, r3) = (units(1), units(2), units(3));
+        assert_eq!(a[0].sms, 40, "25% of 132 SMs rounds up to five units");
+        for u in &shared {
+            assert!(!r1.contains(u) && !r3.contains(u));
+        }
+        assert!(r1.iter().all(|u| !r3.contains(u)));
+        assert_eq!(
+            r1.len() + r3.len() + shared.len(),
+            16,
+            "the shared client gets the whole pool"
+        );
+    }
+
+    #[test]
+    fn a_reservation_must_leave_a_pool() {
+        let e = plan(&h200(), &[req(1, 100, 100)]).unwrap_err();
+        assert_eq!(e.status, Status::QuotaExceeded);
+        assert!(plan(&h200(), &[req(1, 100, 90)]).is_ok());
+        let e = plan(&[132], &[req(1, 100, 10)]).unwrap_err();
+        assert_eq!(e.status, Status::Unsupported);
+    }
+
+    #[test]
+    fn an_unpartitionable_device_runs_every_share_on_the_whole_device() {
+        let a = plan(&[132], &[req(1, 25, 0)]).unwrap();
+        assert_eq!(a[0].placement, Placement::Whole);
+    }
+
+    #[test]
+    fn single_sm_units_give_exact_counts() {
+        let units = vec![1; 8];
+        let a = plan(&units, &[req(1, 100, 50), req(2, 25, 0), req(3, 100, 0)]).unwrap();
+        assert_eq!(
+            a.iter().map(|a| a.sms).collect::<Vec<_>>(),
+            vec![4, 2, 4],
+            "reserved half, a quarter of the device, and the rest of the pool"
+        );
+        assert_eq!(sms_for(8, 1), 1);
+    }
+}
