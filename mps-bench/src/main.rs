@@ -7,6 +7,7 @@
 
 mod native;
 mod plot;
+mod quotas;
 mod via_mps;
 mod workload;
 
@@ -53,6 +54,22 @@ enum Cmd {
         /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200").
         #[arg(long, default_value = "")]
         server_args: String,
+    },
+    /// Measures SM shares, SM reservations and separate groups (see `quotas.rs`).
+    Quotas {
+        /// The test kernels' PTX.
+        #[arg(long, default_value = "kernels/test_kernels.ptx")]
+        ptx: PathBuf,
+        /// The mps-server binary (mps-control is taken from its directory) [default: next to
+        /// this one].
+        #[arg(long)]
+        server: Option<PathBuf>,
+        /// Where quotas.json goes.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        /// The mps server's backend (sim runs only the mps rows, to check the harness).
+        #[arg(long, default_value = "cuda")]
+        backend: String,
     },
     /// Draws throughput.png from a bench.json this program wrote.
     Plot {
@@ -104,22 +121,54 @@ fn worker_env(cmd: &mut Command, mode: &str) {
     }
 }
 
-/// Runs `clients` workers of one mode and workload together; returns each one's result values.
-fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
+/// One worker of a group: its workload and environment of its own.
+#[derive(Clone, Debug)]
+struct Spec {
+    workload: String,
+    env: Vec<(String, String)>,
+}
+
+impl Spec {
+    fn new(workload: &str, env: &[(&str, &str)]) -> Spec {
+        Spec {
+            workload: workload.into(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// What a group of workers reported.
+struct Outcome {
+    /// Each worker's result values, in spec order (None: it failed).
+    results: Vec<Option<BTreeMap<String, f64>>>,
+    /// The first failure's last lines of standard error.
+    note: String,
+    /// GPU memory in use once every worker was ready, when asked for.
+    gpu_mem_used_mib: Option<f64>,
+}
+
+/// Runs one worker per spec, all in one mode, started together. Greedy workers run until every
+/// other worker has reported.
+fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome {
     let exe = std::env::current_exe().unwrap();
     let worker_mode = if mode == "mps" { "mps" } else { "native" };
-    let mut children: Vec<Child> = (0..clients)
-        .map(|_| {
+    let mut children: Vec<Child> = specs
+        .iter()
+        .map(|spec| {
             let mut cmd = Command::new(&exe);
             cmd.args([
                 "worker",
                 "--mode",
                 worker_mode,
                 "--workload",
-                workload,
+                &spec.workload,
                 "--ptx",
             ])
             .arg(ptx)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -131,41 +180,72 @@ fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool
         .iter_mut()
         .map(|c| BufReader::new(c.stdout.take().unwrap()).lines())
         .collect();
-    let mut ready = vec![false; clients];
-    for (i, r) in readers.iter_mut().enumerate() {
-        ready[i] = matches!(r.next(), Some(Ok(l)) if l == "ready");
-    }
-    let mut values = BTreeMap::new();
-    if footprint {
+    let ready: Vec<bool> = readers
+        .iter_mut()
+        .map(|r| matches!(r.next(), Some(Ok(l)) if l == "ready"))
+        .collect();
+    let gpu_mem_used_mib = footprint.then(|| {
         std::thread::sleep(Duration::from_millis(500));
-        values.insert("gpu_mem_used_mib".into(), gpu_memory_used_mib());
-    }
+        gpu_memory_used_mib()
+    });
     for c in children.iter_mut() {
         if let Some(stdin) = c.stdin.as_mut() {
             let _ = stdin.write_all(b"go\n");
         }
     }
-    let mut results: Vec<BTreeMap<String, f64>> = Vec::new();
-    let mut failures = Vec::new();
-    for (i, (mut c, mut r)) in children.into_iter().zip(readers).enumerate() {
-        let line = r.find_map(|l| l.ok().filter(|l| l.starts_with("result ")));
-        let status = c.wait().unwrap();
-        match line {
-            Some(l) if ready[i] && status.success() => {
-                results.push(
-                    l.split_whitespace()
-                        .skip(1)
-                        .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
-                        .collect(),
-                );
+    let mut lines: Vec<Option<String>> = vec![None; specs.len()];
+    let greedy = |i: usize| specs[i].workload == "greedy";
+    for pass in [false, true] {
+        if pass {
+            for (i, c) in children.iter_mut().enumerate().filter(|(i, _)| greedy(*i)) {
+                if let (true, Some(stdin)) = (ready[i], c.stdin.as_mut()) {
+                    let _ = stdin.write_all(b"stop\n");
+                }
             }
+        }
+        for (i, r) in readers.iter_mut().enumerate() {
+            if greedy(i) == pass {
+                lines[i] = r.find_map(|l| l.ok().filter(|l| l.starts_with("result ")));
+            }
+        }
+    }
+    let mut results = Vec::new();
+    let mut note = String::new();
+    for (i, mut c) in children.into_iter().enumerate() {
+        let status = c.wait().unwrap();
+        match &lines[i] {
+            Some(l) if ready[i] && status.success() => results.push(Some(
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
+                    .collect(),
+            )),
             _ => {
                 let mut err = String::new();
                 let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err);
-                failures.push(err.lines().rev().take(3).collect::<Vec<_>>().join(" | "));
+                if note.is_empty() {
+                    note = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+                }
+                results.push(None);
             }
         }
+    }
+    Outcome {
+        results,
+        note,
+        gpu_mem_used_mib,
+    }
+}
+
+/// Runs `clients` workers of one mode and workload together; returns each one's result values.
+fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
+    let specs = vec![Spec::new(workload, &[]); clients];
+    let outcome = run_group(mode, &specs, ptx, footprint);
+    let results: Vec<_> = outcome.results.into_iter().flatten().collect();
+    let mut values = BTreeMap::new();
+    if let Some(mib) = outcome.gpu_mem_used_mib {
+        values.insert("gpu_mem_used_mib".into(), mib);
     }
     let completed = results.len();
     match workload {
@@ -183,14 +263,13 @@ fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool
         }
         _ => {}
     }
-    let note = failures.first().cloned().unwrap_or_default();
     Record {
         mode: mode.into(),
         workload: workload.into(),
         clients,
         completed,
         values,
-        note,
+        note: outcome.note,
     }
 }
 
@@ -216,6 +295,8 @@ enum Service {
     None,
     Nvidia,
     Mps(Child),
+    /// mps-control, starting one server per group.
+    MpsDaemon(Child),
 }
 
 impl Service {
@@ -234,9 +315,16 @@ impl Service {
                 assert!(ok, "nvidia-cuda-mps-control -d failed");
                 Service::Nvidia
             }
-            "mps" => {
+            "mps" | "mps-daemon" => {
                 let _ = std::fs::remove_dir_all(MPS_PIPE);
-                let child = Command::new(server)
+                let mut cmd = if mode == "mps" {
+                    Command::new(server)
+                } else {
+                    let mut c = Command::new(server.with_file_name("mps-control"));
+                    c.arg("-f").arg("--server").arg(server);
+                    c
+                };
+                let child = cmd
                     .args([
                         "--backend",
                         backend,
@@ -258,7 +346,11 @@ impl Service {
                     );
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Service::Mps(child)
+                if mode == "mps" {
+                    Service::Mps(child)
+                } else {
+                    Service::MpsDaemon(child)
+                }
             }
             _ => Service::None,
         }
@@ -281,7 +373,7 @@ impl Drop for Service {
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
-            Service::Mps(c) => {
+            Service::Mps(c) | Service::MpsDaemon(c) => {
                 let _ = c.kill();
                 let _ = c.wait();
             }
@@ -409,6 +501,13 @@ fn parse_json(text: &str) -> Vec<Record> {
         .collect()
 }
 
+/// mps-server next to this binary.
+fn default_server() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .with_file_name("mps-server")
+}
+
 fn main() {
     match Args::parse().cmd {
         Cmd::Plot { json, out } => {
@@ -429,6 +528,15 @@ fn main() {
             };
             workload::run(gpu.as_mut(), &workload);
         }
+        Cmd::Quotas {
+            ptx,
+            server,
+            out,
+            backend,
+        } => {
+            let server = server.unwrap_or_else(default_server);
+            println!("{}", quotas::run(&ptx, &server, &backend, &out));
+        }
         Cmd::Run {
             modes,
             clients,
@@ -439,11 +547,7 @@ fn main() {
             backend,
             server_args,
         } => {
-            let server = server.unwrap_or_else(|| {
-                std::env::current_exe()
-                    .unwrap()
-                    .with_file_name("mps-server")
-            });
+            let server = server.unwrap_or_else(default_server);
             let modes: Vec<&str> = modes.split(',').collect();
             let counts: Vec<usize> = clients.split(',').map(|c| c.parse().unwrap()).collect();
             let workloads: Vec<&str> = workloads.split(',').collect();

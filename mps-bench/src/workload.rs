@@ -52,15 +52,46 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
     match workload {
         "spin" => spins(gpu, 2000, 4, 128, 20_000, 10),
         "tiny" => spins(gpu, 5000, 1, 32, 2_000, 50),
-        "rtt" => {
+        // As wide as an H200 takes in one wave (two blocks of 1024 threads per SM): its
+        // throughput follows the SMs the client may use.
+        "wide" => spins(gpu, 200, 264, 1024, 500_000, 10),
+        // Keeps every SM it can reach busy until told to stop.
+        "greedy" => {
+            let counter = gpu.alloc(4);
+            gpu.launch("spin_ns", 264, 1024, &[0, counter]);
+            gpu.sync();
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            wait_for_go();
+            let flag = stop.clone();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = std::io::stdin().lock().read_line(&mut line);
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            let t = Instant::now();
+            let mut launches = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for _ in 0..4 {
+                    gpu.launch("spin_ns", 264, 1024, &[1_000_000, counter]);
+                }
+                gpu.sync();
+                launches += 4;
+            }
+            println!(
+                "result elapsed_s={} kernels={launches}",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        "rtt" | "rtt-short" => {
+            let samples = if workload == "rtt" { 5000 } else { 2000 };
             let counter = gpu.alloc(4);
             for _ in 0..200 {
                 gpu.launch("spin_ns", 1, 32, &[0, counter]);
                 gpu.sync();
             }
             wait_for_go();
-            let mut us = Vec::with_capacity(5000);
-            for _ in 0..5000 {
+            let mut us = Vec::with_capacity(samples);
+            for _ in 0..samples {
                 let t = Instant::now();
                 gpu.launch("spin_ns", 1, 32, &[0, counter]);
                 gpu.sync();

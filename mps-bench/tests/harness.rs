@@ -61,3 +61,58 @@ fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn the_quota_scenarios_run_on_the_simulator() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let server = bench.with_file_name("mps-server");
+    if !server.exists() || !bench.with_file_name("mps-control").exists() {
+        println!(
+            "skipped: mps-server and mps-control are not built (cargo test --workspace builds them)"
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("mps-bench-quotas-{}", std::process::id()));
+    let ptx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kernels/test_kernels.ptx");
+    let run = Command::new(&bench)
+        .args(["quotas", "--backend", "sim", "--server"])
+        .arg(&server)
+        .arg("--ptx")
+        .arg(&ptx)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{table}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(!table.contains("| note |"), "a worker failed:\n{table}");
+    // The simulator runs a kernel's blocks in waves of the client's SMs, so the cap shows.
+    let ratio = |config: &str| -> f64 {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| sm-cap | mps | {config} |")))
+            .unwrap_or_else(|| panic!("no sm-cap row for {config}:\n{table}"));
+        row.split('|')
+            .nth(6)
+            .unwrap()
+            .trim()
+            .trim_end_matches('x')
+            .parse()
+            .unwrap()
+    };
+    assert!((0.4..0.6).contains(&ratio("50%")), "{table}");
+    assert!((0.2..0.3).contains(&ratio("25%")), "{table}");
+    for row in [
+        "| isolation | mps | 8 greedy, 25% reserved | p99_us |",
+        "| groups | mps | 2 groups | kernels_per_s |",
+    ] {
+        assert!(table.contains(row), "no row {row}:\n{table}");
+    }
+    let json = std::fs::read_to_string(out.join("quotas.json")).unwrap();
+    assert!(json.contains("\"scenario\": \"isolation\""), "{json}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -24,7 +24,7 @@ impl TestDaemon {
 
     fn start_with(extra: &[&str]) -> TestDaemon {
         let dir = temp_dir("control");
-        let child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+        let child = Command::new(control_bin())
             .arg("-f")
             .args([
                 "--backend",
@@ -58,7 +58,7 @@ impl TestDaemon {
 
     /// Runs `mps-control <words>` against this daemon.
     fn ctl(&self, words: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_mps-control"))
+        Command::new(control_bin())
             .arg("--pipe-dir")
             .arg(&self.dir)
             .args(words)
@@ -217,7 +217,7 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
         );
     }
     // Commands from standard input, as operators pipe them.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+    let mut child = Command::new(control_bin())
         .arg("--pipe-dir")
         .arg(&d.dir)
         .stdin(Stdio::piped())
@@ -266,7 +266,7 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
 #[test]
 fn dash_d_starts_the_daemon_in_the_background() {
     let dir = temp_dir("control-bg");
-    let out = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+    let out = Command::new(control_bin())
         .arg("-d")
         .args(["--backend", "sim", "--sim-memory", "64MiB", "--server"])
         .arg(server_bin())
@@ -287,7 +287,7 @@ fn dash_d_starts_the_daemon_in_the_background() {
         .parse()
         .unwrap();
     touch(&Client::connect(Some(&dir)).unwrap());
-    let out = Command::new(env!("CARGO_BIN_EXE_mps-control"))
+    let out = Command::new(control_bin())
         .arg("--pipe-dir")
         .arg(&dir)
         .arg("quit")

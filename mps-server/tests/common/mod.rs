@@ -30,6 +30,13 @@ pub fn server_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mps-server")))
 }
 
+/// The control daemon's binary (`MPS_CONTROL_BIN` overrides it, as `MPS_SERVER_BIN` does).
+pub fn control_bin() -> PathBuf {
+    std::env::var_os("MPS_CONTROL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mps-control")))
+}
+
 /// The test kernels' PTX.
 pub fn ptx() -> Vec<u8> {
     std::fs::read(root().join("kernels/test_kernels.ptx")).expect("kernels/test_kernels.ptx")
