@@ -10,10 +10,12 @@ use std::process::Command;
 use common::*;
 
 /// Builds libmpsclient.so (cargo builds a dependency's cdylib only when the package itself is
-/// being built, so `cargo test -p mps-server` alone would otherwise link a stale one).
-fn build_library() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
+/// being built, so `cargo test -p mps-server` alone would otherwise link a stale one) and lays it
+/// out as an installation does: `libmpsclient.so.0` (its soname) and the `libmpsclient.so` link
+/// the linker looks for. Returns that directory.
+fn library_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "-p", "mps-client-c", "--lib"]);
         if target_dir().ends_with("release") {
@@ -21,19 +23,19 @@ fn build_library() {
         }
         let status = cmd.current_dir(root()).status().expect("run cargo");
         assert!(status.success(), "building libmpsclient failed");
-    });
+        let built = target_dir().join("libmpsclient.so");
+        assert!(built.exists(), "{} not found", built.display());
+        let dir = temp_dir("lib");
+        std::fs::copy(&built, dir.join("libmpsclient.so.0")).unwrap();
+        std::os::unix::fs::symlink("libmpsclient.so.0", dir.join("libmpsclient.so")).unwrap();
+        dir
+    })
 }
 
 /// Compiles `source` into `out` with `compiler` and `std` (C or C++), linking libmpsclient from
 /// this build.
 fn build_with(compiler: &str, std: &str, source: &Path, out: &Path) {
-    build_library();
-    let lib_dir = target_dir();
-    assert!(
-        lib_dir.join("libmpsclient.so").exists(),
-        "libmpsclient.so not found in {}",
-        lib_dir.display()
-    );
+    let lib_dir = library_dir();
     let cc = compiler;
     let status = Command::new(cc)
         .args([std, "-Wall", "-Wextra", "-Werror", "-O1"])
@@ -43,7 +45,7 @@ fn build_with(compiler: &str, std: &str, source: &Path, out: &Path) {
         .arg("-o")
         .arg(out)
         .arg("-L")
-        .arg(&lib_dir)
+        .arg(lib_dir)
         .arg("-lmpsclient")
         .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
         .status()
