@@ -107,6 +107,8 @@ pub struct DaemonConfig {
     pub server_bin: PathBuf,
     /// Arguments for every server (backend, simulator settings, ...).
     pub server_args: Vec<String>,
+    /// What new servers' clients start from, until an operator command changes it.
+    pub defaults: crate::registry::Defaults,
 }
 
 struct ServerProc {
@@ -165,12 +167,13 @@ impl Daemon {
             format!("{}\n", std::process::id()),
         )
         .map_err(|e| perm("cannot write the pid file", e))?;
+        let d = cfg.defaults;
         Ok(Daemon {
             cfg,
-            default_mem_limit: std::sync::atomic::AtomicU64::new(0),
-            default_priority: std::sync::atomic::AtomicU32::new(0),
-            default_share: std::sync::atomic::AtomicU32::new(100),
-            default_max_reserve: std::sync::atomic::AtomicU32::new(DEFAULT_MAX_SM_RESERVATION),
+            default_mem_limit: std::sync::atomic::AtomicU64::new(d.mem_limit),
+            default_priority: std::sync::atomic::AtomicU32::new(d.priority),
+            default_share: std::sync::atomic::AtomicU32::new(d.sm_share),
+            default_max_reserve: std::sync::atomic::AtomicU32::new(d.max_sm_reserve),
             servers: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             client_listener,

@@ -907,3 +907,33 @@ fn sm_partitions_hold_on_the_gpu() {
         "GPU-MS {gpu_ms} for {ran:.0} ms of kernels"
     );
 }
+
+#[test]
+fn the_daemons_flags_set_the_defaults_its_commands_report() {
+    let d = TestDaemon::start_with(&[
+        "--active-thread-percentage",
+        "50",
+        "--max-sm-reservation",
+        "20",
+        "--client-priority",
+        "1",
+        "--device-pinned-mem-limit",
+        "64MiB",
+    ]);
+    assert_eq!(d.ctl_ok(&["get_default_active_thread_percentage"]), "50\n");
+    assert_eq!(d.ctl_ok(&["get_max_sm_reservation", "default"]), "20\n");
+    assert_eq!(d.ctl_ok(&["get_default_client_priority"]), "1\n");
+    assert_eq!(
+        d.ctl_ok(&["get_default_device_pinned_mem_limit", "0"]),
+        format!("{}\n", 64u64 << 20)
+    );
+    let c = d.client();
+    assert_eq!(c.mem_get_info().unwrap().1, 64 << 20);
+    let sms = c.sm_info().unwrap();
+    assert_eq!(sms.share_percent, 50);
+    // Half the SMs, rounded up to the device's partition size.
+    assert!(
+        sms.sms * 2 >= sms.device_sms && sms.sms < sms.device_sms,
+        "{sms:?}"
+    );
+}

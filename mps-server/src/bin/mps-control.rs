@@ -11,12 +11,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use mps_server::control::{CONTROL_SOCKET, Daemon, DaemonConfig, send_command};
+use mps_core::units::parse_size;
+use mps_server::control::{
+    CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
+};
 use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
+use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "The mps control daemon (one server per user and group) and its command client"
+)]
 struct Args {
     /// Run the daemon in the background.
     #[arg(short = 'd', conflicts_with = "foreground")]
@@ -39,6 +46,20 @@ struct Args {
     /// Simulated device memory of each server (simulator only).
     #[arg(long)]
     sim_memory: Option<String>,
+    /// Device memory each client may hold, e.g. 2GiB (0: no limit); the daemon's
+    /// set_default_device_pinned_mem_limit changes it later.
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    device_pinned_mem_limit: u64,
+    /// Priority of clients: 0 normal, 1 below normal (set_default_client_priority).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
+    client_priority: u32,
+    /// Share of the SMs each client may use, percent (set_default_active_thread_percentage).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    active_thread_percentage: u32,
+    /// Ceiling on the SMs a server's clients may reserve in all, percent
+    /// (set_max_sm_reservation default).
+    #[arg(long, default_value_t = DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
+    max_sm_reservation: u32,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400); the address actually
     /// bound is written to metrics.addr in the pipe directory.
     #[arg(long)]
@@ -65,6 +86,12 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         log_dir,
         server_bin,
         server_args,
+        defaults: Defaults {
+            mem_limit: args.device_pinned_mem_limit,
+            priority: args.client_priority,
+            sm_share: args.active_thread_percentage,
+            max_sm_reserve: args.max_sm_reservation,
+        },
     })
     .map_err(|e| e.to_string())?;
     tracing::info!("mps-control listening in {}", pipe_dir.display());
