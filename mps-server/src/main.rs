@@ -25,7 +25,7 @@ enum BackendChoice {
 
 /// Serves mps clients in the foreground: one device context shared by every client process.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Directory of the socket clients connect to [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
     #[arg(long)]

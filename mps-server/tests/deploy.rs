@@ -1,12 +1,13 @@
-//! The Kubernetes manifests in deploy/kubernetes, checked against the Kubernetes schemas by
-//! kubernetes-validate (from PyPI; it carries its schemas, so it works offline; .ci/run installs
-//! it).
+//! What ships beside the binaries: the Kubernetes manifests in deploy/kubernetes, checked
+//! against the Kubernetes schemas by kubernetes-validate (from PyPI; it carries its schemas, so
+//! it works offline; .ci/run installs it), and the man pages, checked against the binaries' own
+//! options and commands. (scripts/package-test checks the Debian package itself.)
 
 mod common;
 
 use std::process::Command;
 
-use common::root;
+use common::{control_bin, root, server_bin};
 
 #[test]
 fn kubernetes_manifests_validate_strictly() {
@@ -67,4 +68,53 @@ fn the_client_pod_needs_only_the_pipe_directory() {
         "only the pipe directory is mounted"
     );
     assert!(pod.contains("path: /run/mps"));
+}
+
+/// A man page's text with roff's escapes of `-` undone.
+fn man_page(name: &str) -> String {
+    std::fs::read_to_string(root().join("docs/man").join(name))
+        .unwrap()
+        .replace("\\-", "-")
+}
+
+/// The long options a binary's `--help` lists.
+fn long_options(bin: &std::path::Path) -> Vec<String> {
+    let out = Command::new(bin).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    help.split_whitespace()
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| w.trim_end_matches(',').to_string())
+        .filter(|w| w != "--help" && w != "--version")
+        .collect()
+}
+
+#[test]
+fn the_man_pages_document_every_option_and_command() {
+    for (bin, page) in [
+        (server_bin(), "mps-server.1"),
+        (control_bin(), "mps-control.1"),
+    ] {
+        let text = man_page(page);
+        let options = long_options(&bin);
+        assert!(options.len() >= 8, "{options:?}");
+        for option in options {
+            assert!(text.contains(&option), "{page} does not document {option}");
+        }
+    }
+    // Every command the daemon's dispatcher matches (`["name", ...] =>` arms).
+    let source = std::fs::read_to_string(root().join("mps-server/src/control.rs")).unwrap();
+    let text = man_page("mps-control.1");
+    let commands: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("[\""))
+        .filter_map(|l| l.split('"').next())
+        .filter(|c| c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '_') && c.contains('_'))
+        .collect();
+    assert!(commands.len() >= 15, "{commands:?}");
+    for command in commands {
+        assert!(
+            text.contains(command),
+            "mps-control.1 does not document {command}"
+        );
+    }
 }
