@@ -93,8 +93,19 @@ enum Cmd {
 
 const NV_PIPE: &str = "/tmp/mps-bench-nvidia-pipe";
 const NV_LOG: &str = "/tmp/mps-bench-nvidia-log";
-const MPS_PIPE: &str = "/tmp/mps-bench-pipe";
-const MPS_LOG: &str = "/tmp/mps-bench-log";
+
+/// The pipe and log directories of this run's mps servers: one pair per benchmark process, so
+/// that two runs on one machine never share (or remove) each other's server.
+fn mps_dirs() -> &'static (String, String) {
+    static DIRS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let pid = std::process::id();
+        (
+            format!("/tmp/mps-bench-pipe-{pid}"),
+            format!("/tmp/mps-bench-log-{pid}"),
+        )
+    })
+}
 
 /// One measurement.
 #[derive(Debug, Clone)]
@@ -115,7 +126,7 @@ fn worker_env(cmd: &mut Command, mode: &str) {
                 .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG);
         }
         "mps" => {
-            cmd.env("MPS_PIPE_DIRECTORY", MPS_PIPE);
+            cmd.env("MPS_PIPE_DIRECTORY", &mps_dirs().0);
         }
         _ => {}
     }
@@ -316,7 +327,8 @@ impl Service {
                 Service::Nvidia
             }
             "mps" | "mps-daemon" => {
-                let _ = std::fs::remove_dir_all(MPS_PIPE);
+                let (pipe, log) = mps_dirs();
+                let _ = std::fs::remove_dir_all(pipe);
                 let mut cmd = if mode == "mps" {
                     Command::new(server)
                 } else {
@@ -325,19 +337,12 @@ impl Service {
                     c
                 };
                 let child = cmd
-                    .args([
-                        "--backend",
-                        backend,
-                        "--pipe-dir",
-                        MPS_PIPE,
-                        "--log-dir",
-                        MPS_LOG,
-                    ])
+                    .args(["--backend", backend, "--pipe-dir", pipe, "--log-dir", log])
                     .args(extra.split_whitespace())
                     .env("MPS_LOG", "warn")
                     .spawn()
                     .expect("start mps-server");
-                let sock = Path::new(MPS_PIPE).join("mps.sock");
+                let sock = Path::new(pipe).join("mps.sock");
                 let t = Instant::now();
                 while std::os::unix::net::UnixStream::connect(&sock).is_err() {
                     assert!(
@@ -376,6 +381,7 @@ impl Drop for Service {
             Service::Mps(c) | Service::MpsDaemon(c) => {
                 let _ = c.kill();
                 let _ = c.wait();
+                let _ = std::fs::remove_dir_all(&mps_dirs().0);
             }
         }
     }

@@ -182,8 +182,13 @@ fn table(rows: &[Row]) -> String {
         }
         for k in keys {
             let value = get(r, k).map_or("—".into(), |v| format!("{v:.1}"));
+            // Unloaded latencies are context, not a comparison.
+            let compared = k != "median_us" && r.config != "unloaded";
             let ratio = match (get(r, k), reference.and_then(|x| get(x, k))) {
-                (Some(a), Some(b)) if b != 0.0 && k != "median_us" => format!("{:.2}x", a / b),
+                (Some(a), Some(b)) if b != 0.0 && compared => match a / b {
+                    x if x < 0.1 => format!("{x:.3}x"),
+                    x => format!("{x:.2}x"),
+                },
                 _ => "—".into(),
             };
             s += &format!(
