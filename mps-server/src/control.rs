@@ -457,14 +457,30 @@ impl Daemon {
                 Ok("quitting\n".into())
             }
             ["status"] => self.status(),
-            ["get_client_list", rest @ ..] => {
-                let pid = pid_arg(rest.first(), "get_client_list <server-pid>")?;
+            ["get_client_list", server, "-v"] => {
+                // One line per connection: the client's pid and its counters.
+                let pid = pid_arg(Some(server), "get_client_list <server-pid> [-v]")?;
+                let answer = self.ask(pid, "clients")?;
+                Ok(answer
+                    .lines()
+                    .map(|l| {
+                        let rest: Vec<&str> = l
+                            .split_whitespace()
+                            .filter(|kv| !kv.starts_with("pid=") && !kv.starts_with("id="))
+                            .collect();
+                        format!("{} {}\n", field(l, "pid").unwrap_or("?"), rest.join(" "))
+                    })
+                    .collect())
+            }
+            ["get_client_list", rest @ ..] if rest.len() <= 1 => {
+                let pid = pid_arg(rest.first(), "get_client_list <server-pid> [-v]")?;
                 let answer = self.ask(pid, "clients")?;
                 // One line per client process, however many connections it has.
                 let pids: std::collections::BTreeSet<&str> =
                     answer.lines().filter_map(|l| field(l, "pid")).collect();
                 Ok(pids.into_iter().map(|p| format!("{p}\n")).collect())
             }
+            ["get_client_list", ..] => Err(bad("get_client_list <server-pid> [-v]")),
             ["terminate_client", server, client] => {
                 let pid = pid_arg(Some(server), "terminate_client <server-pid> <client-pid>")?;
                 self.ask(pid, &format!("terminate {client}"))
@@ -580,7 +596,7 @@ impl Daemon {
             )),
             [cmd, ..] => Err(Error::invalid_value(format!(
                 "unknown command {cmd:?}; commands: get_server_list, get_server_status <pid>, \
-                 get_client_list <pid>, terminate_client <pid> <client-pid>, \
+                 get_client_list <pid> [-v], terminate_client <pid> <client-pid>, \
                  set_default_device_pinned_mem_limit <dev> <size>, \
                  get_default_device_pinned_mem_limit <dev>, \
                  set_device_pinned_mem_limit <pid> <dev> <size>, \

@@ -383,6 +383,16 @@ fn clients_are_listed_counted_and_terminated() {
     let pid = d.servers()[0].to_string();
     let me = std::process::id().to_string();
     assert_eq!(d.ctl_ok(&["get_client_list", &pid]), format!("{me}\n"));
+    // With -v, one line per connection with its counters.
+    let verbose = d.ctl_ok(&["get_client_list", &pid, "-v"]);
+    assert_eq!(verbose.lines().count(), 2, "{verbose}");
+    for line in verbose.lines() {
+        assert!(line.starts_with(&format!("{me} ")), "{line}");
+        for key in ["mem=", "launches=", "bytes_copied=8", "gpu_ms=", "sms="] {
+            assert!(line.contains(key), "{key} missing in {line}");
+        }
+    }
+    assert!(!d.ctl(&["get_client_list", &pid, "-x"]).status.success());
     let status = d.ctl_ok(&["status"]);
     assert!(status.contains("BYTES-COPIED"), "{status}");
     let row = status
