@@ -153,6 +153,14 @@ impl Registry {
     pub(crate) fn reserve_sms(&self, id: u32, percent: u32) -> Result<()> {
         let clients = self.clients();
         let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
+        // Every change of reservations moves other clients' streams (each move waits for their
+        // queued work), so a client reserves once, when it connects.
+        if c.sm_reserve.load(Ordering::Relaxed) > 0 {
+            return Err(Error::invalid_value(
+                "this client already reserved SMs; a reservation is made once, when the client \
+                 connects (MPS_SM_RESERVE)",
+            ));
+        }
         let others: u32 = clients
             .iter()
             .filter(|(other, _)| **other != id)

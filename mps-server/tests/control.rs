@@ -669,6 +669,60 @@ fn release(mut child: Child) {
     assert!(child.wait().unwrap().success(), "a client failed");
 }
 
+/// Queues work on `c`'s default stream, has the operator change the share of `c`'s server to
+/// `share` (so the stream moves to another partition at its next submission), queues more, and
+/// checks that the stream's order held across the move: a fill queued after the move must not
+/// overtake the additions queued before it.
+fn order_holds_across_a_move(d: &TestDaemon, c: &Client, pid: &str, share: &str) {
+    let dim = |x| mpsclient::Dim3 { x, y: 1, z: 1 };
+    let m = c.module_load(&ptx()).unwrap();
+    let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
+    // Large on a GPU, so that overlapping kernels would race; small on the simulator, whose
+    // kernels are slow.
+    let n: u64 = if on_gpu() { 1 << 20 } else { 1 << 12 };
+    let (x, y) = (c.mem_alloc(n * 4).unwrap(), c.mem_alloc(n * 4).unwrap());
+    c.memset_d32(x, 1.0f32.to_bits(), n, Stream::DEFAULT)
+        .unwrap();
+    c.memset_d32(y, 0, n, Stream::DEFAULT).unwrap();
+    let add = |times| {
+        for _ in 0..times {
+            let args: [&[u8]; 4] = [
+                &1.0f32.to_le_bytes(),
+                &x.0.to_le_bytes(),
+                &y.0.to_le_bytes(),
+                &n.to_le_bytes(),
+            ];
+            c.launch(saxpy, dim(64), dim(256), 0, Stream::DEFAULT, &args)
+                .unwrap();
+        }
+    };
+    add(100);
+    let before = c.sm_info().unwrap().sms;
+    d.ctl_ok(&["set_active_thread_percentage", pid, share]);
+    assert_ne!(
+        c.sm_info().unwrap().sms,
+        before,
+        "the share did not move the client"
+    );
+    c.memset_d32(y, 1000.0f32.to_bits(), n, Stream::DEFAULT)
+        .unwrap();
+    add(100);
+    let mut out = vec![0u8; (n * 4) as usize];
+    c.memcpy_dtoh(&mut out, y, Stream::DEFAULT).unwrap();
+    let wrong = out
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .filter(|v| *v != 1100.0)
+        .count();
+    assert_eq!(
+        wrong, 0,
+        "{wrong} of {n} elements are not 1100 after the move"
+    );
+    c.mem_free(x).unwrap();
+    c.mem_free(y).unwrap();
+    c.module_unload(m).unwrap();
+}
+
 /// A client's SMs as `sm_info` reports them: "sms/device".
 fn sms_of(c: &Client) -> String {
     let i = c.sm_info().unwrap();
@@ -788,7 +842,11 @@ fn sm_shares_and_reservations_hold() {
     release(sharer);
     assert_eq!(sms_of(&c), "16/16");
 
-    // The operator's live share applies to running clients, and kernels feel it.
+    // The operator's live share applies to running clients at once, in stream order.
+    order_holds_across_a_move(&d, &c, &pid, "50");
+    d.ctl_ok(&["set_active_thread_percentage", &pid, "100"]);
+
+    // Kernels feel the share.
     let full = spin_time(&c, 16, 32, 20);
     d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);
     assert_eq!(d.ctl_ok(&["get_active_thread_percentage", &pid]), "25\n");
@@ -860,6 +918,10 @@ fn sm_partitions_hold_on_the_gpu() {
     // Two blocks of 1024 threads fill an SM: 2 x SMs blocks are one wave on the whole device.
     let blocks = 2 * device;
     let full = spin_time(&c, blocks, 1024, 10);
+
+    // Moving between partitions keeps stream order, both ways.
+    order_holds_across_a_move(&d, &c, &pid, "50");
+    order_holds_across_a_move(&d, &c, &pid, "100");
 
     // A live share: the client's stream moves to a green context of a quarter of the SMs.
     d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);

@@ -802,3 +802,45 @@ fn one_client_may_be_used_from_several_threads() {
     });
     c.synchronize().unwrap();
 }
+
+/// SM requests from a client that speaks the protocol itself: out-of-range percentages are
+/// refused, a share can only go down, and a reservation is made once (every change of
+/// reservations moves the other clients' streams).
+#[test]
+fn sm_requests_are_checked() {
+    use mps_core::protocol::Request;
+    let server = TestServer::start_with(&["--sim-sm-count", "16"]);
+    let mut raw = RawClient::connect(&server);
+    for bad in [
+        Request::SetSmShare { percent: 0 },
+        Request::SetSmShare { percent: 101 },
+        Request::ReserveSms { percent: 0 },
+    ] {
+        let c = raw.call(&bad, 0);
+        assert_eq!(
+            c.status,
+            Status::InvalidValue as u32,
+            "{bad:?}: {}",
+            c.message()
+        );
+    }
+    let c = raw.call(&Request::SetSmShare { percent: 50 }, 0);
+    assert_eq!(c.values, [8, 16, 50, 0], "{}", c.message());
+    let c = raw.call(&Request::SetSmShare { percent: 75 }, 0);
+    assert_eq!(
+        c.values[..3],
+        [8, 16, 50],
+        "a share cannot rise: {}",
+        c.message()
+    );
+    let c = raw.call(&Request::ReserveSms { percent: 60 }, 0);
+    assert_eq!(c.status, Status::QuotaExceeded as u32, "{}", c.message());
+    assert!(c.message().contains("50%"), "{}", c.message());
+    let c = raw.call(&Request::ReserveSms { percent: 25 }, 0);
+    assert_eq!(c.values, [4, 16, 50, 25], "{}", c.message());
+    let c = raw.call(&Request::ReserveSms { percent: 10 }, 0);
+    assert_eq!(c.status, Status::InvalidValue as u32, "{}", c.message());
+    assert!(c.message().contains("once"), "{}", c.message());
+    let c = raw.call(&Request::SmInfo, 0);
+    assert_eq!(c.values, [4, 16, 50, 25]);
+}
