@@ -30,7 +30,9 @@ struct Args {
 enum Cmd {
     /// Runs the benchmark.
     Run {
-        /// Modes, comma-separated: native, nvidia-mps, mps.
+        /// Modes, comma-separated: native, nvidia-mps, mps, and one-context (N threads of one
+        /// process sharing one context, each with a stream of its own: the host-side ceiling of
+        /// any one-context server; spin and tiny only).
         #[arg(long, default_value = "native,nvidia-mps,mps")]
         modes: String,
         /// Client counts for the spin and tiny workloads.
@@ -88,6 +90,10 @@ enum Cmd {
         workload: String,
         #[arg(long)]
         ptx: PathBuf,
+        /// Threads of this process running the workload, each with a stream of its own in the
+        /// process's one context (the `one-context` mode).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
 }
 
@@ -132,11 +138,13 @@ fn worker_env(cmd: &mut Command, mode: &str) {
     }
 }
 
-/// One worker of a group: its workload and environment of its own.
+/// One worker process of a group: its workload, environment of its own, and how many threads
+/// run the workload in it.
 #[derive(Clone, Debug)]
 struct Spec {
     workload: String,
     env: Vec<(String, String)>,
+    threads: usize,
 }
 
 impl Spec {
@@ -147,13 +155,14 @@ impl Spec {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            threads: 1,
         }
     }
 }
 
 /// What a group of workers reported.
 struct Outcome {
-    /// Each worker's result values, in spec order (None: it failed).
+    /// Each worker's result values, in spec order, one per thread (None: it failed).
     results: Vec<Option<BTreeMap<String, f64>>>,
     /// The first failure's last lines of standard error.
     note: String,
@@ -176,6 +185,8 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
                 worker_mode,
                 "--workload",
                 &spec.workload,
+                "--threads",
+                &spec.threads.to_string(),
                 "--ptx",
             ])
             .arg(ptx)
@@ -204,7 +215,7 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
             let _ = stdin.write_all(b"go\n");
         }
     }
-    let mut lines: Vec<Option<String>> = vec![None; specs.len()];
+    let mut lines: Vec<Vec<String>> = vec![Vec::new(); specs.len()];
     let greedy = |i: usize| specs[i].workload == "greedy";
     for pass in [false, true] {
         if pass {
@@ -216,7 +227,12 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
         }
         for (i, r) in readers.iter_mut().enumerate() {
             if greedy(i) == pass {
-                lines[i] = r.find_map(|l| l.ok().filter(|l| l.starts_with("result ")));
+                lines[i] = r
+                    .by_ref()
+                    .map_while(|l| l.ok())
+                    .filter(|l| l.starts_with("result "))
+                    .take(specs[i].threads)
+                    .collect();
             }
         }
     }
@@ -225,13 +241,17 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
     for (i, mut c) in children.into_iter().enumerate() {
         let status = c.wait().unwrap();
         match &lines[i] {
-            Some(l) if ready[i] && status.success() => results.push(Some(
-                l.split_whitespace()
-                    .skip(1)
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
-                    .collect(),
-            )),
+            l if ready[i] && status.success() && l.len() == specs[i].threads => {
+                results.extend(l.iter().map(|l| {
+                    Some(
+                        l.split_whitespace()
+                            .skip(1)
+                            .filter_map(|kv| kv.split_once('='))
+                            .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
+                            .collect(),
+                    )
+                }))
+            }
             _ => {
                 let mut err = String::new();
                 let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err);
@@ -251,7 +271,15 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
 
 /// Runs `clients` workers of one mode and workload together; returns each one's result values.
 fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
-    let specs = vec![Spec::new(workload, &[]); clients];
+    let specs = if mode == "one-context" {
+        // One process, a thread per client.
+        vec![Spec {
+            threads: clients,
+            ..Spec::new(workload, &[])
+        }]
+    } else {
+        vec![Spec::new(workload, &[]); clients]
+    };
     let outcome = run_group(mode, &specs, ptx, footprint);
     let results: Vec<_> = outcome.results.into_iter().flatten().collect();
     let mut values = BTreeMap::new();
@@ -507,6 +535,36 @@ fn parse_json(text: &str) -> Vec<Record> {
         .collect()
 }
 
+/// `threads` threads of this process run `workload` natively, each with a stream of its own in
+/// the process's primary context; they start together when the parent says go, and each prints
+/// its result line.
+fn threaded_worker(ptx: &[u8], workload: &str, threads: usize) {
+    use std::sync::{Arc, Barrier};
+    let (ready, go) = (
+        Arc::new(Barrier::new(threads + 1)),
+        Arc::new(Barrier::new(threads + 1)),
+    );
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (ready, go) = (ready.clone(), go.clone());
+            let (ptx, workload) = (ptx.to_vec(), workload.to_string());
+            std::thread::spawn(move || {
+                let mut gpu = native::Native::new(&ptx);
+                workload::run(&mut gpu, &workload, &|| {
+                    ready.wait();
+                    go.wait();
+                });
+            })
+        })
+        .collect();
+    ready.wait();
+    workload::wait_for_go();
+    go.wait();
+    for h in handles {
+        h.join().expect("a worker thread panicked");
+    }
+}
+
 /// mps-server next to this binary.
 fn default_server() -> PathBuf {
     std::env::current_exe()
@@ -518,21 +576,29 @@ fn main() {
     match Args::parse().cmd {
         Cmd::Plot { json, out } => {
             let records = parse_json(&std::fs::read_to_string(&json).expect("read the json"));
-            plot::write(&series(&records), &["native", "nvidia-mps", "mps"], &out)
-                .expect("write the plot");
+            // The modes the run measured, in the order `run` draws them.
+            let modes: Vec<&str> = ["native", "nvidia-mps", "one-context", "mps"]
+                .into_iter()
+                .filter(|m| records.iter().any(|r| r.mode == *m))
+                .collect();
+            plot::write(&series(&records), &modes, &out).expect("write the plot");
         }
         Cmd::Worker {
             mode,
             workload,
             ptx,
+            threads,
         } => {
             let ptx = std::fs::read(&ptx).expect("read the PTX");
+            if threads > 1 {
+                return threaded_worker(&ptx, &workload, threads);
+            }
             let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
                 Box::new(via_mps::ViaMps::new(&ptx))
             } else {
                 Box::new(native::Native::new(&ptx))
             };
-            workload::run(gpu.as_mut(), &workload);
+            workload::run(gpu.as_mut(), &workload, &workload::wait_for_go);
         }
         Cmd::Quotas {
             ptx,
@@ -562,6 +628,9 @@ fn main() {
             for mode in &modes {
                 let service = Service::start(mode, &server, &backend, &server_args);
                 for w in &workloads {
+                    if *mode == "one-context" && !matches!(*w, "spin" | "tiny") {
+                        continue;
+                    }
                     let runs: Vec<(usize, &str, bool)> = match *w {
                         "spin" | "tiny" => counts.iter().map(|n| (*n, *w, false)).collect(),
                         "footprint" => [1, 8, 32].iter().map(|n| (*n, "idle", true)).collect(),

@@ -15,20 +15,30 @@ pub(crate) trait Gpu {
 }
 
 /// Blocks until the parent says go (every client starts together).
-fn wait_for_go() {
+pub(crate) fn wait_for_go() {
     println!("ready");
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
 }
 
-fn spins(gpu: &mut dyn Gpu, launches: u32, blocks: u32, threads: u32, ns: u64, sync_every: u32) {
+/// Spin kernels, `launches` of them, synchronising every `sync_every`; `go` returns when the
+/// clock may start.
+fn spins(
+    gpu: &mut dyn Gpu,
+    go: &dyn Fn(),
+    launches: u32,
+    blocks: u32,
+    threads: u32,
+    ns: u64,
+    sync_every: u32,
+) {
     let counter = gpu.alloc(4);
     // Warm up (module load, first-launch costs) before the clock starts.
     for _ in 0..10 {
         gpu.launch("spin_ns", blocks, threads, &[0, counter]);
     }
     gpu.sync();
-    wait_for_go();
+    go();
     let t = Instant::now();
     for i in 1..=launches {
         gpu.launch("spin_ns", blocks, threads, &[ns, counter]);
@@ -47,21 +57,22 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
-/// Runs `workload` and prints its result line.
-pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
+/// Runs `workload` and prints its result line; `go` returns when the clock may start (when the
+/// parent says so, for a worker process of its own).
+pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
     match workload {
-        "spin" => spins(gpu, 2000, 4, 128, 20_000, 10),
-        "tiny" => spins(gpu, 5000, 1, 32, 2_000, 50),
+        "spin" => spins(gpu, go, 2000, 4, 128, 20_000, 10),
+        "tiny" => spins(gpu, go, 5000, 1, 32, 2_000, 50),
         // As wide as an H200 takes in one wave (two blocks of 1024 threads per SM): its
         // throughput follows the SMs the client may use.
-        "wide" => spins(gpu, 200, 264, 1024, 500_000, 10),
+        "wide" => spins(gpu, go, 200, 264, 1024, 500_000, 10),
         // Keeps every SM it can reach busy until told to stop.
         "greedy" => {
             let counter = gpu.alloc(4);
             gpu.launch("spin_ns", 264, 1024, &[0, counter]);
             gpu.sync();
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            wait_for_go();
+            go();
             let flag = stop.clone();
             std::thread::spawn(move || {
                 let mut line = String::new();
@@ -89,7 +100,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
                 gpu.launch("spin_ns", 1, 32, &[0, counter]);
                 gpu.sync();
             }
-            wait_for_go();
+            go();
             let mut us = Vec::with_capacity(samples);
             for _ in 0..samples {
                 let t = Instant::now();
@@ -110,7 +121,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
                 gpu.launch("spin_ns", 1, 32, &[0, counter]);
             }
             gpu.sync();
-            wait_for_go();
+            go();
             let n = 100_000;
             let t = Instant::now();
             for _ in 0..n {
@@ -132,7 +143,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
             let mut pageable = vec![1u8; bytes];
             // SAFETY: pinned is `bytes` long; touch it so both sources are resident.
             unsafe { std::ptr::write_bytes(pinned, 1, bytes) };
-            wait_for_go();
+            go();
             let best = |f: &mut dyn FnMut()| {
                 (0..3)
                     .map(|_| {
@@ -155,7 +166,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str) {
         "idle" => {
             let _ = gpu.alloc(4);
             gpu.sync();
-            wait_for_go();
+            go();
             println!("result idle=1");
         }
         other => panic!("unknown workload {other}"),
