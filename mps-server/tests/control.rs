@@ -246,6 +246,21 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     let again = d.servers();
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].to_string(), pid);
+    // -f does not wait for the clients.
+    let second = again[0].to_string();
+    let t = Instant::now();
+    assert!(
+        d.ctl_ok(&["shutdown_server", &second, "-f"])
+            .contains("stopped")
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(d.servers().is_empty());
+    let e = fresh.mem_alloc(16).unwrap_err();
+    assert_eq!(e.status, Status::Connection, "{e}");
 
     // The daemon outlived every bad command; quit stops it and its servers.
     let mut d = d;
