@@ -1,7 +1,7 @@
 //! The mps server: one device context shared by many client processes.
 //!
 //! [`server::Server`] listens on the pipe directory's socket and runs one session thread per
-//! client ([`session`]); sessions execute on a [`backend::Backend`].
+//! client (`session`); sessions execute on a [`backend::Backend`].
 
 pub mod backend;
 pub mod control;

@@ -14,7 +14,7 @@
 //!   client's pages.
 //! - A kernel fault destroys the context for every client of the server (the device gives no
 //!   finer containment): a health thread notices and tells every client.
-//! - SM shares and reservations are green contexts ([`partition`]); a client's streams move to
+//! - SM shares and reservations are green contexts (`partition`); a client's streams move to
 //!   its new partition at their next submission after a change.
 //! - GPU busy time is sampled: every few milliseconds the health thread asks each stream
 //!   whether it has work pending, and credits the interval to the clients whose streams do.

@@ -2,7 +2,7 @@
 //!
 //! Device memory is host memory ([`memory`]); each stream is a worker thread that runs its work
 //! in order, so different streams (of one client or of many) run concurrently; kernels are CPU
-//! implementations bound by PTX entry name ([`kernels`]); events carry completion timestamps.
+//! implementations bound by PTX entry name (`kernels`); events carry completion timestamps.
 
 mod kernels;
 pub mod memory;
