@@ -10,7 +10,7 @@ use mps_core::{Error, Result, Status};
 
 use crate::backend::SmSlot;
 use crate::outbox::Outbox;
-use crate::sm::{self, Assignment, SmRequest};
+use crate::sm::{self, Assignment, Placement, SmRequest};
 
 /// Applies an SM placement to the device ([`crate::backend::Backend::place`]).
 pub type Placer = Box<dyn Fn(&[Assignment]) -> Result<()> + Send + Sync>;
@@ -95,6 +95,8 @@ pub struct Registry {
     default_mem_limit: AtomicU64,
     default_priority: AtomicU32,
     sm: SmPolicy,
+    /// The units each reservation held in the last plan, so that the next keeps them.
+    reserved: Mutex<BTreeMap<u32, Placement>>,
 }
 
 impl Registry {
@@ -111,25 +113,32 @@ impl Registry {
                 max_reserve: AtomicU32::new(defaults.max_sm_reserve),
                 placer,
             },
+            reserved: Mutex::new(BTreeMap::new()),
         }
     }
 
     /// Places every client anew and tells each where it runs. On failure nothing changes.
     fn replan(&self, clients: &BTreeMap<u32, ClientEntry>) -> Result<()> {
         let share = self.sm.share.load(Ordering::Relaxed);
+        let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
         let requests: Vec<SmRequest> = clients
             .iter()
             .map(|(id, c)| SmRequest {
                 client: *id,
                 share: c.sm_share.load(Ordering::Relaxed).min(share),
                 reserve: c.sm_reserve.load(Ordering::Relaxed),
+                current: reserved.get(id).cloned(),
             })
             .collect();
         let plan = sm::plan(&self.sm.units, &requests)?;
         (self.sm.placer)(&plan)?;
+        reserved.clear();
         for a in &plan {
             if let Some(c) = clients.get(&a.client) {
                 c.sm.set(&a.placement, a.sms);
+                if c.sm_reserve.load(Ordering::Relaxed) > 0 {
+                    reserved.insert(a.client, a.placement.clone());
+                }
             }
         }
         Ok(())

@@ -2,16 +2,16 @@
 //! percentage) and reservations (SMs no other client of the server uses).
 //!
 //! The device is cut into *units*, its smallest SM partitions (on a GPU, the groups green
-//! contexts are built from: 8 SMs on Hopper, plus a remainder). Reservations take whole units
-//! from the front, in client order, so that each reserving client's SMs are disjoint from
-//! everyone else's; the remaining units are the pool, and every other client gets the first
-//! units of the pool that cover its share. The whole device, with no reservation in force,
+//! contexts are built from: 8 SMs on Hopper, plus a remainder). Each reservation takes whole
+//! units, disjoint from everyone else's: a reservation made earlier keeps its units; a new one
+//! takes the first free units, in client order. The remaining units are the pool, and every
+//! other client gets the first units of the pool that cover its share. The whole device, with no reservation in force,
 //! needs no partition at all.
 
 use mps_core::{Error, Result, Status};
 
 /// What one client asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SmRequest {
     /// The client.
     pub client: u32,
@@ -19,6 +19,10 @@ pub struct SmRequest {
     pub share: u32,
     /// SMs reserved for it alone, percent (0: none).
     pub reserve: u32,
+    /// The units its reservation held in the last plan, if it had one then: a reservation keeps
+    /// its units while they still cover it, so that other clients coming and going do not move
+    /// it.
+    pub current: Option<Placement>,
 }
 
 /// Where a client's kernels run.
@@ -66,21 +70,44 @@ fn span(units: &[u32], set: &[usize]) -> u32 {
     set.iter().map(|&u| units[u]).sum()
 }
 
+/// The units a reservation already holds, if they still cover it.
+fn kept(units: &[u32], total: u32, r: &SmRequest) -> Option<Vec<usize>> {
+    match &r.current {
+        Some(Placement::Units(set)) if span(units, set) >= sms_for(total, r.reserve) => {
+            Some(set.clone())
+        }
+        _ => None,
+    }
+}
+
 /// Places every client. Fails, placing no one, when the reservations would leave no unit for
 /// the clients that share.
 pub fn plan(units: &[u32], requests: &[SmRequest]) -> Result<Vec<Assignment>> {
     let total: u32 = units.iter().sum();
+    let reserving: Vec<&SmRequest> = requests.iter().filter(|r| r.reserve > 0).collect();
+    if !reserving.is_empty() && units.len() == 1 {
+        return Err(Error::new(
+            Status::Unsupported,
+            "this device's SMs cannot be partitioned, so none can be reserved (the server's log \
+             says why)",
+        ));
+    }
+    // Reservations that keep their units go first, so that new ones cannot take them.
     let mut free: Vec<usize> = (0..units.len()).collect();
-    let mut out = Vec::with_capacity(requests.len());
-    for r in requests.iter().filter(|r| r.reserve > 0) {
-        if units.len() == 1 {
-            return Err(Error::new(
-                Status::Unsupported,
-                "this device's SMs cannot be partitioned, so none can be reserved (the server's \
-                 log says why)",
-            ));
+    let mut held: Vec<Option<Vec<usize>>> = Vec::with_capacity(reserving.len());
+    for r in &reserving {
+        let keep = kept(units, total, r).filter(|set| set.iter().all(|u| free.contains(u)));
+        if let Some(set) = &keep {
+            free.retain(|u| !set.contains(u));
         }
-        let set = take(units, &mut free, sms_for(total, r.reserve));
+        held.push(keep);
+    }
+    let mut out = Vec::with_capacity(requests.len());
+    for (r, keep) in reserving.iter().zip(held) {
+        let set = match keep {
+            Some(set) => set,
+            None => take(units, &mut free, sms_for(total, r.reserve)),
+        };
         if free.is_empty() {
             return Err(Error::new(
                 Status::QuotaExceeded,
@@ -133,6 +160,7 @@ mod tests {
             client,
             share,
             reserve,
+            current: None,
         }
     }
 
@@ -199,5 +227,37 @@ mod tests {
             "reserved half, a quarter of the device, and the rest of the pool"
         );
         assert_eq!(sms_for(8, 1), 1);
+    }
+
+    #[test]
+    fn a_reservation_keeps_its_units_when_an_earlier_one_goes() {
+        let first = plan(&h200(), &[req(1, 100, 25), req(2, 100, 25), req(3, 100, 0)]).unwrap();
+        let of = |a: &[Assignment], c: u32| a.iter().find(|x| x.client == c).unwrap().clone();
+        let second = of(&first, 2).placement;
+        // Client 1 leaves; client 2 stays where it was, and a newcomer gets the freed units.
+        let again = plan(
+            &h200(),
+            &[
+                SmRequest {
+                    current: Some(second.clone()),
+                    ..req(2, 100, 25)
+                },
+                req(3, 100, 0),
+                req(4, 100, 10),
+            ],
+        )
+        .unwrap();
+        assert_eq!(of(&again, 2).placement, second);
+        assert_eq!(of(&again, 4).placement, Placement::Units(vec![0, 1]));
+        // A placement that no longer covers the reservation is not kept.
+        let grown = plan(
+            &h200(),
+            &[SmRequest {
+                current: Some(Placement::Units(vec![14])),
+                ..req(5, 100, 25)
+            }],
+        )
+        .unwrap();
+        assert_eq!(grown[0].sms, 40);
     }
 }
