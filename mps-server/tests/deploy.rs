@@ -1,7 +1,8 @@
 //! What ships beside the binaries: the Kubernetes manifests in deploy/kubernetes, checked
 //! against the Kubernetes schemas by kubernetes-validate (from PyPI; it carries its schemas, so
-//! it works offline; .ci/run installs it), and the man pages, checked against the binaries' own
-//! options and commands. (scripts/package-test checks the Debian package itself.)
+//! it works offline; .ci/run installs it), the man pages, checked against the binaries' own
+//! options and commands, and the version each shipped file states. (scripts/package-test checks
+//! the Debian packages themselves.)
 
 mod common;
 
@@ -116,5 +117,45 @@ fn the_man_pages_document_every_option_and_command() {
             text.contains(command),
             "mps-control.1 does not document {command}"
         );
+    }
+}
+
+/// Files that carry the version by nature (the Debian changelog, the pkg-config file, the man
+/// pages, the Kubernetes image tags) must say the crates' version: a release that forgets one
+/// fails here.
+#[test]
+fn shipped_files_carry_the_crates_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let read = |path: &str| std::fs::read_to_string(root().join(path)).unwrap();
+    let first_line = read("deploy/debian/changelog");
+    let first_line = first_line.lines().next().unwrap();
+    assert!(
+        first_line.starts_with(&format!("mps ({version}-")),
+        "deploy/debian/changelog begins {first_line:?}, not with version {version}"
+    );
+    assert!(
+        read("deploy/debian/mpsclient.pc")
+            .lines()
+            .any(|l| l == format!("Version: {version}")),
+        "deploy/debian/mpsclient.pc does not say Version: {version}"
+    );
+    for page in ["docs/man/mps-control.1", "docs/man/mps-server.1"] {
+        let th = read(page);
+        let th = th.lines().next().unwrap();
+        assert!(th.contains(&format!("\"mps {version}\"")), "{page}: {th}");
+    }
+    for manifest in [
+        "deploy/kubernetes/mps-daemonset.yaml",
+        "deploy/kubernetes/example-client-pod.yaml",
+    ] {
+        for image in read(manifest)
+            .lines()
+            .filter(|l| l.trim().starts_with("image:"))
+        {
+            assert!(
+                image.ends_with(&format!(":{version}")),
+                "{manifest}: {image}"
+            );
+        }
     }
 }
