@@ -65,6 +65,18 @@ fn error_name(r: CUresult) -> String {
     format!("{} ({})", s(name), s(text))
 }
 
+/// Turns a CUDA result into ours, naming the call that failed.
+fn result_of(r: CUresult, what: &str) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(
+            status_of(r),
+            format!("{what}: {}", error_name(r)),
+        ))
+    }
+}
+
 /// Whether an error leaves the context unusable (every later call fails with it).
 fn is_sticky(r: CUresult) -> bool {
     use sys::cudaError_enum::*;
@@ -242,10 +254,9 @@ impl Shared {
     /// Turns a CUDA result into ours; a sticky error marks the context dead and tells every
     /// client.
     fn check(&self, r: CUresult, what: &str) -> Result<()> {
-        if r == CUresult::CUDA_SUCCESS {
+        let Err(err) = result_of(r, what) else {
             return Ok(());
-        }
-        let err = Error::new(status_of(r), format!("{what}: {}", error_name(r)));
+        };
         if is_sticky(r) {
             self.die(&err);
         }
@@ -331,16 +342,6 @@ impl CudaBackend {
     /// driver library is missing.
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         probe().map_err(|e| Error::new(Status::Unsupported, e))?;
-        let fail = |r: CUresult, what: &str| -> Result<()> {
-            if r == CUresult::CUDA_SUCCESS {
-                Ok(())
-            } else {
-                Err(Error::new(
-                    status_of(r),
-                    format!("{what}: {}", error_name(r)),
-                ))
-            }
-        };
         let mut dev = 0;
         let mut ctx: CUcontext = std::ptr::null_mut();
         let mut name = [0 as std::ffi::c_char; 128];
@@ -350,26 +351,26 @@ impl CudaBackend {
         // SAFETY: plain driver queries writing into the locals above; the context is retained
         // for the life of the process.
         unsafe {
-            fail(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
-            fail(
+            result_of(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+            result_of(
                 sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
                 "cuDevicePrimaryCtxRetain",
             )?;
-            fail(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-            fail(
+            result_of(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            result_of(
                 sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
                 "cuDeviceGetName",
             )?;
-            fail(
+            result_of(
                 sys::cuDeviceTotalMem_v2(&mut total, dev),
                 "cuDeviceTotalMem",
             )?;
             use sys::CUdevice_attribute_enum::*;
-            fail(
+            result_of(
                 sys::cuDeviceGetAttribute(&mut sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                 "cuDeviceGetAttribute",
             )?;
-            fail(
+            result_of(
                 sys::cuDeviceGetAttribute(
                     &mut major,
                     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
@@ -377,7 +378,7 @@ impl CudaBackend {
                 ),
                 "cuDeviceGetAttribute",
             )?;
-            fail(
+            result_of(
                 sys::cuDeviceGetAttribute(
                     &mut minor,
                     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
@@ -385,7 +386,7 @@ impl CudaBackend {
                 ),
                 "cuDeviceGetAttribute",
             )?;
-            fail(
+            result_of(
                 sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
                 "cuCtxGetStreamPriorityRange",
             )?;

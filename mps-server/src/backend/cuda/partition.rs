@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys::{self, CUdevResource, CUdevice, CUgreenCtx, CUresult};
 use mps_core::{Error, Result, Status};
 
-use super::{error_name, status_of};
+use super::{error_name, result_of};
 use crate::sm::{Assignment, Placement};
 
 /// A green context: kernels of its streams run on its SMs only.
@@ -51,17 +51,6 @@ pub(super) struct Partitions {
 unsafe impl Send for Partitions {}
 // SAFETY: as above.
 unsafe impl Sync for Partitions {}
-
-fn check(r: CUresult, what: &str) -> Result<()> {
-    if r == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::new(
-            status_of(r),
-            format!("{what}: {}", error_name(r)),
-        ))
-    }
-}
 
 impl Partitions {
     /// Splits device `dev` into units. A driver without green contexts (before CUDA 12.4)
@@ -143,7 +132,7 @@ impl Partitions {
         // SAFETY: the resources all come from one split of this device, as
         // cuDevResourceGenerateDesc requires to combine them; both calls write one handle.
         unsafe {
-            check(
+            result_of(
                 sys::cuDevResourceGenerateDesc(
                     &mut desc,
                     resources.as_mut_ptr(),
@@ -151,7 +140,7 @@ impl Partitions {
                 ),
                 "cuDevResourceGenerateDesc",
             )?;
-            check(
+            result_of(
                 sys::cuGreenCtxCreate(
                     &mut green,
                     desc,
