@@ -119,13 +119,12 @@ impl Registry {
 
     /// Places every client anew and tells each where it runs. On failure nothing changes.
     fn replan(&self, clients: &BTreeMap<u32, ClientEntry>) -> Result<()> {
-        let share = self.sm.share.load(Ordering::Relaxed);
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
         let requests: Vec<SmRequest> = clients
             .iter()
             .map(|(id, c)| SmRequest {
                 client: *id,
-                share: c.sm_share.load(Ordering::Relaxed).min(share),
+                share: self.share_of(c),
                 reserve: c.sm_reserve.load(Ordering::Relaxed),
                 current: reserved.get(id).cloned(),
             })
@@ -195,21 +194,29 @@ impl Registry {
     pub(crate) fn sm_info(&self, id: u32) -> Result<[u64; 4]> {
         let clients = self.clients();
         let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
+        Ok(self.sm_of(c))
+    }
+
+    /// The SM share in force for `c`: the lower of its own and the server's.
+    fn share_of(&self, c: &ClientEntry) -> u32 {
+        c.sm_share
+            .load(Ordering::Relaxed)
+            .min(self.sm.share.load(Ordering::Relaxed))
+    }
+
+    /// `[sms, device sms, share percent, reserved percent]` of `c`.
+    fn sm_of(&self, c: &ClientEntry) -> [u64; 4] {
         let total: u32 = self.sm.units.iter().sum();
         let sms = match c.sm.sms.load(Ordering::Relaxed) {
             0 => total,
             n => n,
         };
-        let share = c
-            .sm_share
-            .load(Ordering::Relaxed)
-            .min(self.sm.share.load(Ordering::Relaxed));
-        Ok([
+        [
             sms as u64,
             total as u64,
-            share as u64,
+            self.share_of(c) as u64,
             c.sm_reserve.load(Ordering::Relaxed) as u64,
-        ])
+        ]
     }
 
     pub(crate) fn default_priority(&self) -> u32 {
@@ -253,25 +260,16 @@ impl Registry {
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
                         .bytes();
-                    let total: u32 = self.sm.units.iter().sum();
-                    let share = c
-                        .sm_share
-                        .load(Ordering::Relaxed)
-                        .min(self.sm.share.load(Ordering::Relaxed));
+                    let [sms, _, share, reserve] = self.sm_of(c);
                     format!(
-                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} sms={} \
-                         sm_share={share} sm_reserve={} launches={} copies={} bytes_copied={} \
-                         gpu_ms={}\n",
+                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} sms={sms} \
+                         sm_share={share} sm_reserve={reserve} launches={} copies={} \
+                         bytes_copied={} gpu_ms={}\n",
                         c.pid,
                         c.uid,
                         mem,
                         c.mem_limit.load(Ordering::Relaxed),
                         c.priority.load(Ordering::Relaxed),
-                        match c.sm.sms.load(Ordering::Relaxed) {
-                            0 => total,
-                            n => n,
-                        },
-                        c.sm_reserve.load(Ordering::Relaxed),
                         c.stats.launches.load(Ordering::Relaxed),
                         c.stats.copies.load(Ordering::Relaxed),
                         c.stats.bytes_copied.load(Ordering::Relaxed),
