@@ -86,6 +86,62 @@ impl TestDaemon {
     fn client(&self) -> Client {
         Client::connect(Some(&self.dir)).expect("connect through the daemon")
     }
+
+    /// This test binary, run again as a client of this daemon to play `role` in `test`, with
+    /// `env`.
+    fn role(&self, test: &str, role: &str, env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([test, "--exact", "--nocapture"])
+            .env("MPS_TEST_ROLE", role)
+            .env("MPS_PIPE_DIRECTORY", &self.dir)
+            .envs(env.iter().copied());
+        cmd
+    }
+
+    /// Runs [`TestDaemon::role`] to its end; it must succeed.
+    fn run_role(&self, test: &str, role: &str, env: &[(&str, &str)]) {
+        let out = self.role(test, role, env).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{test} as {role} with {env:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The column `name` of the first row of client process `pid` in `status`.
+    fn status_field(&self, pid: u32, name: &str) -> Option<String> {
+        let status = self.ctl_ok(&["status"]);
+        let header = status.lines().find(|l| l.contains(name))?;
+        let column = header.split_whitespace().position(|h| h == name)?;
+        status
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
+            .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
+    }
+}
+
+/// Starts `cmd` with standard input and output piped, and returns it with the first line it
+/// printed that `said` accepts; the rest of its output is read on a thread of its own, so the
+/// client's test harness reports on a live pipe.
+fn spawn_until(mut cmd: Command, said: impl Fn(&str) -> bool) -> (Child, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let line = lines
+        .find_map(|l| l.ok().filter(|l| said(l)))
+        .expect("the client ended without saying what was expected");
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, line)
+}
+
+/// Lets a client started by [`spawn_until`] go on (it waits for a line); it must succeed.
+fn release(mut child: Child) {
+    let _ = child.stdin.take().unwrap().write_all(b"go\n");
+    assert!(child.wait().unwrap().success(), "a client failed");
 }
 
 impl Drop for TestDaemon {
@@ -95,14 +151,6 @@ impl Drop for TestDaemon {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// This test binary, run again to play `role` in test `test`.
-fn role_command(test: &str, role: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture"])
-        .env("MPS_TEST_ROLE", role);
-    cmd
 }
 
 /// Allocates, fills and reads back a little memory: proof that the connection is served.
@@ -134,18 +182,10 @@ fn the_daemon_routes_clients_to_one_server_per_group() {
         1,
         "two clients of one group share a server"
     );
-    let out = role_command(
+    d.run_role(
         "the_daemon_routes_clients_to_one_server_per_group",
         "critical",
-    )
-    .env("MPS_GROUP", "critical")
-    .env("MPS_PIPE_DIRECTORY", &d.dir)
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[("MPS_GROUP", "critical")],
     );
     assert_eq!(
         d.servers().len(),
@@ -177,15 +217,10 @@ fn a_bad_group_name_is_refused_with_the_reason() {
         return;
     }
     let d = TestDaemon::start();
-    let out = role_command("a_bad_group_name_is_refused_with_the_reason", "bad")
-        .env("MPS_GROUP", "../escape")
-        .env("MPS_PIPE_DIRECTORY", &d.dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    d.run_role(
+        "a_bad_group_name_is_refused_with_the_reason",
+        "bad",
+        &[("MPS_GROUP", "../escape")],
     );
     assert!(d.servers().is_empty());
 }
@@ -362,15 +397,10 @@ fn device_memory_limits_hold() {
     c.mem_alloc(1 << 20).unwrap();
 
     let child = |env: &str, expect: u64| {
-        let out = role_command("device_memory_limits_hold", expect.to_string())
-            .env("MPS_PINNED_DEVICE_MEM_LIMIT", env)
-            .env("MPS_PIPE_DIRECTORY", &d.dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{env}: {}",
-            String::from_utf8_lossy(&out.stdout)
+        d.run_role(
+            "device_memory_limits_hold",
+            &expect.to_string(),
+            &[("MPS_PINNED_DEVICE_MEM_LIMIT", env)],
         );
     };
     child("0=256K", 256 << 10);
@@ -408,19 +438,14 @@ fn clients_are_listed_counted_and_terminated() {
         }
     }
     assert!(!d.ctl(&["get_client_list", &pid, "-x"]).status.success());
-    let status = d.ctl_ok(&["status"]);
-    assert!(status.contains("BYTES-COPIED"), "{status}");
-    let row = status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
-        .unwrap_or_else(|| panic!("no client row in {status}"));
     // touch() copies 8 bytes out once per client.
-    let header = status.lines().find(|l| l.contains("BYTES-COPIED")).unwrap();
-    let column = header
-        .split_whitespace()
-        .position(|h| h == "BYTES-COPIED")
-        .unwrap();
-    assert_eq!(row.split_whitespace().nth(column), Some("8"), "{row}");
+    assert_eq!(
+        d.status_field(std::process::id(), "BYTES-COPIED")
+            .as_deref(),
+        Some("8"),
+        "{}",
+        d.ctl_ok(&["status"])
+    );
     assert!(!d.ctl(&["terminate_client", &pid, "1"]).status.success());
     assert!(!d.ctl(&["terminate_client", &pid]).status.success());
     assert!(
@@ -463,15 +488,16 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
     }
     let d = TestDaemon::start();
     touch(&d.client());
-    let out = role_command(
-        "each_user_gets_a_server_of_their_own_running_as_them",
-        "other-user",
-    )
-    .env("MPS_PIPE_DIRECTORY", &d.dir)
-    .uid(user.uid.as_raw())
-    .gid(user.gid.as_raw())
-    .output()
-    .unwrap();
+    let out = d
+        .role(
+            "each_user_gets_a_server_of_their_own_running_as_them",
+            "other-user",
+            &[],
+        )
+        .uid(user.uid.as_raw())
+        .gid(user.gid.as_raw())
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "client as {TEST_USER}: {}{}",
@@ -590,56 +616,30 @@ fn client_priorities_hold() {
     let normal = d.client();
     touch(&normal);
     let spawn = |role: &str, level: &str| {
-        let mut child = role_command("client_priorities_hold", role)
-            .env("MPS_CLIENT_PRIORITY", level)
-            .env("MPS_PIPE_DIRECTORY", &d.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
-        let mut lines = lines;
-        assert!(
-            lines.any(|l| l.unwrap().ends_with("ready")),
-            "{role} never got ready"
+        let cmd = d.role(
+            "client_priorities_hold",
+            role,
+            &[("MPS_CLIENT_PRIORITY", level)],
         );
-        std::thread::spawn(move || lines.for_each(drop));
-        child
+        spawn_until(cmd, |l| l.ends_with("ready")).0
     };
-    let bad = role_command("client_priorities_hold", "bad")
-        .env("MPS_CLIENT_PRIORITY", "7")
-        .env("MPS_PIPE_DIRECTORY", &d.dir)
-        .output()
-        .unwrap();
-    assert!(
-        bad.status.success(),
-        "{}",
-        String::from_utf8_lossy(&bad.stdout)
+    d.run_role(
+        "client_priorities_hold",
+        "bad",
+        &[("MPS_CLIENT_PRIORITY", "7")],
     );
 
-    let mut low = spawn("low", "1");
+    let low = spawn("low", "1");
     let server = d.servers()[0];
     assert_eq!(
         session_nice_values(server),
         [0, 10],
         "normal and below-normal session threads"
     );
-    let priority_of = |pid: u32| {
-        let status = d.ctl_ok(&["status"]);
-        let header = status.lines().find(|l| l.contains("PRIORITY")).unwrap();
-        let column = header
-            .split_whitespace()
-            .position(|h| h == "PRIORITY")
-            .unwrap();
-        status
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
-            .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
-    };
+    let priority_of = |pid: u32| d.status_field(pid, "PRIORITY");
     assert_eq!(priority_of(low.id()).as_deref(), Some("1"));
     assert_eq!(priority_of(std::process::id()).as_deref(), Some("0"));
-    low.stdin.take().unwrap().write_all(b"done\n").unwrap();
-    low.wait().unwrap();
+    release(low);
 
     // The operator lowers everyone's default; a client cannot raise itself above it.
     assert!(
@@ -649,39 +649,17 @@ fn client_priorities_hold() {
     );
     d.ctl_ok(&["set_default_client_priority", "1"]);
     assert_eq!(d.ctl_ok(&["get_default_client_priority"]), "1\n");
-    let mut raise = spawn("raise", "0");
+    let raise = spawn("raise", "0");
     assert_eq!(priority_of(raise.id()).as_deref(), Some("1"));
-    raise.stdin.take().unwrap().write_all(b"done\n").unwrap();
-    raise.wait().unwrap();
+    release(raise);
 }
 
 /// Starts this test binary as a client of `d`'s with `env`, in the role that reports its SMs
 /// and then holds them; returns it with the line it printed.
 fn sm_client(d: &TestDaemon, test: &str, env: &[(&str, &str)]) -> (Child, String) {
-    let mut cmd = role_command(test, "client");
-    cmd.env("MPS_PIPE_DIRECTORY", &d.dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
-    let said = lines
-        .find_map(|l| {
-            let l = l.unwrap();
-            (l.starts_with("sms=") || l.starts_with("refused=")).then_some(l)
-        })
-        .expect("the client said nothing");
-    // Read the rest, so the client's test harness can report on a live pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, said)
-}
-
-/// Lets a client started by [`sm_client`] go.
-fn release(mut child: Child) {
-    let _ = child.stdin.take().unwrap().write_all(b"go\n");
-    assert!(child.wait().unwrap().success(), "a client failed");
+    spawn_until(d.role(test, "client", env), |l| {
+        l.starts_with("sms=") || l.starts_with("refused=")
+    })
 }
 
 /// Queues work on `c`'s default stream, has the operator change the share of `c`'s server to
@@ -872,19 +850,10 @@ fn sm_shares_and_reservations_hold() {
         "16 blocks on 4 SMs took {quarter:.3} s, on 16 SMs {full:.3} s"
     );
     // GPU busy time counts what the client ran.
-    let status = d.ctl_ok(&["status"]);
-    let header = status.lines().find(|l| l.contains("GPU-MS")).unwrap();
-    let column = header
-        .split_whitespace()
-        .position(|h| h == "GPU-MS")
-        .unwrap();
-    let me = std::process::id().to_string();
-    let gpu_ms: u64 = status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
-        .and_then(|l| l.split_whitespace().nth(column))
+    let gpu_ms: u64 = d
+        .status_field(std::process::id(), "GPU-MS")
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no GPU-MS for this client in {status}"));
+        .unwrap_or_else(|| panic!("no GPU-MS for this client in {}", d.ctl_ok(&["status"])));
     assert!(
         (90..2_000).contains(&gpu_ms),
         "ran 20 + 80 ms of kernels, GPU-MS says {gpu_ms}"
@@ -896,17 +865,6 @@ fn sm_shares_and_reservations_hold() {
     assert_eq!(said, "sms=8/16");
     release(other);
     assert_eq!(sms_of(&c), "4/16", "running servers keep their own share");
-}
-
-/// The column `name` of the row of client process `pid` in `status`.
-fn status_field(d: &TestDaemon, pid: u32, name: &str) -> Option<String> {
-    let status = d.ctl_ok(&["status"]);
-    let header = status.lines().find(|l| l.contains(name))?;
-    let column = header.split_whitespace().position(|h| h == name)?;
-    status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
-        .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
 }
 
 #[test]
@@ -984,7 +942,8 @@ fn sm_partitions_hold_on_the_gpu() {
     );
 
     // Busy time was sampled while those kernels ran.
-    let gpu_ms: u64 = status_field(&d, std::process::id(), "GPU-MS")
+    let gpu_ms: u64 = d
+        .status_field(std::process::id(), "GPU-MS")
         .and_then(|v| v.parse().ok())
         .expect("a GPU-MS column");
     let ran = (full + quarter + rest + again) * 1e3;
