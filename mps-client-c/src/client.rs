@@ -692,45 +692,21 @@ impl Client {
         }
         self.check()?;
         self.stream_slot(stream)?;
-        let _g = lock(&self.staging);
-        let (staging, staging_len) = self.channel.staging();
-        let half = staging_len / 2;
-        let mut pending: [Option<u64>; 2] = [None, None];
-        let mut result = Ok(());
-        for (k, start) in (0..len).step_by(half).enumerate() {
-            let n = half.min(len - start);
-            let h = k % 2;
-            if let Some(seq) = pending[h].take() {
-                result = self.wait_reply(seq).map(drop);
-                if result.is_err() {
-                    break;
-                }
-            }
-            // SAFETY: the caller guarantees src..src+len is readable; the staging half is ours
-            // while we hold the staging lock and the previous copy from it has been taken.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(start), staging.add(h * half), n) };
-            let req = Request::CopyHtoD {
+        self.through_staging(
+            len,
+            stream,
+            |offset, start, n| Request::CopyHtoD {
                 dst: dst.0 + start as u64,
-                src: HostRef::Staging {
-                    offset: (h * half) as u64,
-                },
+                src: HostRef::Staging { offset },
                 len: n as u64,
-            };
-            match self.submit(&req, stream.0, flags::REPLY | flags::MARK) {
-                Ok(seq) => pending[h] = Some(seq),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        for seq in pending.into_iter().flatten() {
-            let r = self.wait_reply(seq);
-            if result.is_ok() {
-                result = r.map(drop);
-            }
-        }
-        result
+            },
+            |half, start, n| {
+                // SAFETY: the caller guarantees src..src+len is readable; the staging half is
+                // ours (staging lock held) and the previous copy from it has been taken.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(start), half, n) }
+            },
+            |seq, _, _, _| self.wait_reply(seq).map(drop),
+        )
     }
 
     /// Copies device memory to the host. Into a host buffer the copy is asynchronous (ordered in
@@ -762,38 +738,62 @@ impl Client {
         }
         self.check()?;
         let slot = self.stream_slot(stream)?;
+        self.through_staging(
+            len,
+            stream,
+            |offset, start, n| Request::CopyDtoH {
+                dst: HostRef::Staging { offset },
+                src: src.0 + start as u64,
+                len: n as u64,
+            },
+            |_, _, _| {},
+            |seq, half, start, n| {
+                self.wait_reply(seq)?;
+                self.wait_stream_seq(slot, seq)?;
+                self.check()?;
+                // SAFETY: the caller guarantees dst..dst+len is writable; the server wrote this
+                // half and published its completion (Acquire in wait_stream_seq) before we read
+                // it.
+                unsafe { std::ptr::copy_nonoverlapping(half, dst.add(start), n) };
+                Ok(())
+            },
+        )
+    }
+
+    /// Moves `len` bytes through the two halves of the staging area, one chunk in flight per
+    /// half, so that one half is filled or drained while the other's copy runs. For the chunk of
+    /// `n` bytes at `start`: `fill(half, start, n)` readies its half before the command is
+    /// submitted, `request(offset, start, n)` is the command (the half at staging `offset`), and
+    /// `finish(seq, half, start, n)` completes it before its half is used again, or at the end,
+    /// in submission order. The first failure is returned, after every submitted chunk is
+    /// finished.
+    fn through_staging(
+        &self,
+        len: usize,
+        stream: Stream,
+        request: impl Fn(u64, usize, usize) -> Request<'static>,
+        fill: impl Fn(*mut u8, usize, usize),
+        finish: impl Fn(u64, *mut u8, usize, usize) -> Result<()>,
+    ) -> Result<()> {
         let _g = lock(&self.staging);
         let (staging, staging_len) = self.channel.staging();
         let half = staging_len / 2;
+        // SAFETY: h is 0 or 1, so the half lies within the staging area.
+        let half_at = |h: usize| unsafe { staging.add(h * half) };
         // (seq, start, n) of the chunk in flight in each half.
         let mut pending: [Option<(u64, usize, usize)>; 2] = [None, None];
-        let finish = |p: (u64, usize, usize), h: usize| -> Result<()> {
-            let (seq, start, n) = p;
-            self.wait_reply(seq)?;
-            self.wait_stream_seq(slot, seq)?;
-            self.check()?;
-            // SAFETY: the caller guarantees dst..dst+len is writable; the server wrote this half
-            // and published its completion (Acquire in wait_stream_seq) before we read it.
-            unsafe { std::ptr::copy_nonoverlapping(staging.add(h * half), dst.add(start), n) };
-            Ok(())
-        };
         let mut result = Ok(());
         for (k, start) in (0..len).step_by(half).enumerate() {
             let n = half.min(len - start);
             let h = k % 2;
-            if let Some(p) = pending[h].take() {
-                result = finish(p, h);
+            if let Some((seq, s, m)) = pending[h].take() {
+                result = finish(seq, half_at(h), s, m);
                 if result.is_err() {
                     break;
                 }
             }
-            let req = Request::CopyDtoH {
-                dst: HostRef::Staging {
-                    offset: (h * half) as u64,
-                },
-                src: src.0 + start as u64,
-                len: n as u64,
-            };
+            fill(half_at(h), start, n);
+            let req = request((h * half) as u64, start, n);
             match self.submit(&req, stream.0, flags::REPLY | flags::MARK) {
                 Ok(seq) => pending[h] = Some((seq, start, n)),
                 Err(e) => {
@@ -802,11 +802,10 @@ impl Client {
                 }
             }
         }
-        // Finish in submission order.
         let mut rest: Vec<_> = (0..2).filter_map(|h| pending[h].map(|p| (p, h))).collect();
         rest.sort_by_key(|((seq, ..), _)| *seq);
-        for (p, h) in rest {
-            let r = finish(p, h);
+        for ((seq, start, n), h) in rest {
+            let r = finish(seq, half_at(h), start, n);
             if result.is_ok() {
                 result = r;
             }
