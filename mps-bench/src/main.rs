@@ -26,6 +26,25 @@ struct Args {
     cmd: Cmd,
 }
 
+/// What `run` and `quotas` both need.
+#[derive(clap::Args, Debug)]
+struct Setup {
+    /// The test kernels' PTX.
+    #[arg(long, default_value = "kernels/test_kernels.ptx")]
+    ptx: PathBuf,
+    /// The mps-server binary (mps-control is taken from its directory) [default: next to this
+    /// one].
+    #[arg(long)]
+    server: Option<PathBuf>,
+    /// Where the results go (bench.json and throughput.png, or quotas.json).
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+    /// The mps server's backend: sim only checks the harness without a GPU (quotas then runs
+    /// the mps rows alone).
+    #[arg(long, default_value = "cuda")]
+    backend: String,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Runs the benchmark.
@@ -41,37 +60,16 @@ enum Cmd {
         /// Workloads, comma-separated: spin, tiny, rtt, launch-rate, copy, footprint.
         #[arg(long, default_value = "spin,tiny,rtt,launch-rate,copy,footprint")]
         workloads: String,
-        /// The test kernels' PTX.
-        #[arg(long, default_value = "kernels/test_kernels.ptx")]
-        ptx: PathBuf,
-        /// The mps-server binary [default: next to this one].
-        #[arg(long)]
-        server: Option<PathBuf>,
-        /// Where bench.json goes.
-        #[arg(long, default_value = ".")]
-        out: PathBuf,
-        /// The mps server's backend (sim only to check the harness without a GPU).
-        #[arg(long, default_value = "cuda")]
-        backend: String,
+        #[command(flatten)]
+        setup: Setup,
         /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200").
         #[arg(long, default_value = "")]
         server_args: String,
     },
     /// Measures SM shares, SM reservations and separate groups (see `quotas.rs`).
     Quotas {
-        /// The test kernels' PTX.
-        #[arg(long, default_value = "kernels/test_kernels.ptx")]
-        ptx: PathBuf,
-        /// The mps-server binary (mps-control is taken from its directory) [default: next to
-        /// this one].
-        #[arg(long)]
-        server: Option<PathBuf>,
-        /// Where quotas.json goes.
-        #[arg(long, default_value = ".")]
-        out: PathBuf,
-        /// The mps server's backend (sim runs only the mps rows, to check the harness).
-        #[arg(long, default_value = "cuda")]
-        backend: String,
+        #[command(flatten)]
+        setup: Setup,
     },
     /// Draws throughput.png from a bench.json this program wrote.
     Plot {
@@ -269,6 +267,14 @@ fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome
     }
 }
 
+/// Kernels per second of workers that ran together (all their kernels over the slowest one's
+/// time), and that time.
+fn throughput(results: &[&BTreeMap<String, f64>]) -> (f64, f64) {
+    let kernels: f64 = results.iter().map(|r| r["kernels"]).sum();
+    let slowest = results.iter().map(|r| r["elapsed_s"]).fold(0.0, f64::max);
+    (kernels / slowest, slowest)
+}
+
 /// Runs `clients` workers of one mode and workload together; returns each one's result values.
 fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
     let specs = if mode == "one-context" {
@@ -281,7 +287,7 @@ fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool
         vec![Spec::new(workload, &[]); clients]
     };
     let outcome = run_group(mode, &specs, ptx, footprint);
-    let results: Vec<_> = outcome.results.into_iter().flatten().collect();
+    let results: Vec<_> = outcome.results.iter().flatten().collect();
     let mut values = BTreeMap::new();
     if let Some(mib) = outcome.gpu_mem_used_mib {
         values.insert("gpu_mem_used_mib".into(), mib);
@@ -289,9 +295,8 @@ fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool
     let completed = results.len();
     match workload {
         "spin" | "tiny" if completed > 0 => {
-            let kernels: f64 = results.iter().map(|r| r["kernels"]).sum();
-            let slowest = results.iter().map(|r| r["elapsed_s"]).fold(0.0, f64::max);
-            values.insert("kernels_per_s".into(), kernels / slowest);
+            let (kernels_per_s, slowest) = throughput(&results);
+            values.insert("kernels_per_s".into(), kernels_per_s);
             values.insert("slowest_client_s".into(), slowest);
         }
         _ if completed > 0 && !footprint => {
@@ -601,10 +606,13 @@ fn main() {
             workload::run(gpu.as_mut(), &workload, &workload::wait_for_go);
         }
         Cmd::Quotas {
-            ptx,
-            server,
-            out,
-            backend,
+            setup:
+                Setup {
+                    ptx,
+                    server,
+                    out,
+                    backend,
+                },
         } => {
             let server = server.unwrap_or_else(default_server);
             println!("{}", quotas::run(&ptx, &server, &backend, &out));
@@ -613,10 +621,13 @@ fn main() {
             modes,
             clients,
             workloads,
-            ptx,
-            server,
-            out,
-            backend,
+            setup:
+                Setup {
+                    ptx,
+                    server,
+                    out,
+                    backend,
+                },
             server_args,
         } => {
             let server = server.unwrap_or_else(default_server);

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::{Service, Spec, run_group};
+use crate::{Service, Spec, run_group, throughput};
 
 /// One measured configuration.
 struct Row {
@@ -40,9 +40,7 @@ fn measure(
     }
     let done: Vec<_> = outcome.results.iter().flatten().collect();
     if !done.is_empty() && done.iter().all(|r| r.contains_key("kernels")) {
-        let kernels: f64 = done.iter().map(|r| r["kernels"]).sum();
-        let slowest = done.iter().map(|r| r["elapsed_s"]).fold(0.0, f64::max);
-        values.insert("kernels_per_s".into(), kernels / slowest);
+        values.insert("kernels_per_s".into(), throughput(&done).0);
     }
     let note = if failed > 0 {
         format!("{failed} worker(s) failed: {}", outcome.note)

@@ -4,32 +4,24 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[test]
-fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
+/// Runs `mps-bench <command> --backend sim ...` with the servers this build made and the test
+/// kernels, writing into a fresh directory; returns its standard output (a markdown table) and
+/// the directory, or None where the servers are not built.
+fn bench(command: &str, args: &[&str]) -> Option<(String, PathBuf)> {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
     let server = bench.with_file_name("mps-server");
-    if !server.exists() {
+    if !server.exists() || !bench.with_file_name("mps-control").exists() {
         println!(
-            "skipped: {} is not built (cargo test --workspace builds it)",
-            server.display()
+            "skipped: mps-server and mps-control are not built (cargo test --workspace builds them)"
         );
-        return;
+        return None;
     }
-    let out = std::env::temp_dir().join(format!("mps-bench-test-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("mps-bench-{command}-{}", std::process::id()));
     let ptx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kernels/test_kernels.ptx");
     let run = Command::new(&bench)
-        .args([
-            "run",
-            "--modes",
-            "mps",
-            "--backend",
-            "sim",
-            "--clients",
-            "1,2",
-            "--workloads",
-            "spin,rtt",
-            "--server",
-        ])
+        .args([command, "--backend", "sim"])
+        .args(args)
+        .arg("--server")
         .arg(&server)
         .arg("--ptx")
         .arg(&ptx)
@@ -37,12 +29,30 @@ fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
         .arg(&out)
         .output()
         .unwrap();
-    let table = String::from_utf8_lossy(&run.stdout);
+    let table = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(
         run.status.success(),
         "{table}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    Some((table, out))
+}
+
+#[test]
+fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
+    let Some((table, out)) = bench(
+        "run",
+        &[
+            "--modes",
+            "mps",
+            "--clients",
+            "1,2",
+            "--workloads",
+            "spin,rtt",
+        ],
+    ) else {
+        return;
+    };
     for row in [
         "| spin | 1 | kernels_per_s |",
         "| spin | 2 | kernels_per_s |",
@@ -64,31 +74,9 @@ fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
 
 #[test]
 fn the_quota_scenarios_run_on_the_simulator() {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
-    let server = bench.with_file_name("mps-server");
-    if !server.exists() || !bench.with_file_name("mps-control").exists() {
-        println!(
-            "skipped: mps-server and mps-control are not built (cargo test --workspace builds them)"
-        );
+    let Some((table, out)) = bench("quotas", &[]) else {
         return;
-    }
-    let out = std::env::temp_dir().join(format!("mps-bench-quotas-{}", std::process::id()));
-    let ptx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kernels/test_kernels.ptx");
-    let run = Command::new(&bench)
-        .args(["quotas", "--backend", "sim", "--server"])
-        .arg(&server)
-        .arg("--ptx")
-        .arg(&ptx)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{table}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    };
     assert!(!table.contains("| note |"), "a worker failed:\n{table}");
     // The simulator runs a kernel's blocks in waves of the client's SMs, so the cap shows.
     let ratio = |config: &str| -> f64 {
