@@ -1226,9 +1226,9 @@ fn percent_var(name: &str) -> Result<Option<u32>> {
     let Some(v) = std::env::var(name).ok().filter(|s| !s.trim().is_empty()) else {
         return Ok(None);
     };
-    match v.trim().trim_end_matches('%').parse::<u32>() {
-        Ok(p @ 1..=100) => Ok(Some(p)),
-        _ => Err(Error::invalid_value(format!(
+    match mps_core::units::parse_percent(v.trim().trim_end_matches('%'), 1) {
+        Some(p) => Ok(Some(p)),
+        None => Err(Error::invalid_value(format!(
             "{name} is {v:?}; it must be a percentage from 1 to 100"
         ))),
     }

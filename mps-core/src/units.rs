@@ -46,9 +46,24 @@ pub fn parse_device_limit(spec: &str, device: u32) -> Result<Option<u64>> {
     Ok(found)
 }
 
+/// Reads a whole percentage from `min` to 100 (a share, a reservation, a ceiling); None if `s`
+/// is anything else.
+pub fn parse_percent(s: &str, min: u32) -> Option<u32> {
+    s.parse().ok().filter(|p| (min..=100).contains(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentages_parse() {
+        assert_eq!(parse_percent("25", 1), Some(25));
+        assert_eq!(parse_percent("0", 0), Some(0));
+        for bad in ["0", "101", "", "25%", "2.5", "-1"] {
+            assert_eq!(parse_percent(bad, 1), None, "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_parse() {

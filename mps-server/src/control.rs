@@ -886,9 +886,6 @@ pub fn send_command(pipe_dir: &Path, line: &str) -> Result<String> {
 
 /// Reads a percentage from `min` to 100.
 fn percent(word: &str, min: u32, usage: &str) -> Result<u32> {
-    word.trim_end_matches('%')
-        .parse()
-        .ok()
-        .filter(|p| (min..=100).contains(p))
+    mps_core::units::parse_percent(word.trim_end_matches('%'), min)
         .ok_or_else(|| Error::invalid_value(format!("usage: {usage}")))
 }

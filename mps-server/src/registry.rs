@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mps_core::alloc::AllocTable;
+use mps_core::units::parse_percent;
 use mps_core::{Error, Result, Status};
 
 use crate::backend::SmSlot;
@@ -307,10 +308,7 @@ impl Registry {
                 Ok("ok\n".into())
             }
             ["set_share", percent] => {
-                let percent: u32 = percent
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=100).contains(p))
+                let percent = parse_percent(percent, 1)
                     .ok_or_else(|| Error::invalid_value("usage: set_share <1-100>"))?;
                 let clients = self.clients();
                 let before = self.sm.share.swap(percent, Ordering::Relaxed);
@@ -322,10 +320,7 @@ impl Registry {
             }
             ["get_share"] => Ok(format!("{}\n", self.sm.share.load(Ordering::Relaxed))),
             ["set_max_reserve", percent] => {
-                let percent: u32 = percent
-                    .parse()
-                    .ok()
-                    .filter(|p| *p <= 100)
+                let percent = parse_percent(percent, 0)
                     .ok_or_else(|| Error::invalid_value("usage: set_max_reserve <0-100>"))?;
                 // Reservations already made stay; the ceiling applies to new ones.
                 self.sm.max_reserve.store(percent, Ordering::Relaxed);
