@@ -570,11 +570,15 @@ fn threaded_worker(ptx: &[u8], workload: &str, threads: usize) {
     }
 }
 
-/// mps-server next to this binary.
-fn default_server() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .with_file_name("mps-server")
+impl Setup {
+    /// The mps-server binary: the one named, else the one next to this binary.
+    fn server(&self) -> PathBuf {
+        self.server.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .unwrap()
+                .with_file_name("mps-server")
+        })
+    }
 }
 
 fn main() {
@@ -605,32 +609,21 @@ fn main() {
             };
             workload::run(gpu.as_mut(), &workload, &workload::wait_for_go);
         }
-        Cmd::Quotas {
-            setup:
-                Setup {
-                    ptx,
-                    server,
-                    out,
-                    backend,
-                },
-        } => {
-            let server = server.unwrap_or_else(default_server);
-            println!("{}", quotas::run(&ptx, &server, &backend, &out));
+        Cmd::Quotas { setup } => {
+            let table = quotas::run(&setup.ptx, &setup.server(), &setup.backend, &setup.out);
+            println!("{table}");
         }
         Cmd::Run {
             modes,
             clients,
             workloads,
-            setup:
-                Setup {
-                    ptx,
-                    server,
-                    out,
-                    backend,
-                },
+            setup,
             server_args,
         } => {
-            let server = server.unwrap_or_else(default_server);
+            let server = setup.server();
+            let Setup {
+                ptx, out, backend, ..
+            } = setup;
             let modes: Vec<&str> = modes.split(',').collect();
             let counts: Vec<usize> = clients.split(',').map(|c| c.parse().unwrap()).collect();
             let workloads: Vec<&str> = workloads.split(',').collect();
