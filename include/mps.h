@@ -12,33 +12,33 @@
 #define MPS_VERSION_PATCH 0
 #define MPS_VERSION "0.1.0"
 
-
 /*
  Status of an mps call. Values are stable across releases.
  */
 typedef enum mps_status {
   /*
-   The call succeeded.
+   The operation completed.
    */
   MPS_SUCCESS = 0,
   /*
-   An argument is NULL where it must not be, zero where it must not be, or out of range.
+   An argument is out of range, null where it must not be, or inconsistent with another.
    */
   MPS_ERROR_INVALID_VALUE = 1,
   /*
-   A handle (client, pointer, stream, event, module, function) is not this client's.
+   A handle (pointer, stream, event, module, function, host buffer) is unknown to this
+   client.
    */
   MPS_ERROR_INVALID_HANDLE = 2,
   /*
-   Device (or simulated) memory is exhausted.
+   The device (or the simulator's memory) cannot satisfy an allocation.
    */
   MPS_ERROR_OUT_OF_MEMORY = 3,
   /*
-   Work is still pending (from the query functions).
+   Work is still pending (a query, not a failure).
    */
   MPS_ERROR_NOT_READY = 4,
   /*
-   A kernel of that name does not exist in the module.
+   A named object (a kernel in a module) does not exist.
    */
   MPS_ERROR_NOT_FOUND = 5,
   /*
@@ -46,38 +46,39 @@ typedef enum mps_status {
    */
   MPS_ERROR_ILLEGAL_ADDRESS = 6,
   /*
-   A kernel could not be launched or failed.
+   A kernel could not be launched or failed while running.
    */
   MPS_ERROR_LAUNCH_FAILED = 7,
   /*
-   The server is unreachable, or the connection was lost.
+   The server is unreachable, or the connection to it was lost.
    */
   MPS_ERROR_CONNECTION = 8,
   /*
-   Library and server speak different protocol versions.
+   Client and server speak different protocol versions.
    */
   MPS_ERROR_PROTOCOL_MISMATCH = 9,
   /*
-   Not allowed (another user's server, say).
+   The caller is not allowed to do this.
    */
   MPS_ERROR_PERMISSION_DENIED = 10,
   /*
-   A per-client limit would be exceeded.
+   A per-client limit (memory, streams, events, ...) would be exceeded.
    */
   MPS_ERROR_QUOTA_EXCEEDED = 11,
   /*
-   Not supported by this server or backend.
+   The operation is not supported by this server or backend.
    */
   MPS_ERROR_UNSUPPORTED = 12,
   /*
-   A bug inside mps; the message says where.
+   A bug or an unexpected failure inside mps; the message says where.
    */
   MPS_ERROR_INTERNAL = 13,
   /*
-   A module image is not PTX, cubin or fatbin.
+   A module image is neither PTX, cubin nor fatbin, or does not parse.
    */
   MPS_ERROR_INVALID_IMAGE = 14,
 } mps_status;
+
 
 /*
  Which backend a server runs.
@@ -182,7 +183,7 @@ extern "C" {
  # Safety
  `pipe_dir` is NULL or a NUL-terminated string; `out` is NULL or writable.
  */
-enum mps_status mps_connect(const char *pipe_dir, struct mps_client **out_client);
+mps_status mps_connect(const char *pipe_dir, struct mps_client **out_client);
 
 /*
  Disconnects: the server releases everything the client held. Calls still running on other
@@ -191,7 +192,7 @@ enum mps_status mps_connect(const char *pipe_dir, struct mps_client **out_client
  # Safety
  `client` is NULL or a pointer from `mps_connect`; after this call it must not be used.
  */
-enum mps_status mps_disconnect(struct mps_client *client);
+mps_status mps_disconnect(struct mps_client *client);
 
 /*
  The name of a status, e.g. "MPS_ERROR_INVALID_HANDLE"; never NULL. Takes any integer, so
@@ -215,7 +216,7 @@ size_t mps_last_error(const struct mps_client *client, char *buf, size_t len);
  # Safety
  `info` is NULL or writable.
  */
-enum mps_status mps_device_get_info(struct mps_client *client, struct mps_device_info *info);
+mps_status mps_device_get_info(struct mps_client *client, struct mps_device_info *info);
 
 /*
  Allocates `size` bytes of device memory into `*dptr`.
@@ -223,12 +224,12 @@ enum mps_status mps_device_get_info(struct mps_client *client, struct mps_device
  # Safety
  `dptr` is NULL or writable.
  */
-enum mps_status mps_mem_alloc(struct mps_client *client, size_t size, mps_deviceptr *dptr);
+mps_status mps_mem_alloc(struct mps_client *client, size_t size, mps_deviceptr *dptr);
 
 /*
  Frees device memory from `mps_mem_alloc` (after the client's pending work).
  */
-enum mps_status mps_mem_free(struct mps_client *client, mps_deviceptr dptr);
+mps_status mps_mem_free(struct mps_client *client, mps_deviceptr dptr);
 
 /*
  Free and total device memory, in bytes.
@@ -236,7 +237,7 @@ enum mps_status mps_mem_free(struct mps_client *client, mps_deviceptr dptr);
  # Safety
  `free` and `total` are NULL or writable.
  */
-enum mps_status mps_mem_get_info(struct mps_client *client, size_t *free, size_t *total);
+mps_status mps_mem_get_info(struct mps_client *client, size_t *free, size_t *total);
 
 /*
  Where this client's kernels run: `*sms` SMs of the device's `*device_sms` (its share, set by
@@ -247,7 +248,7 @@ enum mps_status mps_mem_get_info(struct mps_client *client, size_t *free, size_t
  # Safety
  `sms` and `device_sms` are NULL or writable.
  */
-enum mps_status mps_sm_get_info(struct mps_client *client, uint32_t *sms, uint32_t *device_sms);
+mps_status mps_sm_get_info(struct mps_client *client, uint32_t *sms, uint32_t *device_sms);
 
 /*
  Allocates a host buffer shared with the server into `*ptr`: copies from and to it are fully
@@ -256,7 +257,7 @@ enum mps_status mps_sm_get_info(struct mps_client *client, uint32_t *sms, uint32
  # Safety
  `ptr` is NULL or writable.
  */
-enum mps_status mps_host_alloc(struct mps_client *client, size_t size, void **ptr);
+mps_status mps_host_alloc(struct mps_client *client, size_t size, void **ptr);
 
 /*
  Frees a host buffer from `mps_host_alloc` (after the client's pending work).
@@ -264,7 +265,7 @@ enum mps_status mps_host_alloc(struct mps_client *client, size_t size, void **pt
  # Safety
  After this call the buffer's memory must not be used.
  */
-enum mps_status mps_host_free(struct mps_client *client, void *ptr);
+mps_status mps_host_free(struct mps_client *client, void *ptr);
 
 /*
  Copies `bytes` from host memory to the device, in `stream`. From `mps_host_alloc` memory the
@@ -273,11 +274,11 @@ enum mps_status mps_host_free(struct mps_client *client, void *ptr);
  # Safety
  `src` is NULL or readable for `bytes` bytes.
  */
-enum mps_status mps_memcpy_htod(struct mps_client *client,
-                                mps_deviceptr dst,
-                                const void *src,
-                                size_t bytes,
-                                mps_stream stream);
+mps_status mps_memcpy_htod(struct mps_client *client,
+                           mps_deviceptr dst,
+                           const void *src,
+                           size_t bytes,
+                           mps_stream stream);
 
 /*
  Copies `bytes` from the device to host memory, in `stream`. Into `mps_host_alloc` memory the
@@ -286,38 +287,38 @@ enum mps_status mps_memcpy_htod(struct mps_client *client,
  # Safety
  `dst` is NULL or writable for `bytes` bytes (until the copy completes, for host buffers).
  */
-enum mps_status mps_memcpy_dtoh(struct mps_client *client,
-                                void *dst,
-                                mps_deviceptr src,
-                                size_t bytes,
-                                mps_stream stream);
+mps_status mps_memcpy_dtoh(struct mps_client *client,
+                           void *dst,
+                           mps_deviceptr src,
+                           size_t bytes,
+                           mps_stream stream);
 
 /*
  Copies `bytes` between device ranges, asynchronously in `stream`.
  */
-enum mps_status mps_memcpy_dtod(struct mps_client *client,
-                                mps_deviceptr dst,
-                                mps_deviceptr src,
-                                size_t bytes,
-                                mps_stream stream);
+mps_status mps_memcpy_dtod(struct mps_client *client,
+                           mps_deviceptr dst,
+                           mps_deviceptr src,
+                           size_t bytes,
+                           mps_stream stream);
 
 /*
  Sets `count` bytes at `dst` to `value`, asynchronously in `stream`.
  */
-enum mps_status mps_memset_d8(struct mps_client *client,
-                              mps_deviceptr dst,
-                              uint8_t value,
-                              size_t count,
-                              mps_stream stream);
+mps_status mps_memset_d8(struct mps_client *client,
+                         mps_deviceptr dst,
+                         uint8_t value,
+                         size_t count,
+                         mps_stream stream);
 
 /*
  Sets `count` 32-bit words at `dst` to `value`, asynchronously in `stream`.
  */
-enum mps_status mps_memset_d32(struct mps_client *client,
-                               mps_deviceptr dst,
-                               uint32_t value,
-                               size_t count,
-                               mps_stream stream);
+mps_status mps_memset_d32(struct mps_client *client,
+                          mps_deviceptr dst,
+                          uint32_t value,
+                          size_t count,
+                          mps_stream stream);
 
 /*
  Loads a module image (PTX, cubin or fatbin; the simulator takes PTX) of `len` bytes.
@@ -325,15 +326,15 @@ enum mps_status mps_memset_d32(struct mps_client *client,
  # Safety
  `image` is NULL or readable for `len` bytes; `module` is NULL or writable.
  */
-enum mps_status mps_module_load(struct mps_client *client,
-                                const void *image,
-                                size_t len,
-                                mps_module *module);
+mps_status mps_module_load(struct mps_client *client,
+                           const void *image,
+                           size_t len,
+                           mps_module *module);
 
 /*
  Unloads a module; its functions become invalid.
  */
-enum mps_status mps_module_unload(struct mps_client *client, mps_module module);
+mps_status mps_module_unload(struct mps_client *client, mps_module module);
 
 /*
  Looks up the kernel `name` in `module`.
@@ -341,10 +342,10 @@ enum mps_status mps_module_unload(struct mps_client *client, mps_module module);
  # Safety
  `name` is NULL or a NUL-terminated string; `function` is NULL or writable.
  */
-enum mps_status mps_module_get_function(struct mps_client *client,
-                                        mps_module module,
-                                        const char *name,
-                                        mps_function *function);
+mps_status mps_module_get_function(struct mps_client *client,
+                                   mps_module module,
+                                   const char *name,
+                                   mps_function *function);
 
 /*
  Offset and size of parameter `index` of `function` in its packed parameter buffer.
@@ -352,11 +353,11 @@ enum mps_status mps_module_get_function(struct mps_client *client,
  # Safety
  `offset` and `size` are NULL or writable.
  */
-enum mps_status mps_function_get_param_info(struct mps_client *client,
-                                            mps_function function,
-                                            uint32_t index,
-                                            size_t *offset,
-                                            size_t *size);
+mps_status mps_function_get_param_info(struct mps_client *client,
+                                       mps_function function,
+                                       uint32_t index,
+                                       size_t *offset,
+                                       size_t *size);
 
 /*
  Launches `function` asynchronously in `stream`; `params[i]` points at the value of
@@ -366,13 +367,13 @@ enum mps_status mps_function_get_param_info(struct mps_client *client,
  `params` is NULL (for a kernel without parameters) or holds one readable pointer per
  parameter, each to a value of that parameter's size.
  */
-enum mps_status mps_launch_kernel(struct mps_client *client,
-                                  mps_function function,
-                                  struct mps_dim3 grid,
-                                  struct mps_dim3 block,
-                                  uint32_t shared_mem_bytes,
-                                  mps_stream stream,
-                                  void **params);
+mps_status mps_launch_kernel(struct mps_client *client,
+                             mps_function function,
+                             struct mps_dim3 grid,
+                             struct mps_dim3 block,
+                             uint32_t shared_mem_bytes,
+                             mps_stream stream,
+                             void **params);
 
 /*
  Creates a stream into `*stream` (lower priority numbers are more urgent).
@@ -380,30 +381,28 @@ enum mps_status mps_launch_kernel(struct mps_client *client,
  # Safety
  `stream` is NULL or writable.
  */
-enum mps_status mps_stream_create(struct mps_client *client, int32_t priority, mps_stream *stream);
+mps_status mps_stream_create(struct mps_client *client, int32_t priority, mps_stream *stream);
 
 /*
  Destroys a stream; work already in it still completes.
  */
-enum mps_status mps_stream_destroy(struct mps_client *client, mps_stream stream);
+mps_status mps_stream_destroy(struct mps_client *client, mps_stream stream);
 
 /*
  Waits for all work in `stream`.
  */
-enum mps_status mps_stream_synchronize(struct mps_client *client, mps_stream stream);
+mps_status mps_stream_synchronize(struct mps_client *client, mps_stream stream);
 
 /*
  `MPS_SUCCESS` if all work in `stream` is done, `MPS_ERROR_NOT_READY` if not (a stream whose
  work finished a moment ago may be reported busy once).
  */
-enum mps_status mps_stream_query(struct mps_client *client, mps_stream stream);
+mps_status mps_stream_query(struct mps_client *client, mps_stream stream);
 
 /*
  Makes later work in `stream` wait for the latest record of `event`.
  */
-enum mps_status mps_stream_wait_event(struct mps_client *client,
-                                      mps_stream stream,
-                                      mps_event event);
+mps_status mps_stream_wait_event(struct mps_client *client, mps_stream stream, mps_event event);
 
 /*
  Creates an event into `*event`.
@@ -411,27 +410,27 @@ enum mps_status mps_stream_wait_event(struct mps_client *client,
  # Safety
  `event` is NULL or writable.
  */
-enum mps_status mps_event_create(struct mps_client *client, mps_event *event);
+mps_status mps_event_create(struct mps_client *client, mps_event *event);
 
 /*
  Destroys an event.
  */
-enum mps_status mps_event_destroy(struct mps_client *client, mps_event event);
+mps_status mps_event_destroy(struct mps_client *client, mps_event event);
 
 /*
  Records `event` in `stream`.
  */
-enum mps_status mps_event_record(struct mps_client *client, mps_event event, mps_stream stream);
+mps_status mps_event_record(struct mps_client *client, mps_event event, mps_stream stream);
 
 /*
  Waits for the latest record of `event`.
  */
-enum mps_status mps_event_synchronize(struct mps_client *client, mps_event event);
+mps_status mps_event_synchronize(struct mps_client *client, mps_event event);
 
 /*
  `MPS_SUCCESS` once the latest record of `event` completed, `MPS_ERROR_NOT_READY` before.
  */
-enum mps_status mps_event_query(struct mps_client *client, mps_event event);
+mps_status mps_event_query(struct mps_client *client, mps_event event);
 
 /*
  Milliseconds between the latest records of `start` and `end`, into `*ms`.
@@ -439,15 +438,15 @@ enum mps_status mps_event_query(struct mps_client *client, mps_event event);
  # Safety
  `ms` is NULL or writable.
  */
-enum mps_status mps_event_elapsed_ms(struct mps_client *client,
-                                     float *ms,
-                                     mps_event start,
-                                     mps_event end);
+mps_status mps_event_elapsed_ms(struct mps_client *client,
+                                float *ms,
+                                mps_event start,
+                                mps_event end);
 
 /*
  Waits for all of this client's streams.
  */
-enum mps_status mps_synchronize(struct mps_client *client);
+mps_status mps_synchronize(struct mps_client *client);
 
 #ifdef __cplusplus
 }  // extern "C"

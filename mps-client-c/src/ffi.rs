@@ -21,64 +21,9 @@ use mps_core::{Error, Status};
 
 use crate::client::{Client, DevicePtr, Event, Function, Module, Stream};
 
-/// Status of an mps call. Values are stable across releases.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum mps_status {
-    /// The call succeeded.
-    MPS_SUCCESS = 0,
-    /// An argument is NULL where it must not be, zero where it must not be, or out of range.
-    MPS_ERROR_INVALID_VALUE = 1,
-    /// A handle (client, pointer, stream, event, module, function) is not this client's.
-    MPS_ERROR_INVALID_HANDLE = 2,
-    /// Device (or simulated) memory is exhausted.
-    MPS_ERROR_OUT_OF_MEMORY = 3,
-    /// Work is still pending (from the query functions).
-    MPS_ERROR_NOT_READY = 4,
-    /// A kernel of that name does not exist in the module.
-    MPS_ERROR_NOT_FOUND = 5,
-    /// A kernel or copy touched memory outside the client's allocations.
-    MPS_ERROR_ILLEGAL_ADDRESS = 6,
-    /// A kernel could not be launched or failed.
-    MPS_ERROR_LAUNCH_FAILED = 7,
-    /// The server is unreachable, or the connection was lost.
-    MPS_ERROR_CONNECTION = 8,
-    /// Library and server speak different protocol versions.
-    MPS_ERROR_PROTOCOL_MISMATCH = 9,
-    /// Not allowed (another user's server, say).
-    MPS_ERROR_PERMISSION_DENIED = 10,
-    /// A per-client limit would be exceeded.
-    MPS_ERROR_QUOTA_EXCEEDED = 11,
-    /// Not supported by this server or backend.
-    MPS_ERROR_UNSUPPORTED = 12,
-    /// A bug inside mps; the message says where.
-    MPS_ERROR_INTERNAL = 13,
-    /// A module image is not PTX, cubin or fatbin.
-    MPS_ERROR_INVALID_IMAGE = 14,
-}
-
-impl From<Status> for mps_status {
-    fn from(s: Status) -> Self {
-        use mps_status::*;
-        match s {
-            Status::Success => MPS_SUCCESS,
-            Status::InvalidValue => MPS_ERROR_INVALID_VALUE,
-            Status::InvalidHandle => MPS_ERROR_INVALID_HANDLE,
-            Status::OutOfMemory => MPS_ERROR_OUT_OF_MEMORY,
-            Status::NotReady => MPS_ERROR_NOT_READY,
-            Status::NotFound => MPS_ERROR_NOT_FOUND,
-            Status::IllegalAddress => MPS_ERROR_ILLEGAL_ADDRESS,
-            Status::LaunchFailed => MPS_ERROR_LAUNCH_FAILED,
-            Status::Connection => MPS_ERROR_CONNECTION,
-            Status::ProtocolMismatch => MPS_ERROR_PROTOCOL_MISMATCH,
-            Status::PermissionDenied => MPS_ERROR_PERMISSION_DENIED,
-            Status::QuotaExceeded => MPS_ERROR_QUOTA_EXCEEDED,
-            Status::Unsupported => MPS_ERROR_UNSUPPORTED,
-            Status::Internal => MPS_ERROR_INTERNAL,
-            Status::InvalidImage => MPS_ERROR_INVALID_IMAGE,
-        }
-    }
-}
+/// Status of an mps call: the core's [`Status`] itself, whose values are stable across releases.
+/// Its C declaration in `include/mps.h` is generated from the same list.
+pub type mps_status = Status;
 
 /// A connection to an mps server (opaque).
 #[derive(Debug)]
@@ -170,13 +115,13 @@ fn set_last_error(key: usize, message: &str) {
 
 fn fail(key: usize, e: &Error) -> mps_status {
     set_last_error(key, &e.message);
-    e.status.into()
+    e.status
 }
 
 /// Runs `f` with a panic boundary, turning its result into a status.
 fn guard(key: usize, f: impl FnOnce() -> Result<(), Error>) -> mps_status {
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => mps_status::MPS_SUCCESS,
+        Ok(Ok(())) => Status::Success,
         Ok(Err(e)) => fail(key, &e),
         Err(_) => fail(
             key,

@@ -2,7 +2,27 @@
 //! it and fails on any difference. Run with `MPS_BLESS=1` to rewrite the header after changing
 //! the ABI.
 
+use std::fmt::Write as _;
 use std::path::Path;
+
+use mps_core::Status;
+
+/// The C declaration of `mps_status`, from the core's one list of statuses (cbindgen does not
+/// read other crates' enums, and a second list in the C ABI would be a copy to keep in step).
+fn status_enum() -> String {
+    let mut c = String::from(
+        "\n/*\n Status of an mps call. Values are stable across releases.\n */\ntypedef enum mps_status {\n",
+    );
+    for s in Status::ALL {
+        c.push_str("  /*\n");
+        for line in s.doc().lines() {
+            writeln!(c, "   {}", line.trim()).unwrap();
+        }
+        writeln!(c, "   */\n  {} = {},", s.name(), s as u32).unwrap();
+    }
+    c.push_str("} mps_status;\n");
+    c
+}
 
 fn generate() -> String {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -23,13 +43,14 @@ fn generate() -> String {
             env!("CARGO_PKG_VERSION_MINOR"),
             env!("CARGO_PKG_VERSION_PATCH"),
             env!("CARGO_PKG_VERSION"),
-        )),
+        ) + &status_enum()),
         sys_includes: vec!["stddef.h".into(), "stdint.h".into()],
         no_includes: true,
         ..Default::default()
     };
     cfg.enumeration.prefix_with_name = false;
     cfg.export.include = vec!["mps_backend".into()];
+    cfg.export.exclude = vec!["mps_status".into()];
     let mut out = Vec::new();
     cbindgen::Builder::new()
         .with_crate(crate_dir)

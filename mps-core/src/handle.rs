@@ -10,55 +10,37 @@ use std::fmt;
 
 use crate::status::{Error, Result};
 
-/// What a handle names.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HandleKind {
-    /// A stream (`mps_stream`).
-    Stream = 1,
-    /// An event (`mps_event`).
-    Event = 2,
-    /// A loaded module (`mps_module`).
-    Module = 3,
-    /// A kernel in a module (`mps_function`).
-    Function = 4,
-    /// A host buffer from `mps_host_alloc`.
-    HostBuffer = 5,
+crate::wire_enum! {
+    /// What a handle names; the value is the tag in the handle's top byte, the name the noun
+    /// used in messages.
+    pub enum HandleKind: u8, from_tag {
+        /// A stream (`mps_stream`).
+        Stream = 1 => "stream",
+        /// An event (`mps_event`).
+        Event = 2 => "event",
+        /// A loaded module (`mps_module`).
+        Module = 3 => "module",
+        /// A kernel in a module (`mps_function`).
+        Function = 4 => "function",
+        /// A host buffer from `mps_host_alloc`.
+        HostBuffer = 5 => "host buffer",
+    }
 }
 
 impl HandleKind {
     /// The lower-case name used in messages.
     pub fn noun(self) -> &'static str {
-        match self {
-            HandleKind::Stream => "stream",
-            HandleKind::Event => "event",
-            HandleKind::Module => "module",
-            HandleKind::Function => "function",
-            HandleKind::HostBuffer => "host buffer",
-        }
+        self.name()
     }
 
     /// The noun with its indefinite article ("an event").
-    pub fn a_noun(self) -> &'static str {
-        match self {
-            HandleKind::Stream => "a stream",
-            HandleKind::Event => "an event",
-            HandleKind::Module => "a module",
-            HandleKind::Function => "a function",
-            HandleKind::HostBuffer => "a host buffer",
-        }
-    }
-
-    fn from_tag(tag: u8) -> Option<HandleKind> {
-        [
-            HandleKind::Stream,
-            HandleKind::Event,
-            HandleKind::Module,
-            HandleKind::Function,
-            HandleKind::HostBuffer,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == tag)
+    pub fn a_noun(self) -> String {
+        let article = if self.name().starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        };
+        format!("{article} {}", self.name())
     }
 }
 

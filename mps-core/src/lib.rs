@@ -4,7 +4,8 @@
 //! the status codes shared by server and clients ([`status`]), typed handles ([`handle`]), the
 //! versioned wire protocol ([`protocol`]), the per-client allocation table and the device-memory
 //! range allocator ([`alloc`]), PTX entry parsing ([`ptx`]), and per-stream ordering
-//! ([`ordering`]).
+//! ([`ordering`]). Every enum that crosses the wire or the C ABI is declared once, with
+//! [`wire_enum!`].
 
 pub mod alloc;
 pub mod handle;
@@ -13,5 +14,6 @@ pub mod protocol;
 pub mod ptx;
 pub mod status;
 pub mod units;
+mod wire_enum;
 
 pub use status::{Error, Result, Status};

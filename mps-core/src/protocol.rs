@@ -78,76 +78,67 @@ pub struct Command {
 
 const _: () = assert!(size_of::<Command>() == SLOT_BYTES);
 
-/// What a command asks for.
-#[repr(u16)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum Opcode {
-    MemAlloc = 1,
-    MemFree = 2,
-    MemGetInfo = 3,
-    HostAlloc = 4,
-    HostFree = 5,
-    CopyHtoD = 6,
-    CopyDtoH = 7,
-    CopyDtoD = 8,
-    Memset = 9,
-    ModuleData = 10,
-    ModuleUnload = 11,
-    GetFunction = 12,
-    ParamInfo = 13,
-    Launch = 14,
-    StreamCreate = 15,
-    StreamDestroy = 16,
-    Mark = 17,
-    EventCreate = 18,
-    EventDestroy = 19,
-    EventRecord = 20,
-    StreamWaitEvent = 21,
-    EventElapsed = 22,
-    SetMemLimit = 23,
-    SetPriority = 24,
-    SetSmShare = 25,
-    ReserveSms = 26,
-    SmInfo = 27,
+crate::wire_enum! {
+    /// What a command asks for.
+    pub enum Opcode: u16, from_u16 {
+        /// Allocate device memory.
+        MemAlloc = 1 => "mem_alloc",
+        /// Free device memory.
+        MemFree = 2 => "mem_free",
+        /// Free and total device memory, as the client's limit shows them.
+        MemGetInfo = 3 => "mem_get_info",
+        /// Create a host buffer shared with the server.
+        HostAlloc = 4 => "host_alloc",
+        /// Free a host buffer.
+        HostFree = 5 => "host_free",
+        /// Copy host to device.
+        CopyHtoD = 6 => "copy_htod",
+        /// Copy device to host.
+        CopyDtoH = 7 => "copy_dtoh",
+        /// Copy device to device.
+        CopyDtoD = 8 => "copy_dtod",
+        /// Fill device memory.
+        Memset = 9 => "memset",
+        /// A chunk of a module image.
+        ModuleData = 10 => "module_data",
+        /// Unload a module.
+        ModuleUnload = 11 => "module_unload",
+        /// Look up a kernel by name.
+        GetFunction = 12 => "get_function",
+        /// A kernel's parameter layout.
+        ParamInfo = 13 => "param_info",
+        /// Launch a kernel.
+        Launch = 14 => "launch",
+        /// Create a stream.
+        StreamCreate = 15 => "stream_create",
+        /// Destroy a stream.
+        StreamDestroy = 16 => "stream_destroy",
+        /// Publish stream progress (nothing else).
+        Mark = 17 => "mark",
+        /// Create an event.
+        EventCreate = 18 => "event_create",
+        /// Destroy an event.
+        EventDestroy = 19 => "event_destroy",
+        /// Record an event in a stream.
+        EventRecord = 20 => "event_record",
+        /// Make a stream wait for an event.
+        StreamWaitEvent = 21 => "stream_wait_event",
+        /// Time between two recorded events.
+        EventElapsed = 22 => "event_elapsed",
+        /// Lower the client's device-memory limit.
+        SetMemLimit = 23 => "set_mem_limit",
+        /// Lower the client's priority.
+        SetPriority = 24 => "set_priority",
+        /// Lower the client's SM share.
+        SetSmShare = 25 => "set_sm_share",
+        /// Reserve SMs for the client.
+        ReserveSms = 26 => "reserve_sms",
+        /// The client's SMs.
+        SmInfo = 27 => "sm_info",
+    }
 }
 
 impl Opcode {
-    const ALL: [Opcode; 27] = [
-        Opcode::MemAlloc,
-        Opcode::MemFree,
-        Opcode::MemGetInfo,
-        Opcode::HostAlloc,
-        Opcode::HostFree,
-        Opcode::CopyHtoD,
-        Opcode::CopyDtoH,
-        Opcode::CopyDtoD,
-        Opcode::Memset,
-        Opcode::ModuleData,
-        Opcode::ModuleUnload,
-        Opcode::GetFunction,
-        Opcode::ParamInfo,
-        Opcode::Launch,
-        Opcode::StreamCreate,
-        Opcode::StreamDestroy,
-        Opcode::Mark,
-        Opcode::EventCreate,
-        Opcode::EventDestroy,
-        Opcode::EventRecord,
-        Opcode::StreamWaitEvent,
-        Opcode::EventElapsed,
-        Opcode::SetMemLimit,
-        Opcode::SetPriority,
-        Opcode::SetSmShare,
-        Opcode::ReserveSms,
-        Opcode::SmInfo,
-    ];
-
-    /// The opcode with this wire value.
-    pub fn from_u16(v: u16) -> Option<Opcode> {
-        Self::ALL.iter().copied().find(|o| *o as u16 == v)
-    }
-
     /// Whether commands of this kind run in stream order (and so may carry [`flags::MARK`]).
     pub fn is_stream_ordered(self) -> bool {
         matches!(

@@ -3,108 +3,41 @@
 
 use std::fmt;
 
-/// Result of every mps operation. The numeric values are part of the C ABI and of the wire
-/// protocol: they never change, new ones are only appended.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Status {
-    /// The operation completed.
-    Success = 0,
-    /// An argument is out of range, null where it must not be, or inconsistent with another.
-    InvalidValue = 1,
-    /// A handle (pointer, stream, event, module, function, host buffer) is unknown to this client.
-    InvalidHandle = 2,
-    /// The device (or the simulator's memory) cannot satisfy an allocation.
-    OutOfMemory = 3,
-    /// Work is still pending (a query, not a failure).
-    NotReady = 4,
-    /// A named object (a kernel in a module) does not exist.
-    NotFound = 5,
-    /// A kernel or copy touched memory outside the client's allocations.
-    IllegalAddress = 6,
-    /// A kernel could not be launched or failed while running.
-    LaunchFailed = 7,
-    /// The server is unreachable, or the connection to it was lost.
-    Connection = 8,
-    /// Client and server speak different protocol versions.
-    ProtocolMismatch = 9,
-    /// The caller is not allowed to do this.
-    PermissionDenied = 10,
-    /// A per-client limit (memory, streams, events, ...) would be exceeded.
-    QuotaExceeded = 11,
-    /// The operation is not supported by this server or backend.
-    Unsupported = 12,
-    /// A bug or an unexpected failure inside mps; the message says where.
-    Internal = 13,
-    /// A module image is neither PTX, cubin nor fatbin, or does not parse.
-    InvalidImage = 14,
-}
-
-impl Status {
-    /// Every status, in numeric order.
-    pub const ALL: [Status; 15] = [
-        Status::Success,
-        Status::InvalidValue,
-        Status::InvalidHandle,
-        Status::OutOfMemory,
-        Status::NotReady,
-        Status::NotFound,
-        Status::IllegalAddress,
-        Status::LaunchFailed,
-        Status::Connection,
-        Status::ProtocolMismatch,
-        Status::PermissionDenied,
-        Status::QuotaExceeded,
-        Status::Unsupported,
-        Status::Internal,
-        Status::InvalidImage,
-    ];
-
-    /// The status with this wire value, or `None` for a value no version defines.
-    pub fn from_u32(v: u32) -> Option<Status> {
-        Self::ALL.get(v as usize).copied()
-    }
-
-    /// The C name of the status, e.g. `MPS_ERROR_INVALID_HANDLE`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Success => "MPS_SUCCESS",
-            Status::InvalidValue => "MPS_ERROR_INVALID_VALUE",
-            Status::InvalidHandle => "MPS_ERROR_INVALID_HANDLE",
-            Status::OutOfMemory => "MPS_ERROR_OUT_OF_MEMORY",
-            Status::NotReady => "MPS_ERROR_NOT_READY",
-            Status::NotFound => "MPS_ERROR_NOT_FOUND",
-            Status::IllegalAddress => "MPS_ERROR_ILLEGAL_ADDRESS",
-            Status::LaunchFailed => "MPS_ERROR_LAUNCH_FAILED",
-            Status::Connection => "MPS_ERROR_CONNECTION",
-            Status::ProtocolMismatch => "MPS_ERROR_PROTOCOL_MISMATCH",
-            Status::PermissionDenied => "MPS_ERROR_PERMISSION_DENIED",
-            Status::QuotaExceeded => "MPS_ERROR_QUOTA_EXCEEDED",
-            Status::Unsupported => "MPS_ERROR_UNSUPPORTED",
-            Status::Internal => "MPS_ERROR_INTERNAL",
-            Status::InvalidImage => "MPS_ERROR_INVALID_IMAGE",
-        }
-    }
-
-    /// The same name as a NUL-terminated C string, for `mps_status_string`.
-    pub fn c_name(self) -> &'static std::ffi::CStr {
-        match self {
-            Status::Success => c"MPS_SUCCESS",
-            Status::InvalidValue => c"MPS_ERROR_INVALID_VALUE",
-            Status::InvalidHandle => c"MPS_ERROR_INVALID_HANDLE",
-            Status::OutOfMemory => c"MPS_ERROR_OUT_OF_MEMORY",
-            Status::NotReady => c"MPS_ERROR_NOT_READY",
-            Status::NotFound => c"MPS_ERROR_NOT_FOUND",
-            Status::IllegalAddress => c"MPS_ERROR_ILLEGAL_ADDRESS",
-            Status::LaunchFailed => c"MPS_ERROR_LAUNCH_FAILED",
-            Status::Connection => c"MPS_ERROR_CONNECTION",
-            Status::ProtocolMismatch => c"MPS_ERROR_PROTOCOL_MISMATCH",
-            Status::PermissionDenied => c"MPS_ERROR_PERMISSION_DENIED",
-            Status::QuotaExceeded => c"MPS_ERROR_QUOTA_EXCEEDED",
-            Status::Unsupported => c"MPS_ERROR_UNSUPPORTED",
-            Status::Internal => c"MPS_ERROR_INTERNAL",
-            Status::InvalidImage => c"MPS_ERROR_INVALID_IMAGE",
-        }
+crate::wire_enum! {
+    /// Result of every mps operation. The numeric values are part of the C ABI (where this is
+    /// `mps_status`) and of the wire protocol: they never change, new ones are only appended.
+    pub enum Status: u32, from_u32 {
+        /// The operation completed.
+        Success = 0 => "MPS_SUCCESS",
+        /// An argument is out of range, null where it must not be, or inconsistent with another.
+        InvalidValue = 1 => "MPS_ERROR_INVALID_VALUE",
+        /// A handle (pointer, stream, event, module, function, host buffer) is unknown to this
+        /// client.
+        InvalidHandle = 2 => "MPS_ERROR_INVALID_HANDLE",
+        /// The device (or the simulator's memory) cannot satisfy an allocation.
+        OutOfMemory = 3 => "MPS_ERROR_OUT_OF_MEMORY",
+        /// Work is still pending (a query, not a failure).
+        NotReady = 4 => "MPS_ERROR_NOT_READY",
+        /// A named object (a kernel in a module) does not exist.
+        NotFound = 5 => "MPS_ERROR_NOT_FOUND",
+        /// A kernel or copy touched memory outside the client's allocations.
+        IllegalAddress = 6 => "MPS_ERROR_ILLEGAL_ADDRESS",
+        /// A kernel could not be launched or failed while running.
+        LaunchFailed = 7 => "MPS_ERROR_LAUNCH_FAILED",
+        /// The server is unreachable, or the connection to it was lost.
+        Connection = 8 => "MPS_ERROR_CONNECTION",
+        /// Client and server speak different protocol versions.
+        ProtocolMismatch = 9 => "MPS_ERROR_PROTOCOL_MISMATCH",
+        /// The caller is not allowed to do this.
+        PermissionDenied = 10 => "MPS_ERROR_PERMISSION_DENIED",
+        /// A per-client limit (memory, streams, events, ...) would be exceeded.
+        QuotaExceeded = 11 => "MPS_ERROR_QUOTA_EXCEEDED",
+        /// The operation is not supported by this server or backend.
+        Unsupported = 12 => "MPS_ERROR_UNSUPPORTED",
+        /// A bug or an unexpected failure inside mps; the message says where.
+        Internal = 13 => "MPS_ERROR_INTERNAL",
+        /// A module image is neither PTX, cubin nor fatbin, or does not parse.
+        InvalidImage = 14 => "MPS_ERROR_INVALID_IMAGE",
     }
 }
 
