@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -125,6 +126,14 @@ class stream {
     stream &operator=(const stream &) = delete;
     stream(stream &&other) noexcept
         : c_(other.c_), s_(other.s_), owned_(std::exchange(other.owned_, false)) {}
+    /// Destroys the stream this owner held (if any) and takes `other`'s.
+    stream &operator=(stream &&other) noexcept {
+        stream taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(s_, taken.s_);
+        std::swap(owned_, taken.owned_);
+        return *this;
+    }
 
     mps_stream get() const noexcept { return s_; }
     void synchronize() const { detail::check(mps_stream_synchronize(c_, s_), c_); }
@@ -159,6 +168,13 @@ class event {
     event(const event &) = delete;
     event &operator=(const event &) = delete;
     event(event &&other) noexcept : c_(std::exchange(other.c_, nullptr)), e_(other.e_) {}
+    /// Destroys the event this owner held (if any) and takes `other`'s.
+    event &operator=(event &&other) noexcept {
+        event taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(e_, taken.e_);
+        return *this;
+    }
 
     mps_event get() const noexcept { return e_; }
     void record(const stream &s) const { detail::check(mps_event_record(c_, e_, s.get()), c_); }
@@ -202,6 +218,14 @@ class device_buffer {
     device_buffer &operator=(const device_buffer &) = delete;
     device_buffer(device_buffer &&other) noexcept
         : c_(std::exchange(other.c_, nullptr)), p_(other.p_), size_(other.size_) {}
+    /// Frees the memory this owner held (if any) and takes `other`'s.
+    device_buffer &operator=(device_buffer &&other) noexcept {
+        device_buffer taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(p_, taken.p_);
+        std::swap(size_, taken.size_);
+        return *this;
+    }
 
     /// The device address (pass `&buffer.address()`'s value to a kernel: see kernel::launch).
     mps_deviceptr address() const noexcept { return p_; }
@@ -242,6 +266,14 @@ class host_buffer {
     host_buffer &operator=(const host_buffer &) = delete;
     host_buffer(host_buffer &&other) noexcept
         : c_(std::exchange(other.c_, nullptr)), p_(other.p_), size_(other.size_) {}
+    /// Frees the buffer this owner held (if any) and takes `other`'s.
+    host_buffer &operator=(host_buffer &&other) noexcept {
+        host_buffer taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(p_, taken.p_);
+        std::swap(size_, taken.size_);
+        return *this;
+    }
 
     void *data() const noexcept { return p_; }
     template <class T>
@@ -292,6 +324,13 @@ class module {
     module(const module &) = delete;
     module &operator=(const module &) = delete;
     module(module &&other) noexcept : c_(std::exchange(other.c_, nullptr)), m_(other.m_) {}
+    /// Unloads the module this owner held (if any) and takes `other`'s.
+    module &operator=(module &&other) noexcept {
+        module taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(m_, taken.m_);
+        return *this;
+    }
 
     kernel function(const char *name) const {
         mps_function f = 0;
@@ -303,6 +342,22 @@ class module {
     mps_client *c_;
     mps_module m_ = 0;
 };
+
+// Every owner can be moved, by construction and by assignment, and never copied.
+static_assert(std::is_nothrow_move_constructible_v<client> &&
+              std::is_nothrow_move_assignable_v<client> && !std::is_copy_assignable_v<client>);
+static_assert(std::is_nothrow_move_constructible_v<stream> &&
+              std::is_nothrow_move_assignable_v<stream> && !std::is_copy_assignable_v<stream>);
+static_assert(std::is_nothrow_move_constructible_v<event> &&
+              std::is_nothrow_move_assignable_v<event> && !std::is_copy_assignable_v<event>);
+static_assert(std::is_nothrow_move_constructible_v<device_buffer> &&
+              std::is_nothrow_move_assignable_v<device_buffer> &&
+              !std::is_copy_assignable_v<device_buffer>);
+static_assert(std::is_nothrow_move_constructible_v<host_buffer> &&
+              std::is_nothrow_move_assignable_v<host_buffer> &&
+              !std::is_copy_assignable_v<host_buffer>);
+static_assert(std::is_nothrow_move_constructible_v<module> &&
+              std::is_nothrow_move_assignable_v<module> && !std::is_copy_assignable_v<module>);
 
 }  // namespace mps
 
