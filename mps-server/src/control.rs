@@ -24,10 +24,14 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::socket::{self, SOCKET_NAME};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
+use crate::registry::ClientStats;
 use crate::server::{listen, read_hello, wait_readable};
+use wire::{ServerAnswer, ServerRequest};
 
 /// Messages between the daemon and a server, on the socket the server inherits: a header, its
-/// payload, and at most one file descriptor.
+/// payload, and at most one file descriptor. Requests and answers are typed values, encoded
+/// here and nowhere else (JSON, so that a mismatch between daemon and server reads as an error,
+/// not as wrong numbers).
 pub(crate) mod wire {
     use std::io;
     use std::os::fd::{BorrowedFd, OwnedFd};
@@ -35,15 +39,52 @@ pub(crate) mod wire {
 
     use bytemuck::{Pod, Zeroable};
     use mps_core::protocol::MAGIC;
+    use mps_core::{Error, Result, Status};
     use mps_ipc::socket;
+    use serde::{Deserialize, Serialize};
+
+    use crate::registry::{ClientStats, Registry};
 
     /// A client's hello, with its connection attached (daemon to server).
     pub(crate) const HANDOFF: u32 = 1;
-    /// A command line (daemon to server).
+    /// A [`ServerRequest`] (daemon to server).
     pub(crate) const REQUEST: u32 = 2;
     /// The answer to a request (server to daemon).
     pub(crate) const REPLY: u32 = 3;
     const MAX_PAYLOAD: usize = 1 << 20;
+
+    /// What the daemon asks of a server.
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub(crate) enum ServerRequest {
+        /// Every live client's [`ClientStats`].
+        Clients,
+        /// Disconnect every connection of this client process.
+        Terminate {
+            client_pid: i32,
+        },
+        /// Priority of new clients.
+        SetPriority(u32),
+        /// SM share of every client, percent.
+        SetShare(u32),
+        GetShare,
+        /// Ceiling on the SMs clients may reserve in all, percent.
+        SetMaxReserve(u32),
+        GetMaxReserve,
+        /// Device memory per new client, bytes (0: no limit).
+        SetMemLimit(u64),
+    }
+
+    /// A server's answer to a [`ServerRequest`].
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub(crate) enum ServerAnswer {
+        Clients(Vec<ClientStats>),
+        Terminated { connections: u32 },
+        Percent(u32),
+        Done,
+    }
+
+    /// An answer as it crosses: the error keeps its status.
+    type Reply = std::result::Result<ServerAnswer, (u32, String)>;
 
     #[repr(C)]
     #[derive(Clone, Copy, Pod, Zeroable)]
@@ -85,6 +126,49 @@ pub(crate) mod wire {
         let mut payload = vec![0u8; h.len as usize];
         socket::recv(s, &mut payload, 0)?;
         Ok((h.kind, payload, fd))
+    }
+
+    fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+        // These types hold only numbers, strings and lists: serializing them cannot fail.
+        serde_json::to_vec(value).expect("a wire message serializes")
+    }
+
+    /// Sends `request` on `s` and waits for its answer.
+    pub(crate) fn ask(s: &UnixStream, request: &ServerRequest) -> Result<ServerAnswer> {
+        let lost = |e: io::Error| Error::new(Status::Connection, format!("no answer: {e}"));
+        send(s, REQUEST, &encode(request), None).map_err(lost)?;
+        let (kind, payload, _) = recv(s).map_err(lost)?;
+        if kind != REPLY {
+            return Err(Error::internal(format!(
+                "answered with message kind {kind}, not a reply"
+            )));
+        }
+        match serde_json::from_slice::<Reply>(&payload) {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err((status, message))) => Err(Error::new(
+                Status::from_u32(status).unwrap_or(Status::Internal),
+                message,
+            )),
+            Err(e) => Err(Error::internal(format!(
+                "an answer that does not decode ({e}); are the daemon and the server of one \
+                 version?"
+            ))),
+        }
+    }
+
+    /// The server's side: decodes a request's payload, has `registry` answer it, and encodes
+    /// the reply.
+    pub(crate) fn answer(registry: &Registry, payload: &[u8]) -> Vec<u8> {
+        let reply: Reply = serde_json::from_slice::<ServerRequest>(payload)
+            .map_err(|e| {
+                Error::invalid_value(format!(
+                    "a request that does not decode ({e}); are the daemon and the server of one \
+                     version?"
+                ))
+            })
+            .and_then(|request| registry.answer(request))
+            .map_err(|e| (e.status as u32, e.message));
+        encode(&reply)
     }
 }
 
@@ -460,30 +544,47 @@ impl Daemon {
             ["get_client_list", server, "-v"] => {
                 // One line per connection: the client's pid and its counters.
                 let pid = pid_arg(Some(server), "get_client_list <server-pid> [-v]")?;
-                let answer = self.ask(pid, "clients")?;
-                Ok(answer
-                    .lines()
-                    .map(|l| {
-                        let rest: Vec<&str> = l
-                            .split_whitespace()
-                            .filter(|kv| !kv.starts_with("pid=") && !kv.starts_with("id="))
-                            .collect();
-                        format!("{} {}\n", field(l, "pid").unwrap_or("?"), rest.join(" "))
+                Ok(self
+                    .clients_of(pid)?
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{} uid={} mem={} mem_limit={} priority={} sms={} sm_share={} \
+                             sm_reserve={} launches={} copies={} bytes_copied={} gpu_ms={}\n",
+                            c.pid,
+                            c.uid,
+                            c.mem,
+                            c.mem_limit,
+                            c.priority,
+                            c.sms,
+                            c.sm_share,
+                            c.sm_reserve,
+                            c.launches,
+                            c.copies,
+                            c.bytes_copied,
+                            c.gpu_ms
+                        )
                     })
                     .collect())
             }
             ["get_client_list", rest @ ..] if rest.len() <= 1 => {
                 let pid = pid_arg(rest.first(), "get_client_list <server-pid> [-v]")?;
-                let answer = self.ask(pid, "clients")?;
                 // One line per client process, however many connections it has.
-                let pids: std::collections::BTreeSet<&str> =
-                    answer.lines().filter_map(|l| field(l, "pid")).collect();
+                let pids: std::collections::BTreeSet<i32> =
+                    self.clients_of(pid)?.iter().map(|c| c.pid).collect();
                 Ok(pids.into_iter().map(|p| format!("{p}\n")).collect())
             }
             ["get_client_list", ..] => Err(bad("get_client_list <server-pid> [-v]")),
             ["terminate_client", server, client] => {
-                let pid = pid_arg(Some(server), "terminate_client <server-pid> <client-pid>")?;
-                self.ask(pid, &format!("terminate {client}"))
+                let usage = "terminate_client <server-pid> <client-pid>";
+                let pid = pid_arg(Some(server), usage)?;
+                let client_pid: i32 = client.parse().map_err(|_| bad(usage))?;
+                match self.ask(pid, &ServerRequest::Terminate { client_pid })? {
+                    ServerAnswer::Terminated { connections } => Ok(format!(
+                        "{connections} connection(s) of client {client_pid} terminated\n"
+                    )),
+                    other => Err(unexpected(pid, &other)),
+                }
             }
             ["terminate_client", ..] => Err(bad("terminate_client <server-pid> <client-pid>")),
             ["set_default_client_priority", level] => {
@@ -496,7 +597,7 @@ impl Daemon {
                 // Running servers take it for their new clients too.
                 let pids: Vec<u32> = self.servers().values().map(|s| s.child.id()).collect();
                 for pid in pids {
-                    self.ask(pid, &format!("set_priority {level}"))?;
+                    self.ask(pid, &ServerRequest::SetPriority(level))?;
                 }
                 Ok(format!("new clients: priority {level}\n"))
             }
@@ -520,7 +621,7 @@ impl Daemon {
                 let usage = "set_active_thread_percentage <server-pid> <1-100>";
                 let pid = pid_arg(Some(server), usage)?;
                 let p = percent(p, 1, usage)?;
-                self.ask(pid, &format!("set_share {p}"))?;
+                self.ask(pid, &ServerRequest::SetShare(p))?;
                 Ok(format!("server {pid}: {p}% of the SMs per client\n"))
             }
             ["set_active_thread_percentage", ..] => {
@@ -528,7 +629,7 @@ impl Daemon {
             }
             ["get_active_thread_percentage", server] => {
                 let pid = pid_arg(Some(server), "get_active_thread_percentage <server-pid>")?;
-                self.ask(pid, "get_share")
+                self.percent_of(pid, ServerRequest::GetShare)
             }
             ["get_active_thread_percentage", ..] => {
                 Err(bad("get_active_thread_percentage <server-pid>"))
@@ -543,7 +644,7 @@ impl Daemon {
                     ));
                 }
                 let pid = pid_arg(Some(target), usage)?;
-                self.ask(pid, &format!("set_max_reserve {p}"))?;
+                self.ask(pid, &ServerRequest::SetMaxReserve(p))?;
                 Ok(format!(
                     "server {pid}: clients may reserve {p}% of the SMs in all\n"
                 ))
@@ -560,7 +661,7 @@ impl Daemon {
                 }
                 let usage = "get_max_sm_reservation <server-pid|default>";
                 let pid = pid_arg(Some(target), usage)?;
-                self.ask(pid, "get_max_reserve")
+                self.percent_of(pid, ServerRequest::GetMaxReserve)
             }
             ["get_max_sm_reservation", ..] => {
                 Err(bad("get_max_sm_reservation <server-pid|default>"))
@@ -586,7 +687,7 @@ impl Daemon {
                 let usage = "set_device_pinned_mem_limit <server-pid> <device> <size>";
                 let pid = pid_arg(Some(server), usage)?;
                 let bytes = device_limit(dev, value)?;
-                self.ask(pid, &format!("set_mem_limit {bytes}"))?;
+                self.ask(pid, &ServerRequest::SetMemLimit(bytes))?;
                 Ok(format!(
                     "server {pid}: {bytes} bytes of device memory per new client\n"
                 ))
@@ -611,31 +712,36 @@ impl Daemon {
         }
     }
 
-    /// Sends a command to the server with this pid and returns its answer.
-    fn ask(&self, pid: u32, line: &str) -> Result<String> {
+    /// Sends a request to the server with this pid and returns its answer.
+    fn ask(&self, pid: u32, request: &ServerRequest) -> Result<ServerAnswer> {
         let mut servers = self.servers();
         prune(&mut servers);
         let s = servers
             .values_mut()
             .find(|s| s.child.id() == pid)
             .ok_or_else(|| no_server(pid))?;
-        let lost = |e: std::io::Error| {
-            Error::new(
-                Status::Connection,
-                format!("server {pid} did not answer: {e}"),
-            )
-        };
         let _ = s.handoff.set_read_timeout(Some(Duration::from_secs(5)));
-        wire::send(&s.handoff, wire::REQUEST, line.as_bytes(), None).map_err(lost)?;
-        let (kind, payload, _) = wire::recv(&s.handoff).map_err(lost)?;
+        let answer = wire::ask(&s.handoff, request).map_err(|e| {
+            let message = format!("server {pid}: {}", e.message);
+            Error::new(e.status, message)
+        });
         let _ = s.handoff.set_read_timeout(None);
-        let text = String::from_utf8_lossy(&payload).into_owned();
-        match (kind, text.strip_prefix("error: ")) {
-            (wire::REPLY, None) => Ok(text),
-            (wire::REPLY, Some(msg)) => Err(Error::invalid_value(msg.trim_end().to_string())),
-            _ => Err(Error::internal(format!(
-                "server {pid} answered with message kind {kind}"
-            ))),
+        answer
+    }
+
+    /// The clients of the server with this pid.
+    fn clients_of(&self, pid: u32) -> Result<Vec<ClientStats>> {
+        match self.ask(pid, &ServerRequest::Clients)? {
+            ServerAnswer::Clients(clients) => Ok(clients),
+            other => Err(unexpected(pid, &other)),
+        }
+    }
+
+    /// A percentage the server with this pid answers `request` with, as a line.
+    fn percent_of(&self, pid: u32, request: ServerRequest) -> Result<String> {
+        match self.ask(pid, &request)? {
+            ServerAnswer::Percent(p) => Ok(format!("{p}\n")),
+            other => Err(unexpected(pid, &other)),
         }
     }
 
@@ -664,22 +770,21 @@ impl Daemon {
         );
         for (pid, uid, group, routed, up) in pids {
             out += &format!("{pid:<11} {uid:<7} {group:<17} {routed:<7} {up}\n");
-            for line in self.ask(pid, "clients").unwrap_or_default().lines() {
-                let f = |k| field(line, k).unwrap_or("?").to_string();
+            for c in self.clients_of(pid).unwrap_or_default() {
                 clients += &format!(
                     "{pid:<11} {:<11} {:<13} {:<13} {:<9} {:<4} {:<7} {:<10} {:<11} {:<11} \
                      {:<13} {}\n",
-                    f("pid"),
-                    f("mem"),
-                    f("mem_limit"),
-                    f("priority"),
-                    f("sms"),
-                    f("sm_share"),
-                    f("sm_reserve"),
-                    f("launches"),
-                    f("copies"),
-                    f("bytes_copied"),
-                    f("gpu_ms")
+                    c.pid,
+                    c.mem,
+                    c.mem_limit,
+                    c.priority,
+                    c.sms,
+                    c.sm_share,
+                    c.sm_reserve,
+                    c.launches,
+                    c.copies,
+                    c.bytes_copied,
+                    c.gpu_ms
                 );
             }
         }
@@ -696,57 +801,64 @@ impl Daemon {
                 .map(|s| (s.child.id(), s.uid, s.group.clone()))
                 .collect()
         };
-        let families = [
+        // (value, name, type, help) of each family.
+        type Family = (
+            fn(&ClientStats) -> u64,
+            &'static str,
+            &'static str,
+            &'static str,
+        );
+        let families: [Family; 9] = [
             (
-                "mem",
+                |c| c.mem,
                 "mps_client_device_memory_bytes",
                 "gauge",
                 "Device memory a client holds.",
             ),
             (
-                "mem_limit",
+                |c| c.mem_limit,
                 "mps_client_device_memory_limit_bytes",
                 "gauge",
                 "A client's device-memory limit (0: none).",
             ),
             (
-                "priority",
+                |c| c.priority as u64,
                 "mps_client_priority",
                 "gauge",
                 "A client's priority (0 normal, 1 below normal).",
             ),
             (
-                "sms",
+                |c| c.sms as u64,
                 "mps_client_sms",
                 "gauge",
                 "SMs a client's kernels may use.",
             ),
             (
-                "sm_reserve",
+                |c| c.sm_reserve as u64,
                 "mps_client_sm_reserved_percent",
                 "gauge",
                 "Percent of the SMs reserved for a client alone.",
             ),
             (
-                "gpu_ms",
+                |c| c.gpu_ms,
                 "mps_client_gpu_busy_milliseconds_total",
                 "counter",
                 "Time the device had work of a client pending or running.",
             ),
             (
-                "launches",
+                |c| c.launches,
                 "mps_client_launches_total",
                 "counter",
                 "Kernels a client launched.",
             ),
             (
-                "copies",
+                |c| c.copies,
                 "mps_client_copies_total",
                 "counter",
                 "Copies a client made.",
             ),
             (
-                "bytes_copied",
+                |c| c.bytes_copied,
                 "mps_client_copied_bytes_total",
                 "counter",
                 "Bytes a client copied.",
@@ -754,23 +866,22 @@ impl Daemon {
         ];
         let mut rows = Vec::new();
         for (pid, uid, group) in &servers {
-            for line in self.ask(*pid, "clients").unwrap_or_default().lines() {
+            for c in self.clients_of(*pid).unwrap_or_default() {
                 let labels = format!(
                     "server_pid=\"{pid}\",uid=\"{uid}\",group=\"{group}\",client_pid=\"{}\",client_id=\"{}\"",
-                    field(line, "pid").unwrap_or("?"),
-                    field(line, "id").unwrap_or("?"),
+                    c.pid, c.id,
                 );
-                rows.push((labels, line.to_string()));
+                rows.push((labels, c));
             }
         }
         let mut out = format!(
             "# HELP mps_servers Running servers.\n# TYPE mps_servers gauge\nmps_servers {}\n",
             servers.len()
         );
-        for (key, name, kind, help) in families {
+        for (value, name, kind, help) in families {
             out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
-            for (labels, line) in &rows {
-                out += &format!("{name}{{{labels}}} {}\n", field(line, key).unwrap_or("0"));
+            for (labels, c) in &rows {
+                out += &format!("{name}{{{labels}}} {}\n", value(c));
             }
         }
         out
@@ -818,10 +929,12 @@ impl Daemon {
     }
 }
 
-/// The value of `key=value` in a line of a server's `clients` answer.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+/// An answer that does not fit the request: daemon and server disagree about the protocol.
+fn unexpected(pid: u32, answer: &ServerAnswer) -> Error {
+    Error::internal(format!(
+        "server {pid} answered {answer:?}, which does not fit the request; are the daemon and the \
+         server of one version?"
+    ))
 }
 
 /// A device-memory limit for device `dev` (this daemon's servers use device 0).
