@@ -35,8 +35,8 @@ impl Stats {
     }
 }
 
-/// What one client holds and did, as the control daemon sees it: the answer to
-/// [`ServerRequest::Clients`], one per connection.
+/// What one client holds and did, as the control daemon sees it: a server's answer to its
+/// `Clients` request has one per connection.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientStats {
     /// The server's id of the connection.
