@@ -18,7 +18,6 @@ pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -31,7 +30,8 @@ use mps_ipc::socket::SOCKET_NAME;
 pub use command::{Command, Target};
 use routing::ServerProc;
 
-use crate::server::{listen, wait_readable};
+use crate::fs_trust::TrustedDir;
+use crate::server::wait_readable;
 
 /// The operators' socket in the pipe directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
@@ -59,6 +59,12 @@ pub struct DaemonConfig {
 /// The daemon's state.
 pub struct Daemon {
     cfg: DaemonConfig,
+    /// The pipe directory, checked and held open: the daemon's files are made through it.
+    pipe: TrustedDir,
+    /// `servers/` in it: one directory per server.
+    servers_dir: TrustedDir,
+    /// The log directory, checked and held open.
+    logs: TrustedDir,
     /// Device memory per client for new servers, in bytes (0: no limit).
     default_mem_limit: AtomicU64,
     /// Priority of new servers' clients.
@@ -84,28 +90,37 @@ fn is_root() -> bool {
 }
 
 impl Daemon {
-    /// Creates the pipe directory and binds both sockets.
+    /// Opens (creating them if needed) the pipe and log directories, refusing ones another
+    /// user owns or can write, binds both sockets and writes the pid file, never through a link.
     pub fn bind(cfg: DaemonConfig) -> Result<Daemon> {
-        let perm = |what: &str, e: std::io::Error| {
-            Error::new(Status::PermissionDenied, format!("{what}: {e}"))
-        };
-        std::fs::create_dir_all(cfg.pipe_dir.join("servers"))
-            .map_err(|e| perm("cannot create the pipe directory", e))?;
+        // Every user traverses the pipe directory to reach the client socket.
+        let pipe = TrustedDir::open(&cfg.pipe_dir, 0o755)?;
+        pipe.set_mode(0o755)?;
+        // Users' servers reach their own directory and log, without listing the others'.
+        let servers_dir = pipe.subdir("servers", 0o711, None)?;
+        let logs = TrustedDir::open(&cfg.log_dir, if is_root() { 0o711 } else { 0o700 })?;
         // As root, every user may reach the client socket (the daemon routes each to its own
         // server); otherwise only this user may.
         let client_mode = if is_root() { 0o666 } else { 0o600 };
-        std::fs::set_permissions(&cfg.pipe_dir, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| perm("cannot set the pipe directory's mode", e))?;
-        let client_listener = listen(&cfg.pipe_dir.join(SOCKET_NAME), client_mode)?;
-        let control_listener = listen(&cfg.pipe_dir.join(CONTROL_SOCKET), 0o600)?;
-        std::fs::write(
-            cfg.pipe_dir.join(PID_FILE),
-            format!("{}\n", std::process::id()),
-        )
-        .map_err(|e| perm("cannot write the pid file", e))?;
+        let client_listener = pipe.listen(SOCKET_NAME, client_mode)?;
+        let control_listener = pipe.listen(CONTROL_SOCKET, 0o600)?;
+        pipe.create_file(PID_FILE, 0o644).and_then(|mut f| {
+            writeln!(f, "{}", std::process::id()).map_err(|e| {
+                Error::new(
+                    Status::PermissionDenied,
+                    format!(
+                        "cannot write the pid file in {}: {e}",
+                        cfg.pipe_dir.display()
+                    ),
+                )
+            })
+        })?;
         let d = cfg.defaults;
         Ok(Daemon {
             cfg,
+            pipe,
+            servers_dir,
+            logs,
             default_mem_limit: AtomicU64::new(d.mem_limit),
             default_priority: AtomicU32::new(d.priority),
             default_share: AtomicU32::new(d.sm_share),
@@ -115,6 +130,11 @@ impl Daemon {
             client_listener,
             control_listener,
         })
+    }
+
+    /// The pipe directory, to make more files in it the same safe way.
+    pub fn pipe_dir(&self) -> &TrustedDir {
+        &self.pipe
     }
 
     /// Serves clients and operators until `quit` (or `stop` is set from outside, by a signal).
@@ -138,7 +158,7 @@ impl Daemon {
         }
         let _ = clients.join();
         for name in [SOCKET_NAME, CONTROL_SOCKET, PID_FILE] {
-            let _ = std::fs::remove_file(self.cfg.pipe_dir.join(name));
+            let _ = self.pipe.remove(name);
         }
         tracing::info!("stopped");
     }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -169,12 +168,22 @@ impl Daemon {
 
     fn start_server(&self, uid: u32, group: &str) -> Result<ServerProc> {
         let name = format!("{uid}-{group}");
-        let dir = self.cfg.pipe_dir.join("servers").join(&name);
         let fail = |what: String| Error::new(Status::Internal, what);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| fail(format!("chmod {}: {e}", dir.display())))?;
+        // Run as root, the daemon starts another user's server as that user, who must own its
+        // directory and its log.
+        let owner = if is_root() && uid != 0 {
+            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .ok_or_else(|| fail(format!("uid {uid} has no passwd entry")))?;
+            Some((uid, user.gid.as_raw()))
+        } else {
+            None
+        };
+        let dir = self.servers_dir.subdir(&name, 0o700, owner)?;
+        let log_name = format!("server-{name}.log");
+        // Made here, private and not through a link, before the server appends to it by name.
+        self.logs.append_file(&log_name, 0o600, owner)?;
         // The daemon keeps one end (close-on-exec); the server inherits the other.
         let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
             AddressFamily::Unix,
@@ -190,11 +199,11 @@ impl Daemon {
         .map_err(|e| fail(format!("fcntl: {e}")))?;
         let mut cmd = Command::new(&self.cfg.server_bin);
         cmd.arg("--pipe-dir")
-            .arg(&dir)
+            .arg(dir.path())
             .arg("--log-dir")
-            .arg(&self.cfg.log_dir)
+            .arg(self.logs.path())
             .arg("--log-name")
-            .arg(format!("server-{name}.log"))
+            .arg(&log_name)
             .arg("--handoff-fd")
             .arg(theirs.as_raw_fd().to_string())
             .arg("--mem-limit")
@@ -209,23 +218,8 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if is_root() && uid != 0 {
-            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                .ok()
-                .flatten()
-                .ok_or_else(|| fail(format!("uid {uid} has no passwd entry")))?;
-            // The server, running as the user, must own its directory and its log.
-            let log = self.cfg.log_dir.join(format!("server-{name}.log"));
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .map_err(|e| fail(format!("creating {}: {e}", log.display())))?;
-            for path in [&dir, &log] {
-                nix::unistd::chown(path, Some(user.uid), Some(user.gid))
-                    .map_err(|e| fail(format!("chown {}: {e}", path.display())))?;
-            }
-            cmd.uid(uid).gid(user.gid.as_raw());
+        if let Some((uid, gid)) = owner {
+            cmd.uid(uid).gid(gid);
         }
         let child = cmd.spawn().map_err(|e| {
             fail(format!(
