@@ -29,16 +29,16 @@ pub(crate) enum ServerRequest {
     /// Every live client's [`ClientStats`].
     Clients,
     /// Disconnect every connection of this client process.
-    Terminate {
-        client_pid: i32,
-    },
+    Terminate { client_pid: i32 },
     /// Priority of new clients.
     SetPriority(u32),
     /// SM share of every client, percent.
     SetShare(u32),
+    /// The SM share in force, answered with [`ServerAnswer::Percent`].
     GetShare,
     /// Ceiling on the SMs clients may reserve in all, percent.
     SetMaxReserve(u32),
+    /// The reservation ceiling, answered with [`ServerAnswer::Percent`].
     GetMaxReserve,
     /// Device memory per new client, bytes (0: no limit).
     SetMemLimit(u64),
@@ -47,9 +47,13 @@ pub(crate) enum ServerRequest {
 /// A server's answer to a [`ServerRequest`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum ServerAnswer {
+    /// One per live connection.
     Clients(Vec<ClientStats>),
+    /// How many connections the client process had.
     Terminated { connections: u32 },
+    /// A percentage asked for.
     Percent(u32),
+    /// A setting was taken.
     Done,
 }
 
