@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod fs_trust;
 mod outbox;
 pub mod process;
 pub mod registry;

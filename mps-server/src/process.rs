@@ -42,6 +42,13 @@ pub fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
         .append(true)
         .open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    init_logging_to(file);
+    Ok(())
+}
+
+/// Logs to stderr and appends to `file` (opened by the caller, as it must be opened), at the
+/// level `MPS_LOG` names (default info).
+pub fn init_logging_to(file: std::fs::File) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::registry()
@@ -53,7 +60,6 @@ pub fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
                 .with_writer(std::sync::Mutex::new(file)),
         )
         .init();
-    Ok(())
 }
 
 /// The directory `$var` names, else `default`.

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mps_core::alloc::AllocTable;
-use mps_core::units::parse_percent;
 use mps_core::{Error, Result, Status};
 
 use crate::backend::SmSlot;
+use crate::control::wire::{ServerAnswer, ServerRequest};
 use crate::outbox::Outbox;
 use crate::sm::{self, Assignment, Placement, SmRequest};
 
@@ -33,6 +33,38 @@ impl Stats {
         self.copies.fetch_add(1, Ordering::Relaxed);
         self.bytes_copied.fetch_add(bytes, Ordering::Relaxed);
     }
+}
+
+/// What one client holds and did, as the control daemon sees it: a server's answer to its
+/// `Clients` request has one per connection.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClientStats {
+    /// The server's id of the connection.
+    pub id: u32,
+    /// The client's process id.
+    pub pid: i32,
+    /// The client's user id.
+    pub uid: u32,
+    /// Device memory it holds, in bytes.
+    pub mem: u64,
+    /// Its device-memory limit in bytes (0: none).
+    pub mem_limit: u64,
+    /// Its priority (0 normal, 1 below normal).
+    pub priority: u32,
+    /// SMs its kernels may use.
+    pub sms: u32,
+    /// The SM share in force for it, percent.
+    pub sm_share: u32,
+    /// The SMs reserved for it alone, percent (0: none).
+    pub sm_reserve: u32,
+    /// Kernels it launched.
+    pub launches: u64,
+    /// Copies it made.
+    pub copies: u64,
+    /// Bytes it copied.
+    pub bytes_copied: u64,
+    /// Time the device had its work pending or running, in milliseconds.
+    pub gpu_ms: u64,
 }
 
 /// One live client, as the registry sees it.
@@ -248,96 +280,102 @@ impl Registry {
         }
     }
 
-    /// Answers a command of the control daemon (one line; the answer's lines end in `\n`).
-    pub fn command(&self, line: &str) -> Result<String> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["clients"] => Ok(self
-                .clients()
-                .iter()
-                .map(|(id, c)| {
-                    let mem = c
+    /// What every live client holds and did, by client id.
+    pub(crate) fn client_stats(&self) -> Vec<ClientStats> {
+        self.clients()
+            .iter()
+            .map(|(id, c)| {
+                let [sms, _, share, reserve] = self.sm_of(c);
+                ClientStats {
+                    id: *id,
+                    pid: c.pid,
+                    uid: c.uid,
+                    mem: c
                         .allocations
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
-                        .bytes();
-                    let [sms, _, share, reserve] = self.sm_of(c);
-                    format!(
-                        "id={id} pid={} uid={} mem={} mem_limit={} priority={} sms={sms} \
-                         sm_share={share} sm_reserve={reserve} launches={} copies={} \
-                         bytes_copied={} gpu_ms={}\n",
-                        c.pid,
-                        c.uid,
-                        mem,
-                        c.mem_limit.load(Ordering::Relaxed),
-                        c.priority.load(Ordering::Relaxed),
-                        c.stats.launches.load(Ordering::Relaxed),
-                        c.stats.copies.load(Ordering::Relaxed),
-                        c.stats.bytes_copied.load(Ordering::Relaxed),
-                        c.busy_ns.load(Ordering::Relaxed) / 1_000_000,
-                    )
-                })
-                .collect()),
-            ["terminate", pid] => {
-                let pid: i32 = pid
-                    .parse()
-                    .map_err(|_| Error::invalid_value("usage: terminate <client-pid>"))?;
+                        .bytes(),
+                    mem_limit: c.mem_limit.load(Ordering::Relaxed),
+                    priority: c.priority.load(Ordering::Relaxed),
+                    sms: sms as u32,
+                    sm_share: share as u32,
+                    sm_reserve: reserve as u32,
+                    launches: c.stats.launches.load(Ordering::Relaxed),
+                    copies: c.stats.copies.load(Ordering::Relaxed),
+                    bytes_copied: c.stats.bytes_copied.load(Ordering::Relaxed),
+                    gpu_ms: c.busy_ns.load(Ordering::Relaxed) / 1_000_000,
+                }
+            })
+            .collect()
+    }
+
+    /// Answers a request of the control daemon.
+    pub(crate) fn answer(&self, request: ServerRequest) -> Result<ServerAnswer> {
+        match request {
+            ServerRequest::Clients => Ok(ServerAnswer::Clients(self.client_stats())),
+            ServerRequest::Terminate { client_pid } => {
                 let clients = self.clients();
-                let matching: Vec<_> = clients.values().filter(|c| c.pid == pid).collect();
+                let matching: Vec<_> = clients.values().filter(|c| c.pid == client_pid).collect();
                 if matching.is_empty() {
                     return Err(Error::new(
                         Status::NotFound,
-                        format!("no client with pid {pid} on this server"),
+                        format!("no client with pid {client_pid} on this server"),
                     ));
                 }
                 for c in &matching {
                     c.outbox.disconnect("terminated by the operator".into());
                 }
-                Ok(format!(
-                    "{} connection(s) of client {pid} terminated\n",
-                    matching.len()
-                ))
+                Ok(ServerAnswer::Terminated {
+                    connections: matching.len() as u32,
+                })
             }
-            ["set_priority", level] => {
-                let level: u32 = level
-                    .parse()
-                    .ok()
-                    .filter(|l| *l <= mps_core::protocol::PRIORITY_BELOW_NORMAL)
-                    .ok_or_else(|| Error::invalid_value("usage: set_priority <0|1>"))?;
+            ServerRequest::SetPriority(level) => {
+                if level > mps_core::protocol::PRIORITY_BELOW_NORMAL {
+                    return Err(Error::invalid_value(format!(
+                        "priority {level}: 0 (normal) or 1 (below normal)"
+                    )));
+                }
                 self.default_priority.store(level, Ordering::Relaxed);
-                Ok("ok\n".into())
+                Ok(ServerAnswer::Done)
             }
-            ["set_share", percent] => {
-                let percent = parse_percent(percent, 1)
-                    .ok_or_else(|| Error::invalid_value("usage: set_share <1-100>"))?;
+            ServerRequest::SetShare(percent) => {
+                check_percent(percent, 1, "an SM share")?;
                 let clients = self.clients();
                 let before = self.sm.share.swap(percent, Ordering::Relaxed);
                 if let Err(e) = self.replan(&clients) {
                     self.sm.share.store(before, Ordering::Relaxed);
                     return Err(e);
                 }
-                Ok("ok\n".into())
+                Ok(ServerAnswer::Done)
             }
-            ["get_share"] => Ok(format!("{}\n", self.sm.share.load(Ordering::Relaxed))),
-            ["set_max_reserve", percent] => {
-                let percent = parse_percent(percent, 0)
-                    .ok_or_else(|| Error::invalid_value("usage: set_max_reserve <0-100>"))?;
+            ServerRequest::GetShare => {
+                Ok(ServerAnswer::Percent(self.sm.share.load(Ordering::Relaxed)))
+            }
+            ServerRequest::SetMaxReserve(percent) => {
+                check_percent(percent, 0, "an SM reservation ceiling")?;
                 // Reservations already made stay; the ceiling applies to new ones.
                 self.sm.max_reserve.store(percent, Ordering::Relaxed);
-                Ok("ok\n".into())
+                Ok(ServerAnswer::Done)
             }
-            ["get_max_reserve"] => Ok(format!("{}\n", self.sm.max_reserve.load(Ordering::Relaxed))),
-            ["set_mem_limit", bytes] => {
-                let bytes: u64 = bytes
-                    .parse()
-                    .map_err(|_| Error::invalid_value("usage: set_mem_limit <bytes>"))?;
+            ServerRequest::GetMaxReserve => Ok(ServerAnswer::Percent(
+                self.sm.max_reserve.load(Ordering::Relaxed),
+            )),
+            ServerRequest::SetMemLimit(bytes) => {
                 self.default_mem_limit.store(bytes, Ordering::Relaxed);
-                Ok("ok\n".into())
+                Ok(ServerAnswer::Done)
             }
-            _ => Err(Error::invalid_value(format!(
-                "unknown server command {line:?}"
-            ))),
         }
+    }
+}
+
+/// Refuses a percentage outside `min..=100` (the daemon checks too; a server does not rely on it).
+fn check_percent(percent: u32, min: u32, what: &str) -> Result<()> {
+    if (min..=100).contains(&percent) {
+        Ok(())
+    } else {
+        Err(Error::invalid_value(format!(
+            "{what} of {percent}% is outside {min}-100%"
+        )))
     }
 }
 

@@ -123,12 +123,8 @@ impl<B: Backend> Server<B> {
                     self.spawn_client(UnixStream::from(fd), Some(hello));
                 }
                 Ok((wire::REQUEST, payload, None)) => {
-                    let line = String::from_utf8_lossy(&payload);
-                    let reply = match self.registry.command(&line) {
-                        Ok(text) => text,
-                        Err(e) => format!("error: {}\n", e.message),
-                    };
-                    if let Err(e) = wire::send(&handoff, wire::REPLY, reply.as_bytes(), None) {
+                    let reply = wire::answer(&self.registry, &payload);
+                    if let Err(e) = wire::send(&handoff, wire::REPLY, &reply, None) {
                         tracing::warn!("cannot answer the control daemon: {e}");
                     }
                 }

@@ -102,12 +102,12 @@ fn the_man_pages_document_every_option_and_command() {
             assert!(text.contains(&option), "{page} does not document {option}");
         }
     }
-    // Every command the daemon's dispatcher matches (`["name", ...] =>` arms).
-    let source = std::fs::read_to_string(root().join("mps-server/src/control.rs")).unwrap();
+    // Every command the daemon's parser matches (`("name", [...]) =>` arms).
+    let source = std::fs::read_to_string(root().join("mps-server/src/control/command.rs")).unwrap();
     let text = man_page("mps-control.1");
     let commands: Vec<&str> = source
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("[\""))
+        .filter_map(|l| l.trim().strip_prefix("(\""))
         .filter_map(|l| l.split('"').next())
         .filter(|c| c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '_') && c.contains('_'))
         .collect();

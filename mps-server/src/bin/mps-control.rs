@@ -4,7 +4,7 @@
 //! sends commands to a running daemon: the words after the options as one command, or, with no
 //! words, each line of standard input (`echo get_server_list | mps-control`).
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use mps_core::units::parse_size;
 use mps_server::control::{
     CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
 };
-use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
+use mps_server::fs_trust::TrustedDir;
+use mps_server::process::{STOP, env_dir, init_logging_to, install_signal_handlers};
 use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
@@ -70,7 +71,18 @@ struct Args {
 }
 
 fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), String> {
-    init_logging(&log_dir, "control.log")?;
+    // The log directory and control.log are checked and made as the pipe directory's files are
+    // (owned by this user or root, written by no one else, never through a link); the log is
+    // readable by this user only.
+    let log_mode = if nix::unistd::geteuid().is_root() {
+        0o711
+    } else {
+        0o700
+    };
+    let log = TrustedDir::open(&log_dir, log_mode)
+        .and_then(|d| d.append_file("control.log", 0o600, None))
+        .map_err(|e| e.message)?;
+    init_logging_to(log);
     install_signal_handlers()?;
     let server_bin = args.server.clone().unwrap_or_else(|| {
         std::env::current_exe()
@@ -100,8 +112,13 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         let listener = std::net::TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
-        std::fs::write(pipe_dir.join("metrics.addr"), format!("{bound}\n"))
-            .map_err(|e| format!("cannot write metrics.addr: {e}"))?;
+        daemon
+            .pipe_dir()
+            .create_file("metrics.addr", 0o644)
+            .map_err(|e| e.message)
+            .and_then(|mut f| {
+                writeln!(f, "{bound}").map_err(|e| format!("cannot write metrics.addr: {e}"))
+            })?;
         tracing::info!("metrics on http://{bound}/metrics");
         let d = daemon.clone();
         std::thread::Builder::new()
@@ -110,7 +127,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
             .map_err(|e| e.to_string())?;
     }
     daemon.run(&STOP);
-    let _ = std::fs::remove_file(pipe_dir.join("metrics.addr"));
+    let _ = daemon.pipe_dir().remove("metrics.addr");
     Ok(())
 }
 
@@ -124,7 +141,9 @@ fn spawn_background(pipe_dir: &std::path::Path) -> Result<(), String> {
     cmd.args(&args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        // Read only if it exits at start: its reason may come before it has a log (a directory
+        // it refuses). Later, with no reader, its stderr writes fail and its log carries on.
+        .stderr(std::process::Stdio::piped());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd
         .spawn()
@@ -136,9 +155,14 @@ fn spawn_background(pipe_dir: &std::path::Path) -> Result<(), String> {
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "the daemon exited at start ({status}); see control.log"
-            ));
+            let mut said = String::new();
+            if let Some(mut err) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut said);
+            }
+            return Err(match said.trim().trim_start_matches("mps-control: ") {
+                "" => format!("the daemon exited at start ({status}); see control.log"),
+                said => format!("the daemon exited at start ({status}): {said}"),
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1,0 +1,199 @@
+//! The control daemon behind `mps-control`: it owns the client socket of the pipe directory,
+//! starts one server per (user, group) on first use and hands each client's connection to its
+//! server, and answers operators' commands on a control socket.
+//!
+//! A client's uid comes from SO_PEERCRED and its group from its hello (`MPS_GROUP`, default
+//! `default`), so a client cannot reach another user's server, and a critical service and
+//! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
+//! each user's server as that user.
+//!
+//! `routing` finds or starts the server of a (user, group) and hands clients to it; `command` is
+//! the operators' command language ([`Command`]); `metrics` serves Prometheus; `wire` is what the
+//! daemon and its servers say to each other.
+
+mod command;
+mod metrics;
+mod routing;
+pub(crate) mod wire;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mps_core::{Error, Result, Status};
+use mps_ipc::socket::SOCKET_NAME;
+
+pub use command::{Command, Target};
+use routing::ServerProc;
+
+use crate::fs_trust::TrustedDir;
+use crate::server::wait_readable;
+
+/// The operators' socket in the pipe directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// The daemon's pid file in the pipe directory.
+pub const PID_FILE: &str = "mps-control.pid";
+
+/// Share of the SMs a server's clients may reserve in all, unless the operator says otherwise.
+pub const DEFAULT_MAX_SM_RESERVATION: u32 = 50;
+
+/// How a daemon is set up.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// The pipe directory (client and control sockets, servers' directories).
+    pub pipe_dir: PathBuf,
+    /// The log directory (control.log, one log per server).
+    pub log_dir: PathBuf,
+    /// The mps-server binary.
+    pub server_bin: PathBuf,
+    /// Arguments for every server (backend, simulator settings, ...).
+    pub server_args: Vec<String>,
+    /// What new servers' clients start from, until an operator command changes it.
+    pub defaults: crate::registry::Defaults,
+}
+
+/// The daemon's state.
+pub struct Daemon {
+    cfg: DaemonConfig,
+    /// The pipe directory, checked and held open: the daemon's files are made through it.
+    pipe: TrustedDir,
+    /// `servers/` in it: one directory per server.
+    servers_dir: TrustedDir,
+    /// The log directory, checked and held open.
+    logs: TrustedDir,
+    /// Device memory per client for new servers, in bytes (0: no limit).
+    default_mem_limit: AtomicU64,
+    /// Priority of new servers' clients.
+    default_priority: AtomicU32,
+    /// SM share of new servers' clients, percent.
+    default_share: AtomicU32,
+    /// Reservation ceiling of new servers, percent.
+    default_max_reserve: AtomicU32,
+    servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
+    stop: AtomicBool,
+    client_listener: UnixListener,
+    control_listener: UnixListener,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon").field("cfg", &self.cfg).finish()
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl Daemon {
+    /// Opens (creating them if needed) the pipe and log directories, refusing ones another
+    /// user owns or can write, binds both sockets and writes the pid file, never through a link.
+    pub fn bind(cfg: DaemonConfig) -> Result<Daemon> {
+        // Every user traverses the pipe directory to reach the client socket.
+        let pipe = TrustedDir::open(&cfg.pipe_dir, 0o755)?;
+        pipe.set_mode(0o755)?;
+        // Users' servers reach their own directory and log, without listing the others'.
+        let servers_dir = pipe.subdir("servers", 0o711, None)?;
+        let logs = TrustedDir::open(&cfg.log_dir, if is_root() { 0o711 } else { 0o700 })?;
+        // As root, every user may reach the client socket (the daemon routes each to its own
+        // server); otherwise only this user may.
+        let client_mode = if is_root() { 0o666 } else { 0o600 };
+        let client_listener = pipe.listen(SOCKET_NAME, client_mode)?;
+        let control_listener = pipe.listen(CONTROL_SOCKET, 0o600)?;
+        pipe.create_file(PID_FILE, 0o644).and_then(|mut f| {
+            writeln!(f, "{}", std::process::id()).map_err(|e| {
+                Error::new(
+                    Status::PermissionDenied,
+                    format!(
+                        "cannot write the pid file in {}: {e}",
+                        cfg.pipe_dir.display()
+                    ),
+                )
+            })
+        })?;
+        let d = cfg.defaults;
+        Ok(Daemon {
+            cfg,
+            pipe,
+            servers_dir,
+            logs,
+            default_mem_limit: AtomicU64::new(d.mem_limit),
+            default_priority: AtomicU32::new(d.priority),
+            default_share: AtomicU32::new(d.sm_share),
+            default_max_reserve: AtomicU32::new(d.max_sm_reserve),
+            servers: Mutex::new(BTreeMap::new()),
+            stop: AtomicBool::new(false),
+            client_listener,
+            control_listener,
+        })
+    }
+
+    /// The pipe directory, to make more files in it the same safe way.
+    pub fn pipe_dir(&self) -> &TrustedDir {
+        &self.pipe
+    }
+
+    /// Serves clients and operators until `quit` (or `stop` is set from outside, by a signal).
+    pub fn run(self: &Arc<Self>, stop_signal: &AtomicBool) {
+        let d = self.clone();
+        let clients = std::thread::Builder::new()
+            .name("clients".into())
+            .spawn(move || d.accept_clients())
+            .expect("start the client thread");
+        while !self.stop.load(Ordering::Relaxed) && !stop_signal.load(Ordering::Relaxed) {
+            if !wait_readable(&self.control_listener).unwrap_or(false) {
+                continue;
+            }
+            match self.control_listener.accept() {
+                Ok((s, _)) => self.serve_operator(s),
+                Err(e) => tracing::warn!("accept on the control socket failed: {e}"),
+            }
+        }
+        if !self.stop.swap(true, Ordering::SeqCst) {
+            self.shutdown_all(Duration::from_secs(5));
+        }
+        let _ = clients.join();
+        for name in [SOCKET_NAME, CONTROL_SOCKET, PID_FILE] {
+            let _ = self.pipe.remove(name);
+        }
+        tracing::info!("stopped");
+    }
+
+    fn serve_operator(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            return;
+        }
+        let reply = match self.command(line.trim()) {
+            Ok(text) => text,
+            Err(e) => format!("error: {}\n", e.message),
+        };
+        let _ = (&stream).write_all(reply.as_bytes());
+    }
+}
+
+/// Sends one command to a running daemon and returns its answer.
+pub fn send_command(pipe_dir: &Path, line: &str) -> Result<String> {
+    let path = pipe_dir.join(CONTROL_SOCKET);
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        Error::new(
+            Status::Connection,
+            format!(
+                "cannot reach mps-control at {}: {e}; is the daemon running (mps-control -d)?",
+                path.display()
+            ),
+        )
+    })?;
+    s.write_all(format!("{line}\n").as_bytes())
+        .and_then(|()| s.shutdown(std::net::Shutdown::Write))
+        .map_err(|e| Error::new(Status::Connection, format!("sending the command: {e}")))?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut s, &mut reply)
+        .map_err(|e| Error::new(Status::Connection, format!("reading the answer: {e}")))?;
+    Ok(reply)
+}

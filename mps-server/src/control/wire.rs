@@ -1,0 +1,229 @@
+//! Messages between the daemon and a server, on the socket the server inherits: a header, its
+//! payload, and at most one file descriptor. Requests and answers are typed values, encoded
+//! here and nowhere else (JSON, so that a mismatch between daemon and server reads as an error,
+//! not as wrong numbers).
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use bytemuck::{Pod, Zeroable};
+use mps_core::protocol::MAGIC;
+use mps_core::{Error, Result, Status};
+use mps_ipc::socket;
+use serde::{Deserialize, Serialize};
+
+use crate::registry::{ClientStats, Registry};
+
+/// A client's hello, with its connection attached (daemon to server).
+pub(crate) const HANDOFF: u32 = 1;
+/// A [`ServerRequest`] (daemon to server).
+pub(crate) const REQUEST: u32 = 2;
+/// The answer to a request (server to daemon).
+pub(crate) const REPLY: u32 = 3;
+const MAX_PAYLOAD: usize = 1 << 20;
+
+/// What the daemon asks of a server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ServerRequest {
+    /// Every live client's [`ClientStats`].
+    Clients,
+    /// Disconnect every connection of this client process.
+    Terminate { client_pid: i32 },
+    /// Priority of new clients.
+    SetPriority(u32),
+    /// SM share of every client, percent.
+    SetShare(u32),
+    /// The SM share in force, answered with [`ServerAnswer::Percent`].
+    GetShare,
+    /// Ceiling on the SMs clients may reserve in all, percent.
+    SetMaxReserve(u32),
+    /// The reservation ceiling, answered with [`ServerAnswer::Percent`].
+    GetMaxReserve,
+    /// Device memory per new client, bytes (0: no limit).
+    SetMemLimit(u64),
+}
+
+/// A server's answer to a [`ServerRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ServerAnswer {
+    /// One per live connection.
+    Clients(Vec<ClientStats>),
+    /// How many connections the client process had.
+    Terminated { connections: u32 },
+    /// A percentage asked for.
+    Percent(u32),
+    /// A setting was taken.
+    Done,
+}
+
+/// An answer as it crosses: the error keeps its status.
+type Reply = std::result::Result<ServerAnswer, (u32, String)>;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Header {
+    magic: u32,
+    kind: u32,
+    len: u32,
+    reserved: u32,
+}
+
+pub(crate) fn send(
+    s: &UnixStream,
+    kind: u32,
+    payload: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let h = Header {
+        magic: MAGIC,
+        kind,
+        len: payload.len() as u32,
+        reserved: 0,
+    };
+    let mut msg = bytemuck::bytes_of(&h).to_vec();
+    msg.extend_from_slice(payload);
+    socket::send(s, &msg, fd.as_slice())
+}
+
+pub(crate) fn recv(s: &UnixStream) -> io::Result<(u32, Vec<u8>, Option<OwnedFd>)> {
+    let mut h = Header::zeroed();
+    let fd = socket::recv(s, bytemuck::bytes_of_mut(&mut h), 1)?
+        .into_iter()
+        .next();
+    if h.magic != MAGIC || h.len as usize > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "malformed control message",
+        ));
+    }
+    let mut payload = vec![0u8; h.len as usize];
+    socket::recv(s, &mut payload, 0)?;
+    Ok((h.kind, payload, fd))
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // These types hold only numbers, strings and lists: serializing them cannot fail.
+    serde_json::to_vec(value).expect("a wire message serializes")
+}
+
+/// Sends `request` on `s` and waits for its answer.
+pub(crate) fn ask(s: &UnixStream, request: &ServerRequest) -> Result<ServerAnswer> {
+    let lost = |e: io::Error| Error::new(Status::Connection, format!("no answer: {e}"));
+    send(s, REQUEST, &encode(request), None).map_err(lost)?;
+    let (kind, payload, _) = recv(s).map_err(lost)?;
+    if kind != REPLY {
+        return Err(Error::internal(format!(
+            "answered with message kind {kind}, not a reply"
+        )));
+    }
+    match serde_json::from_slice::<Reply>(&payload) {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err((status, message))) => Err(Error::new(
+            Status::from_u32(status).unwrap_or(Status::Internal),
+            message,
+        )),
+        Err(e) => Err(Error::internal(format!(
+            "an answer that does not decode ({e}); are the daemon and the server of one \
+             version?"
+        ))),
+    }
+}
+
+/// The server's side: decodes a request's payload, has `registry` answer it, and encodes
+/// the reply.
+pub(crate) fn answer(registry: &Registry, payload: &[u8]) -> Vec<u8> {
+    let reply: Reply = serde_json::from_slice::<ServerRequest>(payload)
+        .map_err(|e| {
+            Error::invalid_value(format!(
+                "a request that does not decode ({e}); are the daemon and the server of one \
+                 version?"
+            ))
+        })
+        .and_then(|request| registry.answer(request))
+        .map_err(|e| (e.status as u32, e.message));
+    encode(&reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Defaults;
+
+    fn registry() -> Registry {
+        let defaults = Defaults {
+            mem_limit: 0,
+            priority: 0,
+            sm_share: 40,
+            max_sm_reserve: 50,
+        };
+        Registry::new(defaults, vec![16], Box::new(|_| Ok(())))
+    }
+
+    fn round_trip(registry: &Registry, request: &ServerRequest) -> Reply {
+        serde_json::from_slice(&answer(registry, &encode(request))).unwrap()
+    }
+
+    #[test]
+    fn answers_and_errors_cross_as_the_values_they_were() {
+        let r = registry();
+        assert_eq!(
+            round_trip(&r, &ServerRequest::GetShare),
+            Ok(ServerAnswer::Percent(40))
+        );
+        assert_eq!(
+            round_trip(&r, &ServerRequest::SetMaxReserve(60)),
+            Ok(ServerAnswer::Done)
+        );
+        assert_eq!(
+            round_trip(&r, &ServerRequest::GetMaxReserve),
+            Ok(ServerAnswer::Percent(60))
+        );
+        assert_eq!(
+            round_trip(&r, &ServerRequest::Clients),
+            Ok(ServerAnswer::Clients(vec![]))
+        );
+        // An error keeps its status and its message.
+        let Err((status, message)) = round_trip(&r, &ServerRequest::Terminate { client_pid: 77 })
+        else {
+            panic!("terminating a client that is not there succeeded");
+        };
+        assert_eq!(Status::from_u32(status), Some(Status::NotFound));
+        assert!(message.contains("no client with pid 77"), "{message}");
+        // The server checks ranges itself.
+        let Err((status, _)) = round_trip(&r, &ServerRequest::SetShare(0)) else {
+            panic!("a share of 0% was taken");
+        };
+        assert_eq!(Status::from_u32(status), Some(Status::InvalidValue));
+    }
+
+    #[test]
+    fn a_request_that_does_not_decode_is_refused() {
+        let reply: Reply = serde_json::from_slice(&answer(&registry(), b"clients")).unwrap();
+        let (status, message) = reply.unwrap_err();
+        assert_eq!(Status::from_u32(status), Some(Status::InvalidValue));
+        assert!(message.contains("does not decode"), "{message}");
+    }
+
+    #[test]
+    fn stats_survive_the_trip() {
+        let stats = ClientStats {
+            id: 3,
+            pid: -1,
+            uid: u32::MAX,
+            mem: u64::MAX,
+            mem_limit: 1 << 40,
+            priority: 1,
+            sms: 132,
+            sm_share: 25,
+            sm_reserve: 10,
+            launches: 1,
+            copies: 2,
+            bytes_copied: 3,
+            gpu_ms: 4,
+        };
+        let answer = ServerAnswer::Clients(vec![stats]);
+        let back: ServerAnswer = serde_json::from_slice(&encode(&answer)).unwrap();
+        assert_eq!(back, answer);
+    }
+}
