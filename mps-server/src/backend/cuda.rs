@@ -20,6 +20,7 @@
 //!   whether it has work pending, and credits the interval to the clients whose streams do.
 //!   (Timing every command with events would cost two driver calls per launch.)
 
+pub mod driver;
 mod partition;
 
 use std::cell::{Cell, RefCell};
@@ -30,6 +31,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
+use driver::{DriverError, check, check_on, released};
 use mps_core::protocol::{BackendKind, ParamInfo};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
@@ -46,96 +48,15 @@ thread_local! {
     static BOUND: Cell<bool> = const { Cell::new(false) };
 }
 
-fn error_name(r: CUresult) -> String {
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    let mut text: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: both calls only write a pointer to a static string, or leave it null.
-    unsafe {
-        sys::cuGetErrorName(r, &mut name);
-        sys::cuGetErrorString(r, &mut text);
-    }
-    let s = |p: *const std::ffi::c_char| {
-        if p.is_null() {
-            format!("{r:?}")
-        } else {
-            // SAFETY: the driver returns NUL-terminated static strings.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
-    format!("{} ({})", s(name), s(text))
-}
-
-/// Turns a CUDA result into ours, naming the call that failed.
-fn result_of(r: CUresult, what: &str) -> Result<()> {
-    if r == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::new(
-            status_of(r),
-            format!("{what}: {}", error_name(r)),
-        ))
-    }
-}
-
-/// Whether an error leaves the context unusable (every later call fails with it).
-fn is_sticky(r: CUresult) -> bool {
-    use sys::cudaError_enum::*;
-    matches!(
-        r,
-        CUDA_ERROR_ILLEGAL_ADDRESS
-            | CUDA_ERROR_LAUNCH_FAILED
-            | CUDA_ERROR_HARDWARE_STACK_ERROR
-            | CUDA_ERROR_ILLEGAL_INSTRUCTION
-            | CUDA_ERROR_MISALIGNED_ADDRESS
-            | CUDA_ERROR_INVALID_ADDRESS_SPACE
-            | CUDA_ERROR_INVALID_PC
-            | CUDA_ERROR_ASSERT
-            | CUDA_ERROR_ECC_UNCORRECTABLE
-    )
-}
-
-fn status_of(r: CUresult) -> Status {
-    use sys::cudaError_enum::*;
-    match r {
-        CUDA_SUCCESS => Status::Success,
-        CUDA_ERROR_INVALID_VALUE => Status::InvalidValue,
-        CUDA_ERROR_OUT_OF_MEMORY => Status::OutOfMemory,
-        CUDA_ERROR_NOT_READY => Status::NotReady,
-        CUDA_ERROR_NOT_FOUND => Status::NotFound,
-        CUDA_ERROR_ILLEGAL_ADDRESS | CUDA_ERROR_MISALIGNED_ADDRESS => Status::IllegalAddress,
-        CUDA_ERROR_INVALID_IMAGE
-        | CUDA_ERROR_INVALID_PTX
-        | CUDA_ERROR_NO_BINARY_FOR_GPU
-        | CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-        | CUDA_ERROR_JIT_COMPILER_NOT_FOUND => Status::InvalidImage,
-        CUDA_ERROR_LAUNCH_FAILED
-        | CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
-        | CUDA_ERROR_LAUNCH_TIMEOUT
-        | CUDA_ERROR_ILLEGAL_INSTRUCTION
-        | CUDA_ERROR_HARDWARE_STACK_ERROR
-        | CUDA_ERROR_INVALID_PC
-        | CUDA_ERROR_ASSERT => Status::LaunchFailed,
-        CUDA_ERROR_NOT_SUPPORTED => Status::Unsupported,
-        _ => Status::Internal,
-    }
-}
-
 /// The probe `--backend auto` runs: is a driver installed and does it see a device?
 pub fn probe() -> std::result::Result<(), String> {
-    // SAFETY: is_culib_present only tries to open the library; it never panics.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("libcuda.so was not found (no NVIDIA driver installed)".into());
-    }
-    // SAFETY: the library is present, so cudarc can resolve the symbols.
-    let r = unsafe { sys::cuInit(0) };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(format!("cuInit failed: {}", error_name(r)));
-    }
+    driver::init().map_err(|e| e.to_string())?;
     let mut n = 0;
     // SAFETY: writes one int.
-    let r = unsafe { sys::cuDeviceGetCount(&mut n) };
-    if r != CUresult::CUDA_SUCCESS || n == 0 {
-        return Err(format!("no CUDA device ({})", error_name(r)));
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")
+        .map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("the driver sees no CUDA device".into());
     }
     Ok(())
 }
@@ -147,8 +68,8 @@ struct ModuleInner {
 impl Drop for ModuleInner {
     fn drop(&mut self) {
         // SAFETY: the module was loaded by us and is unloaded once, when the last function that
-        // names it is gone. An error here (a dead context) leaves nothing to do.
-        unsafe { sys::cuModuleUnload(self.raw) };
+        // names it is gone.
+        released(unsafe { sys::cuModuleUnload(self.raw) }, "cuModuleUnload");
     }
 }
 
@@ -181,7 +102,10 @@ impl Drop for CudaEvent {
     fn drop(&mut self) {
         // SAFETY: created by cuEventCreate, destroyed once; pending records keep working (CUDA
         // releases the event when they complete).
-        unsafe { sys::cuEventDestroy_v2(self.raw) };
+        released(
+            unsafe { sys::cuEventDestroy_v2(self.raw) },
+            "cuEventDestroy",
+        );
     }
 }
 
@@ -245,22 +169,24 @@ impl Shared {
             if !b.get() {
                 // SAFETY: the context lives as long as the backend (the primary context is
                 // never released while the server runs).
-                unsafe { sys::cuCtxSetCurrent(self.ctx) };
-                b.set(true);
+                let r = unsafe { sys::cuCtxSetCurrent(self.ctx) };
+                // A failure leaves the thread unbound; its next driver call reports why.
+                b.set(check(r, "cuCtxSetCurrent").is_ok());
             }
         });
     }
 
-    /// Turns a CUDA result into ours; a sticky error marks the context dead and tells every
-    /// client.
-    fn check(&self, r: CUresult, what: &str) -> Result<()> {
-        let Err(err) = result_of(r, what) else {
-            return Ok(());
-        };
-        if is_sticky(r) {
-            self.die(&err);
-        }
-        Err(err)
+    /// Turns a driver result into ours; a failure that ends the context marks it dead and
+    /// tells every client.
+    fn check<T>(&self, r: std::result::Result<T, DriverError>) -> Result<T> {
+        r.map_err(|e| {
+            let sticky = e.is_sticky();
+            let err = Error::from(e);
+            if sticky {
+                self.die(&err);
+            }
+            err
+        })
     }
 
     fn die(&self, cause: &Error) {
@@ -346,51 +272,35 @@ impl CudaBackend {
         let mut ctx: CUcontext = std::ptr::null_mut();
         let mut name = [0 as std::ffi::c_char; 128];
         let mut total = 0usize;
-        let (mut sms, mut major, mut minor) = (0, 0, 0);
         let (mut least, mut greatest) = (0, 0);
         // SAFETY: plain driver queries writing into the locals above; the context is retained
         // for the life of the process.
         unsafe {
-            result_of(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
-            result_of(
+            check_on(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet", || {
+                format!("ordinal {ordinal}")
+            })?;
+            check(
                 sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
                 "cuDevicePrimaryCtxRetain",
             )?;
-            result_of(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-            result_of(
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            check(
                 sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
                 "cuDeviceGetName",
             )?;
-            result_of(
+            check(
                 sys::cuDeviceTotalMem_v2(&mut total, dev),
                 "cuDeviceTotalMem",
             )?;
-            use sys::CUdevice_attribute_enum::*;
-            result_of(
-                sys::cuDeviceGetAttribute(&mut sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-                "cuDeviceGetAttribute",
-            )?;
-            result_of(
-                sys::cuDeviceGetAttribute(
-                    &mut major,
-                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                    dev,
-                ),
-                "cuDeviceGetAttribute",
-            )?;
-            result_of(
-                sys::cuDeviceGetAttribute(
-                    &mut minor,
-                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                    dev,
-                ),
-                "cuDeviceGetAttribute",
-            )?;
-            result_of(
+            check(
                 sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
                 "cuCtxGetStreamPriorityRange",
             )?;
         }
+        use sys::CUdevice_attribute_enum::*;
+        let sms = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let major = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         BOUND.with(|b| b.set(true));
         let partitions = Partitions::discover(dev);
         if let Some(why) = partitions.unsupported() {
@@ -452,7 +362,11 @@ impl CudaBackend {
                 None => sys::cuStreamCreateWithPriority(&mut s, flags, priority),
             }
         };
-        self.shared.check(r, "creating a stream")?;
+        self.shared
+            .check(check_on(r, "creating a stream", || match partition {
+                Some(_) => format!("priority {priority}, in an SM partition"),
+                None => format!("priority {priority}"),
+            }))?;
         self.shared.live().push(Live {
             raw: s,
             busy: busy.clone(),
@@ -466,8 +380,8 @@ impl CudaBackend {
         self.shared.live().retain(|l| l.raw != raw);
         // SAFETY: a live stream, destroyed once, after its work is done.
         unsafe {
-            sys::cuStreamSynchronize(raw);
-            sys::cuStreamDestroy_v2(raw);
+            released(sys::cuStreamSynchronize(raw), "cuStreamSynchronize");
+            released(sys::cuStreamDestroy_v2(raw), "cuStreamDestroy");
         }
     }
 
@@ -500,7 +414,9 @@ impl CudaBackend {
         // for a private copy (pageable source), the driver has taken the bytes when the call
         // returns; the device range was validated against the client's allocations.
         let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, ptr as *const c_void, len, stream) };
-        self.shared.check(r, "cuMemcpyHtoDAsync")
+        self.shared.check(check_on(r, "cuMemcpyHtoDAsync", || {
+            format!("{len} bytes to {dst:#x}")
+        }))
     }
 }
 
@@ -519,7 +435,9 @@ fn spawn_health_thread(shared: Arc<Shared>) -> Result<()> {
     let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
     // SAFETY: creates a stream in the current (bound) context.
     let r = unsafe { sys::cuStreamCreate(&mut stream, flags) };
-    shared.check(r, "cuStreamCreate")?;
+    shared.check(check_on(r, "cuStreamCreate", || {
+        "the health thread's stream".into()
+    }))?;
     let stream = HealthStream(stream);
     std::thread::Builder::new()
         .name("cuda-health".into())
@@ -537,9 +455,14 @@ fn spawn_health_thread(shared: Arc<Shared>) -> Result<()> {
                 }
                 // SAFETY: queries our own stream.
                 let r = unsafe { sys::cuStreamQuery(stream.0) };
-                if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_NOT_READY {
-                    let _ = shared.check(r, "the device context");
-                    if is_sticky(r) {
+                if r == CUresult::CUDA_ERROR_NOT_READY {
+                    continue;
+                }
+                let failed = check_on(r, "cuStreamQuery", || "the health thread's stream".into());
+                if let Err(e) = failed {
+                    let sticky = e.is_sticky();
+                    let _ = shared.check(Err::<(), _>(e));
+                    if sticky {
                         return;
                     }
                 }
@@ -566,22 +489,24 @@ impl Backend for CudaBackend {
         // SAFETY: writes one device pointer.
         let r = unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) };
         self.shared
-            .check(r, &format!("cuMemAlloc of {size} bytes"))?;
+            .check(check_on(r, "cuMemAlloc", || format!("{size} bytes")))?;
         Ok(p)
     }
 
     fn mem_free(&self, ptr: u64, _size: u64) {
         self.shared.bind();
         // SAFETY: ptr came from cuMemAlloc and the session ensured no work of the client uses
-        // it. A failure (a dead context) leaves nothing to free.
-        unsafe { sys::cuMemFree_v2(ptr) };
+        // it.
+        released(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree");
     }
 
     fn mem_get_info(&self) -> (u64, u64) {
         self.shared.bind();
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes two sizes.
-        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        // A dead context reports nothing free (both stay 0).
+        released(r, "cuMemGetInfo");
         (free as u64, total as u64)
     }
 
@@ -592,13 +517,20 @@ impl Backend for CudaBackend {
         // SAFETY: the segment is mapped read-write in this process for `len` bytes and stays
         // mapped until host_unregister.
         let r = unsafe { sys::cuMemHostRegister_v2(ptr, segment.len(), flags) };
-        self.shared.check(r, "cuMemHostRegister")?;
+        let len = segment.len();
+        self.shared.check(check_on(r, "cuMemHostRegister", || {
+            format!("{len} bytes at {ptr:p}")
+        }))?;
         let mut dev = 0;
         // SAFETY: ptr was just registered with DEVICEMAP.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr, 0) };
-        if let Err(e) = self.shared.check(r, "cuMemHostGetDevicePointer") {
+        let mapped = check_on(r, "cuMemHostGetDevicePointer", || format!("{ptr:p}"));
+        if let Err(e) = self.shared.check(mapped) {
             // SAFETY: undoes the registration above.
-            unsafe { sys::cuMemHostUnregister(ptr) };
+            released(
+                unsafe { sys::cuMemHostUnregister(ptr) },
+                "cuMemHostUnregister",
+            );
             return Err(e);
         }
         self.registered
@@ -620,7 +552,8 @@ impl Backend for CudaBackend {
         {
             // SAFETY: registered by host_register; no pending copy uses it (the session
             // synchronised first).
-            unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+            let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+            released(r, "cuMemHostUnregister");
         }
     }
 
@@ -640,8 +573,9 @@ impl Backend for CudaBackend {
         let mut m: CUmodule = std::ptr::null_mut();
         // SAFETY: bytes is a complete image (NUL-terminated if PTX) that outlives the call.
         let r = unsafe { sys::cuModuleLoadData(&mut m, bytes.as_ptr() as *const c_void) };
-        self.shared
-            .check(r, &format!("loading a {format:?} module"))?;
+        self.shared.check(check_on(r, "cuModuleLoadData", || {
+            format!("a {format:?} image of {} bytes", image.len())
+        }))?;
         Ok(CudaModule(Arc::new(ModuleInner { raw: m })))
     }
 
@@ -662,14 +596,16 @@ impl Backend for CudaBackend {
                 format!("the module has no kernel named {name:?}"),
             ));
         }
-        self.shared
-            .check(r, &format!("cuModuleGetFunction({name:?})"))?;
+        self.shared.check(check_on(r, "cuModuleGetFunction", || {
+            format!("kernel {name:?}")
+        }))?;
         let mut params = Vec::new();
         loop {
             let (mut off, mut size) = (0usize, 0usize);
             // SAFETY: f is a valid function; the driver writes two sizes or fails past the last
             // parameter.
             let r = unsafe { sys::cuFuncGetParamInfo(f, params.len(), &mut off, &mut size) };
+            // The driver fails past the last parameter: that ends the list.
             if r != CUresult::CUDA_SUCCESS {
                 break;
             }
@@ -776,8 +712,20 @@ impl Backend for CudaBackend {
                         extra_ptr,
                     )
                 };
-                self.shared
-                    .check(r, &format!("launching {}", function.name))?;
+                self.shared.check(check_on(r, "cuLaunchKernel", || {
+                    format!(
+                        "kernel {:?}, grid ({}, {}, {}), block ({}, {}, {}), {shared_mem} bytes \
+                         of shared memory, on a stream of client {}",
+                        function.name,
+                        grid.x,
+                        grid.y,
+                        grid.z,
+                        block.x,
+                        block.y,
+                        block.z,
+                        stream.client
+                    )
+                }))?;
             }
             Op::CopyHtoD { dst, src } => self.copy_in(s, dst, &src)?,
             Op::CopyDtoH { dst, src } => {
@@ -785,12 +733,16 @@ impl Backend for CudaBackend {
                 // SAFETY: dst is a registered shared segment (host buffer or staging) that the
                 // session keeps mapped until it synchronises; the device range was validated.
                 let r = unsafe { sys::cuMemcpyDtoHAsync_v2(ptr as *mut c_void, src, len, s) };
-                self.shared.check(r, "cuMemcpyDtoHAsync")?;
+                self.shared.check(check_on(r, "cuMemcpyDtoHAsync", || {
+                    format!("{len} bytes from {src:#x}, client {}", stream.client)
+                }))?;
             }
             Op::CopyDtoD { dst, src, len } => {
                 // SAFETY: both device ranges were validated against the client's allocations.
                 let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s) };
-                self.shared.check(r, "cuMemcpyDtoDAsync")?;
+                self.shared.check(check_on(r, "cuMemcpyDtoDAsync", || {
+                    format!("{len} bytes {src:#x} to {dst:#x}, client {}", stream.client)
+                }))?;
             }
             Op::Memset {
                 dst,
@@ -806,18 +758,27 @@ impl Backend for CudaBackend {
                         sys::cuMemsetD32Async(dst, value, count as usize, s)
                     }
                 };
-                self.shared.check(r, "cuMemset")?;
+                self.shared.check(check_on(r, "cuMemsetAsync", || {
+                    format!(
+                        "{count} elements of {elem_size} bytes at {dst:#x}, client {}",
+                        stream.client
+                    )
+                }))?;
             }
             Op::Record(ev) => {
                 // SAFETY: both handles are live.
                 let r = unsafe { sys::cuEventRecord(ev.raw, s) };
-                self.shared.check(r, "cuEventRecord")?;
+                self.shared.check(check_on(r, "cuEventRecord", || {
+                    format!("an event of client {}", stream.client)
+                }))?;
                 ev.recorded.store(true, Ordering::Release);
             }
             Op::Wait(ev) => {
                 // SAFETY: both handles are live.
                 let r = unsafe { sys::cuStreamWaitEvent(s, ev.raw, 0) };
-                self.shared.check(r, "cuStreamWaitEvent")?;
+                self.shared.check(check_on(r, "cuStreamWaitEvent", || {
+                    format!("an event of client {}", stream.client)
+                }))?;
             }
             Op::Nop => {}
         }
@@ -828,7 +789,12 @@ impl Backend for CudaBackend {
             // registered server segment, which stays registered until the session ends (after
             // its streams are synchronised).
             let r = unsafe { sys::cuStreamWriteValue64_v2(s, dev, p.seq, 0) };
-            self.shared.check(r, "cuStreamWriteValue64")?;
+            self.shared.check(check_on(r, "cuStreamWriteValue64", || {
+                format!(
+                    "progress of stream slot {} of client {}",
+                    p.slot, stream.client
+                )
+            }))?;
         }
         Ok(())
     }
@@ -837,7 +803,9 @@ impl Backend for CudaBackend {
         self.shared.bind();
         // SAFETY: a live stream.
         let r = unsafe { sys::cuStreamSynchronize(stream.raw.get()) };
-        self.shared.check(r, "cuStreamSynchronize")
+        self.shared.check(check_on(r, "cuStreamSynchronize", || {
+            format!("a stream of client {}", stream.client)
+        }))
     }
 
     fn stream_destroy(&self, stream: CudaStream) {
@@ -854,7 +822,7 @@ impl Backend for CudaBackend {
         let mut e: CUevent = std::ptr::null_mut();
         // SAFETY: creates an event (timing enabled) in the bound context.
         let r = unsafe { sys::cuEventCreate(&mut e, 0) };
-        self.shared.check(r, "cuEventCreate")?;
+        self.shared.check(check(r, "cuEventCreate"))?;
         Ok(CudaEvent {
             raw: e,
             recorded: AtomicBool::new(false),
@@ -879,7 +847,7 @@ impl Backend for CudaBackend {
                 "an event's latest record has not completed yet",
             ));
         }
-        self.shared.check(r, "cuEventElapsedTime")?;
+        self.shared.check(check(r, "cuEventElapsedTime"))?;
         Ok(ms)
     }
 }
