@@ -63,14 +63,17 @@ impl Context {
     /// Turns a driver result into ours; a failure that ends the context marks it dead and
     /// tells every client.
     pub(super) fn check<T>(&self, r: std::result::Result<T, DriverError>) -> Result<T> {
-        r.map_err(|e| {
-            let sticky = e.is_sticky();
-            let err = Error::from(e);
-            if sticky {
-                self.die(&err);
-            }
-            err
-        })
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// As [`Context::check`], for a failure in hand.
+    pub(super) fn fail(&self, e: DriverError) -> Error {
+        let sticky = e.is_sticky();
+        let err = Error::from(e);
+        if sticky {
+            self.die(&err);
+        }
+        err
     }
 
     /// Fails with the context's failure once it died.

@@ -112,12 +112,12 @@ pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
                     continue;
                 }
                 let failed = check_on(r, "cuStreamQuery", || "the health thread's stream".into());
-                if let Err(e) = failed {
-                    let sticky = e.is_sticky();
-                    let _ = ctx.check(Err::<(), _>(e));
-                    if sticky {
-                        return;
-                    }
+                // Only a failure that ends the context matters here: it is told to every client.
+                if let Err(e) = failed
+                    && e.is_sticky()
+                {
+                    ctx.fail(e);
+                    return;
                 }
             }
         })

@@ -22,6 +22,7 @@
 //! name and maps it to an mps status.
 
 mod context;
+mod device;
 pub mod driver;
 mod health;
 mod host;
@@ -29,12 +30,12 @@ mod objects;
 mod partition;
 mod stream;
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
-use mps_core::protocol::{BackendKind, ParamInfo};
+use mps_core::protocol::ParamInfo;
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -88,11 +89,9 @@ impl CudaBackend {
         probe().map_err(|e| Error::new(Status::Unsupported, e))?;
         let mut dev = 0;
         let mut ctx: CUcontext = std::ptr::null_mut();
-        let mut name = [0 as std::ffi::c_char; 128];
-        let mut total = 0usize;
         let (mut least, mut greatest) = (0, 0);
-        // SAFETY: plain driver queries writing into the locals above; the context is retained
-        // for the life of the process.
+        // SAFETY: driver calls writing into the locals above; the context is retained for the
+        // life of the process.
         unsafe {
             check_on(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet", || {
                 format!("ordinal {ordinal}")
@@ -103,43 +102,21 @@ impl CudaBackend {
             )?;
             check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
             check(
-                sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
-                "cuDeviceGetName",
-            )?;
-            check(
-                sys::cuDeviceTotalMem_v2(&mut total, dev),
-                "cuDeviceTotalMem",
-            )?;
-            check(
                 sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
                 "cuCtxGetStreamPriorityRange",
             )?;
         }
-        use sys::CUdevice_attribute_enum::*;
-        let sms = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let major = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = driver::attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let partitions = Partitions::discover(dev);
         if let Some(why) = partitions.unsupported() {
             tracing::warn!("SM shares and reservations are unavailable: {why}");
         }
-        // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let info = device::describe(dev, |sms| partitions.unit_sizes(sms))?;
         let ctx = Arc::new(Context::new(ctx));
         let live = Arc::new(LiveStreams::default());
         health::spawn(ctx.clone(), live.clone())?;
         Ok(CudaBackend {
             ctx,
-            info: DeviceInfo {
-                name,
-                total_mem: total as u64,
-                sm_count: sms as u32,
-                sm_units: partitions.unit_sizes(sms as u32),
-                cc: (major as u32, minor as u32),
-                kind: BackendKind::Cuda,
-            },
+            info,
             host: Registrations::default(),
             live,
             priorities: (least, greatest),
@@ -263,6 +240,16 @@ impl Backend for CudaBackend {
                 offset: off as u32,
                 size: size as u32,
             });
+        }
+        // Without the opt-in, a launch of more than the default shared memory per block (48
+        // KiB) would fail although the geometry check let it through; a kernel that cannot
+        // opt in still runs within the default.
+        if let Err(e) = device::allow_dynamic_shared_memory(f, &self.info.limits) {
+            let e = self.ctx.fail(e.on(format!("kernel {name:?}")));
+            tracing::warn!(
+                "{}; its launches are held to the default shared memory per block",
+                e.message
+            );
         }
         let func = CudaFunction {
             raw: f,
