@@ -6,10 +6,13 @@
 //!   `CUDA_DEVICE_MAX_CONNECTIONS` is raised before the context exists (see `main`), or streams
 //!   would share hardware queues and falsely serialise.
 //! - Kernel parameters go to cuLaunchKernel as one packed buffer
-//!   (`CU_LAUNCH_PARAM_BUFFER_POINTER`), laid out by `cuFuncGetParamInfo`.
+//!   (`CU_LAUNCH_PARAM_BUFFER_POINTER`), laid out by `cuFuncGetParamInfo`: the buffer the
+//!   session hands over, not a copy of it.
 //! - Progress is written by the GPU itself: `cuStreamWriteValue64` into the client's stream slot,
 //!   in the server segment, which is registered with `cuMemHostRegister(DEVICEMAP)`. No server
-//!   thread is on the completion path; clients poll the slot (spinning, then napping).
+//!   thread is on the completion path; clients poll the slot (spinning, then napping). Each
+//!   stream keeps the slot's device address, so a marked command takes no lock that other
+//!   sessions take.
 //! - Host buffers and the staging area are registered too, so copies DMA straight from and to the
 //!   client's pages.
 //! - A kernel fault destroys the context for every client of the server (the device gives no
@@ -392,8 +395,7 @@ impl Backend for CudaBackend {
             Op::Nop => {}
         }
         if let Some(p) = publish {
-            let word = p.channel.stream_done(p.slot) as *const _ as *const u8;
-            let dev = self.host.device_address(word)?;
+            let dev = self.progress_address(stream, &p)?;
             // SAFETY: `dev` is the device address of the client's progress word in its
             // registered server segment, which stays registered until the session ends (after
             // its streams are synchronised).

@@ -12,7 +12,7 @@ use mps_core::Result;
 use super::CudaBackend;
 use super::driver::{check_on, released};
 use super::partition::Partition;
-use crate::backend::{ClientContext, SmSlot};
+use crate::backend::{ClientContext, Publish, SmSlot};
 
 /// A stream: a CUDA stream in the client's current partition (or the primary context).
 #[derive(Debug)]
@@ -26,6 +26,9 @@ pub struct CudaStream {
     seen: Cell<u64>,
     /// Keeps the green context alive while `raw` lives in it.
     partition: RefCell<Option<Arc<Partition>>>,
+    /// The host and device addresses of the progress word this stream's marked commands last
+    /// published to (0, 0: none yet), so that a marked command looks nothing up.
+    progress: Cell<(usize, u64)>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -54,7 +57,23 @@ impl CudaBackend {
             sm: client.sm.clone(),
             seen: Cell::new(seen),
             partition: RefCell::new(partition),
+            progress: Cell::new((0, 0)),
         })
+    }
+
+    /// The device address of the progress word `publish` raises. The registrations, shared by
+    /// every session, are looked up once per stream: a stream publishes to one slot of its
+    /// client's server segment, which stays registered (at the same address) until the session
+    /// ends, after its streams.
+    pub(super) fn progress_address(&self, stream: &CudaStream, publish: &Publish) -> Result<u64> {
+        let word = publish.channel.stream_done(publish.slot) as *const AtomicU64 as usize;
+        let (host, dev) = stream.progress.get();
+        if host == word {
+            return Ok(dev);
+        }
+        let dev = self.host.device_address(word as *const u8)?;
+        stream.progress.set((word, dev));
+        Ok(dev)
     }
 
     /// Creates a raw stream in `partition` (None: the primary context) and lists it for busy
