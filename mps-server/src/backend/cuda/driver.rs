@@ -8,7 +8,21 @@
 //! go through [`released`].
 //!
 //! The module is public so that other programs that drive CUDA themselves (the benchmark's
-//! native workers) report failures the same way.
+//! native workers) report failures the same way:
+//!
+//! ```no_run
+//! use cudarc::driver::sys;
+//! use mps_server::backend::cuda::driver::{self, DriverError, check, check_on};
+//!
+//! fn first_device() -> Result<sys::CUdevice, DriverError> {
+//!     driver::init()?;
+//!     let mut dev = 0;
+//!     // SAFETY: writes one int.
+//!     let r = unsafe { sys::cuDeviceGet(&mut dev, 0) };
+//!     check_on(r, "cuDeviceGet", || "ordinal 0".into())?;
+//!     Ok(dev)
+//! }
+//! ```
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,13 +146,19 @@ pub fn released(code: CUresult, call: &'static str) {
     }
 }
 
-/// Loads the driver library and initialises it. Every other call of this module's users comes
-/// after it: cudarc panics when a call is made and the library is missing.
-pub fn init() -> Result<(), DriverError> {
+/// Whether the driver library (libcuda.so) can be loaded.
+pub fn is_present() -> bool {
     // SAFETY: is_culib_present only tries to open the library; it never panics.
-    if !unsafe { sys::is_culib_present() } {
+    unsafe { sys::is_culib_present() }
+}
+
+/// Loads the driver library and initialises it. Every other driver call comes after it:
+/// cudarc panics when a call is made and the library is missing. Without the library this
+/// fails with `CUDA_ERROR_STUB_LIBRARY`, the driver's own word for "no real driver here".
+pub fn init() -> Result<(), DriverError> {
+    if !is_present() {
         return Err(
-            DriverError::new(CUresult::CUDA_ERROR_STUB_LIBRARY, "loading libcuda.so")
+            DriverError::new(E::CUDA_ERROR_STUB_LIBRARY, "loading libcuda.so")
                 .on("no NVIDIA driver is installed"),
         );
     }

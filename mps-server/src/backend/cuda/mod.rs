@@ -56,6 +56,9 @@ pub use stream::CudaStream;
 
 /// The probe `--backend auto` runs: is a driver installed and does it see a device?
 pub fn probe() -> std::result::Result<(), String> {
+    if !driver::is_present() {
+        return Err("libcuda.so was not found (no NVIDIA driver installed)".into());
+    }
     driver::init().map_err(|e| e.to_string())?;
     let mut n = 0;
     // SAFETY: writes one int.
