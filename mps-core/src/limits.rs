@@ -17,8 +17,9 @@ pub struct DeviceLimits {
     pub max_grid: Dim3,
     /// Shared memory one block may use without opting in (static and dynamic together).
     pub max_shared_mem_per_block: u32,
-    /// Shared memory one block may use once its kernel opted in (a CUDA server opts every
-    /// kernel in when it loads it); dynamic shared memory of a launch is checked against this.
+    /// Shared memory one block may use once its kernel opted in (the CUDA server opts a kernel
+    /// in at its first launch that needs it); dynamic shared memory of a launch is checked
+    /// against this.
     pub max_shared_mem_per_block_optin: u32,
     /// Threads of a warp.
     pub warp_size: u32,

@@ -85,29 +85,37 @@ fn unsigned(dev: CUdevice, attr: A) -> Result<u32, DriverError> {
     attribute(dev, attr).map(|v| v.max(0) as u32)
 }
 
-/// Lets kernel `f` use as much dynamic shared memory as the device allows a block beside the
-/// kernel's static shared memory, so that launches are held to the device's opt-in limit
-/// ([`DeviceLimits::max_shared_mem_per_block_optin`]) rather than the smaller default. Raising
-/// the maximum reserves nothing: each launch still gets only what it asks for.
+/// The static shared memory of kernel `f`, in bytes.
+pub(super) fn static_shared_memory(f: CUfunction) -> Result<u32, DriverError> {
+    let mut bytes = 0;
+    // SAFETY: f is a loaded kernel; writes one int.
+    let r = unsafe {
+        sys::cuFuncGetAttribute(
+            &mut bytes,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            f,
+        )
+    };
+    check(r, "cuFuncGetAttribute")?;
+    Ok(bytes.max(0) as u32)
+}
+
+/// Lets kernel `f`, with `fixed` bytes of static shared memory, use as much dynamic shared memory
+/// as the device allows a block beside them
+/// ([`DeviceLimits::max_shared_mem_per_block_optin`] less `fixed`); without this a block may use
+/// only the default shared memory per block, static and dynamic together.
 pub(super) fn allow_dynamic_shared_memory(
     f: CUfunction,
+    fixed: u32,
     limits: &DeviceLimits,
 ) -> Result<(), DriverError> {
-    use sys::CUfunction_attribute_enum as F;
-    let mut fixed = 0;
-    // SAFETY: f is a loaded kernel; writes one int.
-    let r =
-        unsafe { sys::cuFuncGetAttribute(&mut fixed, F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) };
-    check(r, "cuFuncGetAttribute")?;
-    let dynamic = limits
-        .max_shared_mem_per_block_optin
-        .saturating_sub(fixed.max(0) as u32);
+    let dynamic = limits.max_shared_mem_per_block_optin.saturating_sub(fixed);
     // SAFETY: f is a loaded kernel; the value is within what the driver documents for it (the
     // opt-in limit less the kernel's static shared memory).
     let r = unsafe {
         sys::cuFuncSetAttribute(
             f,
-            F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             dynamic as i32,
         )
     };

@@ -130,6 +130,24 @@ impl CudaBackend {
         })
     }
 
+    /// Lets `function` use more dynamic shared memory than the default per block, up to the
+    /// device's opt-in limit that the server checks launches against. Done at its first launch
+    /// that needs it, so that kernels that never do keep the driver's defaults.
+    fn opt_in(&self, function: &CudaFunction) -> Result<()> {
+        if function.opted_in.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let allowed = device::allow_dynamic_shared_memory(
+            function.raw,
+            function.static_shared,
+            &self.info.limits,
+        );
+        self.ctx
+            .check(allowed.map_err(|e| e.on(format!("kernel {:?}", function.name))))?;
+        function.opted_in.store(true, Ordering::Release);
+        Ok(())
+    }
+
     fn copy_in(&self, stream: CUstream, dst: u64, src: &HostBytes) -> Result<()> {
         let (ptr, len) = src.as_raw();
         // SAFETY: `src` keeps its bytes alive until the session synchronises (shared pages) or,
@@ -247,20 +265,15 @@ impl Backend for CudaBackend {
                 size: size as u32,
             });
         }
-        // Without the opt-in, a launch of more than the default shared memory per block (48
-        // KiB) would fail although the geometry check let it through; a kernel that cannot
-        // opt in still runs within the default.
-        if let Err(e) = device::allow_dynamic_shared_memory(f, &self.info.limits) {
-            let e = self.ctx.fail(e.on(format!("kernel {name:?}")));
-            tracing::warn!(
-                "{}; its launches are held to the default shared memory per block",
-                e.message
-            );
-        }
+        let static_shared = self
+            .ctx
+            .check(device::static_shared_memory(f).map_err(|e| e.on(format!("kernel {name:?}"))))?;
         let func = CudaFunction {
             raw: f,
+            static_shared,
             name: name.to_string(),
             _module: module.0.clone(),
+            opted_in: AtomicBool::new(false),
         };
         Ok((func, params))
     }
@@ -296,6 +309,10 @@ impl Backend for CudaBackend {
                 shared_mem,
                 params,
             } => {
+                let default = self.info.limits.max_shared_mem_per_block;
+                if shared_mem.saturating_add(function.static_shared) > default {
+                    self.opt_in(&function)?;
+                }
                 let mut size = params.len();
                 let mut extra = [
                     sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,

@@ -36,7 +36,12 @@ pub struct CudaModule(pub(super) Arc<ModuleInner>);
 pub struct CudaFunction {
     pub(super) raw: CUfunction,
     pub(super) name: String,
+    /// Bytes of static shared memory its blocks use.
+    pub(super) static_shared: u32,
     pub(super) _module: Arc<ModuleInner>,
+    /// Whether it may use the device's opt-in shared memory per block (set at its first launch
+    /// that asks for more than the default).
+    pub(super) opted_in: AtomicBool,
 }
 
 /// An event, created with timing enabled.
