@@ -111,7 +111,9 @@ pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
                 if r == CUresult::CUDA_ERROR_NOT_READY {
                     continue;
                 }
-                let failed = check_on(r, "cuStreamQuery", || "the health thread's stream".into());
+                let failed = check_on(r, "cuStreamQuery", || {
+                    "the health thread's idle stream, which sees any kernel's fault".into()
+                });
                 // Only a failure that ends the context matters here: it is told to every client.
                 if let Err(e) = failed
                     && e.is_sticky()
