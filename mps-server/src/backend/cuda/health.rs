@@ -65,7 +65,8 @@ impl LiveStreams {
             // SAFETY: the stream is live: it leaves this list (under this lock) before it is
             // destroyed.
             let r = unsafe { sys::cuStreamQuery(s.raw) };
-            // Only "work pending" counts; a failure is the context's, which `watch` reports.
+            // Only "work pending" counts; a failure is the context's, which the thread's own
+            // stream reports.
             let ptr = Arc::as_ptr(&s.busy);
             if r == CUresult::CUDA_ERROR_NOT_READY && !credited.contains(&ptr) {
                 s.busy
