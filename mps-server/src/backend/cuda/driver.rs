@@ -63,21 +63,29 @@ impl DriverError {
         self.code
     }
 
-    /// The driver's name of the result, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS` (what
-    /// `cuGetErrorName` returns: cudarc's variants carry the driver's names).
+    /// The driver's name of the result, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`: `cuGetErrorName` once
+    /// [`init`] loaded the driver, else cudarc's variant, which carries the same name.
     pub fn name(&self) -> String {
-        format!("{:?}", self.code)
+        self.driver_text(|e| e.error_name())
+            .unwrap_or_else(|| format!("{:?}", self.code))
     }
 
     /// The driver's description of the result (`cuGetErrorString`), once [`init`] loaded it.
     pub fn description(&self) -> Option<String> {
+        self.driver_text(|e| e.error_string())
+    }
+
+    fn driver_text(
+        &self,
+        ask: impl FnOnce(
+            &cudarc::driver::result::DriverError,
+        ) -> Result<&std::ffi::CStr, cudarc::driver::result::DriverError>,
+    ) -> Option<String> {
         if !LOADED.load(Ordering::Acquire) {
             return None;
         }
-        cudarc::driver::result::DriverError(self.code)
-            .error_string()
-            .ok()
-            .map(|s| s.to_string_lossy().into_owned())
+        let e = cudarc::driver::result::DriverError(self.code);
+        ask(&e).ok().map(|s| s.to_string_lossy().into_owned())
     }
 
     /// The driver call that failed.
