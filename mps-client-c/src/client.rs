@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use mps_core::limits::{DeviceLimits, check_geometry};
 use mps_core::ordering::{EventClock, StreamClock};
 use mps_core::protocol::{
     self, BackendKind, Command, Completion, CompletionKind, Dim3, HostBufferFd, HostRef, MAGIC,
@@ -1008,7 +1009,7 @@ impl Client {
         stream: Stream,
         params: *const *const u8,
     ) -> Result<()> {
-        protocol::check_geometry(grid, block, shared_mem)?;
+        check_geometry(grid, block, shared_mem, &DeviceLimits::SM_90)?;
         let layout = self.params(function)?;
         if !layout.is_empty() && params.is_null() {
             return Err(Error::invalid_value(format!(

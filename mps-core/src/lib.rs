@@ -1,14 +1,15 @@
 //! The deterministic core of mps.
 //!
 //! Everything here is free of I/O, threads and clocks, so that it can be tested exhaustively:
-//! the status codes shared by server and clients ([`status`]), typed handles ([`handle`]), the
-//! versioned wire protocol ([`protocol`]), the per-client allocation table and the device-memory
-//! range allocator ([`alloc`]), PTX entry parsing ([`ptx`]), and per-stream ordering
-//! ([`ordering`]). Every enum that crosses the wire or the C ABI is declared once, with
-//! [`wire_enum!`].
+//! the status codes shared by server and clients ([`status`]), typed handles ([`handle`]), a
+//! device's launch limits ([`limits`]), the versioned wire protocol ([`protocol`]), the
+//! per-client allocation table and the device-memory range allocator ([`alloc`]), PTX entry
+//! parsing ([`ptx`]), and per-stream ordering ([`ordering`]). Every enum that crosses the wire or
+//! the C ABI is declared once, with [`wire_enum!`].
 
 pub mod alloc;
 pub mod handle;
+pub mod limits;
 pub mod ordering;
 pub mod protocol;
 pub mod ptx;

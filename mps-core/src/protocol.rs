@@ -38,8 +38,6 @@ pub const MAX_STREAMS: usize = 256;
 pub const MAX_EVENTS: usize = 4096;
 /// The largest module image the server accepts.
 pub const MAX_MODULE_BYTES: u64 = 256 << 20;
-/// The most dynamic shared memory a block may ask for (Hopper's limit).
-pub const MAX_SHARED_MEM: u32 = 227 << 10;
 /// Bytes of message or reply data a completion carries.
 pub const COMPLETION_DATA_BYTES: usize = 200;
 /// (offset, size) pairs of parameter info one completion carries.
@@ -617,36 +615,6 @@ fn percent(v: u64, what: &str) -> Result<u32> {
             "{what} of {v}% (it must be 1 to 100)"
         ))),
     }
-}
-
-/// Checks a launch geometry against the limits every supported device has: no zero extent,
-/// grid at most (2^31-1, 65535, 65535), at most 1024 threads per block (64 in z), and at most
-/// [`MAX_SHARED_MEM`] bytes of dynamic shared memory.
-pub fn check_geometry(grid: Dim3, block: Dim3, shared_mem: u32) -> Result<()> {
-    if grid.volume() == Some(0) || block.volume() == Some(0) {
-        return Err(Error::invalid_value(format!(
-            "launch geometry grid ({}, {}, {}) block ({}, {}, {}) has a zero extent",
-            grid.x, grid.y, grid.z, block.x, block.y, block.z
-        )));
-    }
-    if grid.x > i32::MAX as u32 || grid.y > 65535 || grid.z > 65535 {
-        return Err(Error::invalid_value(format!(
-            "grid ({}, {}, {}) exceeds the device limits (2^31-1, 65535, 65535)",
-            grid.x, grid.y, grid.z
-        )));
-    }
-    if block.volume().is_none_or(|v| v > 1024) || block.z > 64 {
-        return Err(Error::invalid_value(format!(
-            "block ({}, {}, {}) exceeds 1024 threads (or 64 in z)",
-            block.x, block.y, block.z
-        )));
-    }
-    if shared_mem > MAX_SHARED_MEM {
-        return Err(Error::invalid_value(format!(
-            "{shared_mem} bytes of dynamic shared memory exceed the {MAX_SHARED_MEM}-byte limit"
-        )));
-    }
-    Ok(())
 }
 
 fn pack(lo: u32, hi: u32) -> u64 {

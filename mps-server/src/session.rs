@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleSource, HandleTable, SlotPool};
+use mps_core::limits::check_geometry;
 use mps_core::protocol::{
     self, Command, Completion, CompletionKind, HostBufferFd, HostRef, MAGIC, MAX_COMMAND_SLOTS,
     MAX_EVENTS, MAX_MODULE_BYTES, MAX_STREAMS, PARAMS_PER_REPLY, ParamInfo, Request, SLOT_BYTES,
@@ -638,7 +639,7 @@ impl<B: Backend> Session<B> {
                 params,
             } => {
                 let f = self.functions.get(function)?;
-                protocol::check_geometry(grid, block, shared_mem)?;
+                check_geometry(grid, block, shared_mem, &self.backend.info().limits)?;
                 let expected = f.params.last().map_or(0, |p| p.offset + p.size) as usize;
                 if params.len() != expected {
                     return Err(Error::invalid_value(format!(

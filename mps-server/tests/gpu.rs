@@ -113,3 +113,34 @@ fn cuda_loads_cubin_and_fatbin_images() {
         println!("{kind} image of {} bytes loaded and ran", image.len());
     }
 }
+
+/// A launch may ask for more dynamic shared memory than the 48 KiB a block gets by default (up
+/// to the device's opt-in limit, which the server checks): the server opts the kernel in at the
+/// first launch that needs it. 60 KiB is within the opt-in limit of every device since Volta.
+#[test]
+fn cuda_launches_get_more_shared_memory_than_the_default() {
+    if let Err(why) = mps_server::backend::cuda::probe() {
+        println!("skipped: needs a GPU ({why})");
+        return;
+    }
+    let server = TestServer::start_with(&["--backend", "cuda"]);
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 512u64;
+    let p = c.mem_alloc(n * 4).unwrap();
+    let dim = |x| mpsclient::Dim3 { x, y: 1, z: 1 };
+    for (shared, value) in [(0u32, 1u32), (60 << 10, 2), (0, 3), (60 << 10, 4)] {
+        let args: [&[u8]; 3] = [&p.0.to_le_bytes(), &value.to_le_bytes(), &n.to_le_bytes()];
+        let stream = mpsclient::Stream::DEFAULT;
+        c.launch(fill, dim(4), dim(128), shared, stream, &args)
+            .unwrap_or_else(|e| panic!("a launch with {shared} bytes of shared memory: {e}"));
+        let mut out = vec![0u8; (n * 4) as usize];
+        c.memcpy_dtoh(&mut out, p, stream)
+            .unwrap_or_else(|e| panic!("after a launch with {shared} bytes: {e}"));
+        assert!(
+            out.chunks(4).all(|w| w == value.to_le_bytes()),
+            "the launch with {shared} bytes of shared memory did not run"
+        );
+    }
+}

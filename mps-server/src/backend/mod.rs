@@ -13,6 +13,7 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use mps_core::alloc::AllocTable;
+use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -34,6 +35,8 @@ pub struct DeviceInfo {
     pub sm_units: Vec<u32>,
     /// Compute capability.
     pub cc: (u32, u32),
+    /// What launch geometry the device accepts; the server checks every launch against it.
+    pub limits: DeviceLimits,
     /// Which backend.
     pub kind: BackendKind,
 }

@@ -10,10 +10,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::sys::{self, CUdevResource, CUdevice, CUgreenCtx, CUresult};
+use cudarc::driver::sys::{self, CUdevResource, CUdevice, CUgreenCtx};
 use mps_core::{Error, Result, Status};
 
-use super::{error_name, result_of};
+use super::driver::{check, check_on, released};
 use crate::sm::{Assignment, Placement};
 
 /// A green context: kernels of its streams run on its SMs only.
@@ -26,7 +26,10 @@ impl Drop for Partition {
     fn drop(&mut self) {
         // SAFETY: created by cuGreenCtxCreate; the last owner is gone, and every stream made in
         // it was synchronised and destroyed before it let go (see `CudaStream`).
-        unsafe { sys::cuGreenCtxDestroy(self.green) };
+        released(
+            unsafe { sys::cuGreenCtxDestroy(self.green) },
+            "cuGreenCtxDestroy",
+        );
     }
 }
 
@@ -132,22 +135,24 @@ impl Partitions {
         // SAFETY: the resources all come from one split of this device, as
         // cuDevResourceGenerateDesc requires to combine them; both calls write one handle.
         unsafe {
-            result_of(
+            check_on(
                 sys::cuDevResourceGenerateDesc(
                     &mut desc,
                     resources.as_mut_ptr(),
                     resources.len() as u32,
                 ),
                 "cuDevResourceGenerateDesc",
+                || format!("SM units {set:?}"),
             )?;
-            result_of(
+            check_on(
                 sys::cuGreenCtxCreate(
                     &mut green,
                     desc,
                     self.dev,
                     sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
                 ),
-                &format!("cuGreenCtxCreate of {sms} SMs"),
+                "cuGreenCtxCreate",
+                || format!("{sms} SMs"),
             )?;
         }
         tracing::info!("SM partition of {sms} SMs (units {set:?}) created");
@@ -167,13 +172,9 @@ fn split(dev: CUdevice) -> std::result::Result<Vec<CUdevResource>, String> {
             sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
         )
     };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(format!(
-            "the driver has no green contexts (cuDeviceGetDevResource: {}); CUDA 12.4 or later \
-             is needed",
-            error_name(r)
-        ));
-    }
+    check(r, "cuDeviceGetDevResource").map_err(|e| {
+        format!("the driver has no green contexts ({e}); CUDA 12.4 or later is needed")
+    })?;
     // SAFETY: the driver filled `all` as an SM resource.
     let min = unsafe { all.__bindgen_anon_1.sm.minSmPartitionSize }.max(1);
     let mut n = 0u32;
@@ -188,11 +189,10 @@ fn split(dev: CUdevice) -> std::result::Result<Vec<CUdevResource>, String> {
             min,
         )
     };
-    if r != CUresult::CUDA_SUCCESS || n == 0 {
-        return Err(format!(
-            "cannot split the device's SMs into groups of {min}: {}",
-            error_name(r)
-        ));
+    let cannot = |e: String| format!("cannot split the device's SMs into groups of {min}: {e}");
+    check(r, "cuDevSmResourceSplitByCount").map_err(|e| cannot(e.to_string()))?;
+    if n == 0 {
+        return Err(cannot("the driver counted no group".into()));
     }
     // SAFETY: zeroed resources are valid placeholders for the driver to fill.
     let mut groups: Vec<CUdevResource> = vec![unsafe { std::mem::zeroed() }; n as usize];
@@ -202,12 +202,7 @@ fn split(dev: CUdevice) -> std::result::Result<Vec<CUdevResource>, String> {
     let r = unsafe {
         sys::cuDevSmResourceSplitByCount(groups.as_mut_ptr(), &mut n, &all, &mut rest, 0, min)
     };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(format!(
-            "cannot split the device's SMs into groups of {min}: {}",
-            error_name(r)
-        ));
-    }
+    check(r, "cuDevSmResourceSplitByCount").map_err(|e| cannot(e.to_string()))?;
     groups.truncate(n as usize);
     // SAFETY: the driver filled `rest` as an SM resource.
     if unsafe { rest.__bindgen_anon_1.sm.smCount } > 0 {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{BackendKind, ParamInfo};
 use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
@@ -53,7 +54,10 @@ impl SimBackend {
                 sm_count: cfg.sm_count,
                 // Partitions of single SMs: a share or reservation gets exactly its SMs.
                 sm_units: vec![1; cfg.sm_count as usize],
+                // The compute capability and launch limits of the H200 the simulator stands
+                // in for (documented at `DeviceLimits::SM_90`).
                 cc: (9, 0),
+                limits: DeviceLimits::SM_90,
                 kind: BackendKind::Sim,
             },
             memory: Arc::new(DeviceMemory::new(cfg.memory_bytes)?),

@@ -1,0 +1,125 @@
+//! What the server reports of its device, read from the driver: name, memory, SMs, compute
+//! capability and launch limits.
+
+use std::ffi::CStr;
+
+use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute_enum as A, CUfunction};
+use mps_core::limits::DeviceLimits;
+use mps_core::protocol::{BackendKind, Dim3};
+
+use super::driver::{DriverError, attribute, check, check_on};
+use crate::backend::DeviceInfo;
+
+/// Describes device `dev`; `units` splits its SM count into the partition units.
+pub(super) fn describe(
+    dev: CUdevice,
+    units: impl FnOnce(u32) -> Vec<u32>,
+) -> Result<DeviceInfo, DriverError> {
+    let mut name = [0 as std::ffi::c_char; 128];
+    let mut total = 0usize;
+    // SAFETY: both calls write into the locals above, the name at most 127 bytes and a NUL.
+    unsafe {
+        check(
+            sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
+            "cuDeviceGetName",
+        )?;
+        check(
+            sys::cuDeviceTotalMem_v2(&mut total, dev),
+            "cuDeviceTotalMem",
+        )?;
+    }
+    // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer.
+    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let sms = unsigned(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(DeviceInfo {
+        name,
+        total_mem: total as u64,
+        sm_count: sms,
+        sm_units: units(sms),
+        cc: (
+            unsigned(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            unsigned(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        limits: limits(dev)?,
+        kind: BackendKind::Cuda,
+    })
+}
+
+/// The launch limits of device `dev`, from its attributes.
+fn limits(dev: CUdevice) -> Result<DeviceLimits, DriverError> {
+    let dim = |x, y, z| -> Result<Dim3, DriverError> {
+        Ok(Dim3 {
+            x: unsigned(dev, x)?,
+            y: unsigned(dev, y)?,
+            z: unsigned(dev, z)?,
+        })
+    };
+    Ok(DeviceLimits {
+        max_threads_per_block: unsigned(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        max_block: dim(
+            A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
+            A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y,
+            A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z,
+        )?,
+        max_grid: dim(
+            A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
+            A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
+            A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z,
+        )?,
+        max_shared_mem_per_block: unsigned(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+        )?,
+        max_shared_mem_per_block_optin: unsigned(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
+        warp_size: unsigned(dev, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+    })
+}
+
+/// An attribute that is a count or a size (the driver's int is never negative for these).
+fn unsigned(dev: CUdevice, attr: A) -> Result<u32, DriverError> {
+    attribute(dev, attr).map(|v| v.max(0) as u32)
+}
+
+/// The static shared memory of kernel `f`, in bytes.
+pub(super) fn static_shared_memory(f: CUfunction) -> Result<u32, DriverError> {
+    let mut bytes = 0;
+    // SAFETY: f is a loaded kernel; writes one int.
+    let r = unsafe {
+        sys::cuFuncGetAttribute(
+            &mut bytes,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            f,
+        )
+    };
+    check(r, "cuFuncGetAttribute")?;
+    Ok(bytes.max(0) as u32)
+}
+
+/// Lets kernel `f`, with `fixed` bytes of static shared memory, use as much dynamic shared memory
+/// as the device allows a block beside them
+/// ([`DeviceLimits::max_shared_mem_per_block_optin`] less `fixed`); without this a block may use
+/// only the default shared memory per block, static and dynamic together.
+pub(super) fn allow_dynamic_shared_memory(
+    f: CUfunction,
+    fixed: u32,
+    limits: &DeviceLimits,
+) -> Result<(), DriverError> {
+    let dynamic = limits.max_shared_mem_per_block_optin.saturating_sub(fixed);
+    // SAFETY: f is a loaded kernel; the value is within what the driver documents for it (the
+    // opt-in limit less the kernel's static shared memory).
+    let r = unsafe {
+        sys::cuFuncSetAttribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dynamic as i32,
+        )
+    };
+    check_on(r, "cuFuncSetAttribute", || {
+        format!("MAX_DYNAMIC_SHARED_SIZE_BYTES = {dynamic}")
+    })
+}

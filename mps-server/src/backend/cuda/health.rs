@@ -1,0 +1,129 @@
+//! The health thread: it notices a dead context at once, and samples GPU busy time.
+//!
+//! A fault is reported by the next driver call of any thread, so a thread of our own queries a
+//! stream of ours every few milliseconds and tells every client as soon as the context is gone
+//! (clients waiting on GPU-written progress would otherwise wait forever).
+//!
+//! Busy time is sampled, not measured: every few milliseconds the thread asks each client stream
+//! whether it has work pending, and credits the interval to the clients whose streams do.
+//! (Timing every command with events would cost two driver calls per launch.)
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{self, CUresult, CUstream};
+use mps_core::{Error, Result};
+
+use super::context::Context;
+use super::driver::check_on;
+
+/// How often the health thread samples which streams have work pending.
+const BUSY_SAMPLE: Duration = Duration::from_millis(5);
+/// How often it looks at the context.
+const POLL: Duration = Duration::from_millis(2);
+
+/// A stream sampled for busy time, and the client counter it credits.
+struct Live {
+    raw: CUstream,
+    busy: Arc<AtomicU64>,
+}
+
+/// Every client stream, for busy-time sampling. A stream leaves the list before it is
+/// destroyed, under the lock the sampler holds while it queries.
+#[derive(Default)]
+pub(super) struct LiveStreams(Mutex<Vec<Live>>);
+
+// SAFETY: stream handles may be used from any thread; the list is locked.
+unsafe impl Send for LiveStreams {}
+// SAFETY: as above.
+unsafe impl Sync for LiveStreams {}
+
+impl LiveStreams {
+    fn lock(&self) -> MutexGuard<'_, Vec<Live>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Samples `raw` from now on, crediting `busy`.
+    pub(super) fn add(&self, raw: CUstream, busy: &Arc<AtomicU64>) {
+        self.lock().push(Live {
+            raw,
+            busy: busy.clone(),
+        });
+    }
+
+    /// Stops sampling `raw`; call before destroying it.
+    pub(super) fn remove(&self, raw: CUstream) {
+        self.lock().retain(|l| l.raw != raw);
+    }
+
+    /// Credits `interval` to every client with work pending on one of its streams.
+    fn sample(&self, interval: Duration) {
+        let live = self.lock();
+        let mut credited: Vec<*const AtomicU64> = Vec::new();
+        for s in live.iter() {
+            // SAFETY: the stream is live: it leaves this list (under this lock) before it is
+            // destroyed.
+            let r = unsafe { sys::cuStreamQuery(s.raw) };
+            // Only "work pending" counts; a failure is the context's, which the thread's own
+            // stream reports.
+            let ptr = Arc::as_ptr(&s.busy);
+            if r == CUresult::CUDA_ERROR_NOT_READY && !credited.contains(&ptr) {
+                s.busy
+                    .fetch_add(interval.as_nanos() as u64, Ordering::Relaxed);
+                credited.push(ptr);
+            }
+        }
+    }
+}
+
+/// The health thread's own stream.
+struct HealthStream(CUstream);
+
+// SAFETY: a stream handle may be used from any thread.
+unsafe impl Send for HealthStream {}
+
+/// Starts the health thread, which runs until the context dies.
+pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
+    let mut stream: CUstream = std::ptr::null_mut();
+    let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: creates a stream in the current (bound) context.
+    let r = unsafe { sys::cuStreamCreate(&mut stream, flags) };
+    ctx.check(check_on(r, "cuStreamCreate", || {
+        "the health thread's stream".into()
+    }))?;
+    let stream = HealthStream(stream);
+    std::thread::Builder::new()
+        .name("cuda-health".into())
+        .spawn(move || {
+            // Capture the whole stream (Send), not its raw field.
+            let stream = stream;
+            ctx.bind();
+            let mut sampled = Instant::now();
+            loop {
+                std::thread::sleep(POLL);
+                let now = Instant::now();
+                if now - sampled >= BUSY_SAMPLE {
+                    live.sample(now - sampled);
+                    sampled = now;
+                }
+                // SAFETY: queries our own stream.
+                let r = unsafe { sys::cuStreamQuery(stream.0) };
+                if r == CUresult::CUDA_ERROR_NOT_READY {
+                    continue;
+                }
+                let failed = check_on(r, "cuStreamQuery", || {
+                    "the health thread's idle stream, which sees any kernel's fault".into()
+                });
+                // Only a failure that ends the context matters here: it is told to every client.
+                if let Err(e) = failed
+                    && e.is_sticky()
+                {
+                    ctx.fail(e);
+                    return;
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::internal(format!("cannot start the health thread: {e}")))
+}

@@ -1,0 +1,484 @@
+//! The CUDA backend: one primary context on one device, driven through cudarc's raw driver API
+//! (loaded dynamically, so the server builds and runs where no driver is installed).
+//!
+//! - Each client stream is a CUDA stream of its own (non-blocking, priority honoured), so work of
+//!   different streams, of one client or of many, runs concurrently on the device.
+//!   `CUDA_DEVICE_MAX_CONNECTIONS` is raised before the context exists (see `main`), or streams
+//!   would share hardware queues and falsely serialise.
+//! - Kernel parameters go to cuLaunchKernel as one packed buffer
+//!   (`CU_LAUNCH_PARAM_BUFFER_POINTER`), laid out by `cuFuncGetParamInfo`: the buffer the
+//!   session hands over, not a copy of it.
+//! - Progress is written by the GPU itself: `cuStreamWriteValue64` into the client's stream slot,
+//!   in the server segment, which is registered with `cuMemHostRegister(DEVICEMAP)`. No server
+//!   thread is on the completion path; clients poll the slot (spinning, then napping). Each
+//!   stream keeps the slot's device address, so a marked command takes no lock that other
+//!   sessions take.
+//! - Host buffers and the staging area are registered too, so copies DMA straight from and to the
+//!   client's pages.
+//! - A kernel fault destroys the context for every client of the server (the device gives no
+//!   finer containment): a health thread notices and tells every client (`context`, `health`).
+//! - SM shares and reservations are green contexts (`partition`); a client's streams move to
+//!   its new partition at their next submission after a change (`stream`).
+//! - GPU busy time is sampled by the health thread (`health`).
+//!
+//! Every driver result goes through one layer ([`driver`]), which keeps the driver's code and
+//! name and maps it to an mps status.
+
+mod context;
+mod device;
+pub mod driver;
+mod health;
+mod host;
+mod objects;
+mod partition;
+mod stream;
+
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
+use mps_core::protocol::ParamInfo;
+use mps_core::ptx::ImageFormat;
+use mps_core::{Error, Result, Status};
+use mps_ipc::segment::Segment;
+
+use super::{Backend, ClientContext, DeviceInfo, HostBytes, Op, Publish};
+use crate::sm::Assignment;
+use context::Context;
+use driver::{check, check_on, released};
+use health::LiveStreams;
+use host::Registrations;
+use objects::ModuleInner;
+pub use objects::{CudaEvent, CudaFunction, CudaModule};
+use partition::Partitions;
+pub use stream::CudaStream;
+
+/// The probe `--backend auto` runs: is a driver installed and does it see a device?
+pub fn probe() -> std::result::Result<(), String> {
+    if !driver::is_present() {
+        return Err("libcuda.so was not found (no NVIDIA driver installed)".into());
+    }
+    driver::init().map_err(|e| e.to_string())?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")
+        .map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("the driver sees no CUDA device".into());
+    }
+    Ok(())
+}
+
+/// The CUDA backend.
+pub struct CudaBackend {
+    ctx: Arc<Context>,
+    info: DeviceInfo,
+    host: Registrations,
+    live: Arc<LiveStreams>,
+    priorities: (i32, i32),
+    partitions: Partitions,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.info.name)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`'s primary context. Call [`probe`] first: cudarc panics when the
+    /// driver library is missing.
+    pub fn new(ordinal: i32) -> Result<CudaBackend> {
+        probe().map_err(|e| Error::new(Status::Unsupported, e))?;
+        let mut dev = 0;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: driver calls writing into the locals above; the context is retained for the
+        // life of the process.
+        unsafe {
+            check_on(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet", || {
+                format!("ordinal {ordinal}")
+            })?;
+            check(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            check(
+                sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
+                "cuCtxGetStreamPriorityRange",
+            )?;
+        }
+        let partitions = Partitions::discover(dev);
+        if let Some(why) = partitions.unsupported() {
+            tracing::warn!("SM shares and reservations are unavailable: {why}");
+        }
+        let info = device::describe(dev, |sms| partitions.unit_sizes(sms))?;
+        let ctx = Arc::new(Context::new(ctx));
+        let live = Arc::new(LiveStreams::default());
+        health::spawn(ctx.clone(), live.clone())?;
+        Ok(CudaBackend {
+            ctx,
+            info,
+            host: Registrations::default(),
+            live,
+            priorities: (least, greatest),
+            partitions,
+        })
+    }
+
+    /// Lets `function` use more dynamic shared memory than the default per block, up to the
+    /// device's opt-in limit that the server checks launches against. Done at its first launch
+    /// that needs it, so that kernels that never do keep the driver's defaults.
+    fn opt_in(&self, function: &CudaFunction) -> Result<()> {
+        if function.opted_in.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let allowed = device::allow_dynamic_shared_memory(
+            function.raw,
+            function.static_shared,
+            &self.info.limits,
+        );
+        self.ctx
+            .check(allowed.map_err(|e| e.on(format!("kernel {:?}", function.name))))?;
+        function.opted_in.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn copy_in(&self, stream: CUstream, dst: u64, src: &HostBytes) -> Result<()> {
+        let (ptr, len) = src.as_raw();
+        // SAFETY: `src` keeps its bytes alive until the session synchronises (shared pages) or,
+        // for a private copy (pageable source), the driver has taken the bytes when the call
+        // returns; the device range was validated against the client's allocations.
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, ptr as *const c_void, len, stream) };
+        self.ctx.check(check_on(r, "cuMemcpyHtoDAsync", || {
+            format!("{len} bytes to {dst:#x}")
+        }))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type Module = CudaModule;
+    type Function = CudaFunction;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_alloc(&self, size: u64) -> Result<u64> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        let mut p = 0;
+        // SAFETY: writes one device pointer.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) };
+        self.ctx
+            .check(check_on(r, "cuMemAlloc", || format!("{size} bytes")))?;
+        Ok(p)
+    }
+
+    fn mem_free(&self, ptr: u64, _size: u64) {
+        self.ctx.bind();
+        // SAFETY: ptr came from cuMemAlloc and the session ensured no work of the client uses
+        // it.
+        released(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree");
+    }
+
+    fn mem_get_info(&self) -> (u64, u64) {
+        self.ctx.bind();
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two sizes.
+        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        // A dead context reports nothing free (both stay 0).
+        released(r, "cuMemGetInfo");
+        (free as u64, total as u64)
+    }
+
+    fn host_register(&self, segment: &Segment) -> Result<()> {
+        self.ctx.bind();
+        self.host.register(&self.ctx, segment)
+    }
+
+    fn host_unregister(&self, segment: &Segment) {
+        self.ctx.bind();
+        self.host.unregister(segment);
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<CudaModule> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        let format = ImageFormat::detect(image)?;
+        // PTX must reach the driver NUL-terminated.
+        let mut owned;
+        let bytes = if format == ImageFormat::Ptx && image.last() != Some(&0) {
+            owned = image.to_vec();
+            owned.push(0);
+            &owned[..]
+        } else {
+            image
+        };
+        let mut m: CUmodule = std::ptr::null_mut();
+        // SAFETY: bytes is a complete image (NUL-terminated if PTX) that outlives the call.
+        let r = unsafe { sys::cuModuleLoadData(&mut m, bytes.as_ptr() as *const c_void) };
+        self.ctx.check(check_on(r, "cuModuleLoadData", || {
+            format!("a {format:?} image of {} bytes", image.len())
+        }))?;
+        Ok(CudaModule(Arc::new(ModuleInner { raw: m })))
+    }
+
+    fn module_function(
+        &self,
+        module: &CudaModule,
+        name: &str,
+    ) -> Result<(CudaFunction, Vec<ParamInfo>)> {
+        self.ctx.bind();
+        let cname = CString::new(name)
+            .map_err(|_| Error::invalid_value("kernel name contains a NUL byte"))?;
+        let mut f: CUfunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; cname is NUL-terminated.
+        let r = unsafe { sys::cuModuleGetFunction(&mut f, module.0.raw, cname.as_ptr()) };
+        if r == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::new(
+                Status::NotFound,
+                format!("the module has no kernel named {name:?}"),
+            ));
+        }
+        self.ctx.check(check_on(r, "cuModuleGetFunction", || {
+            format!("kernel {name:?}")
+        }))?;
+        let mut params = Vec::new();
+        loop {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: f is a valid function; the driver writes two sizes or fails past the last
+            // parameter.
+            let r = unsafe { sys::cuFuncGetParamInfo(f, params.len(), &mut off, &mut size) };
+            // The driver fails past the last parameter: that ends the list.
+            if r != CUresult::CUDA_SUCCESS {
+                break;
+            }
+            params.push(ParamInfo {
+                offset: off as u32,
+                size: size as u32,
+            });
+        }
+        let static_shared = self
+            .ctx
+            .check(device::static_shared_memory(f).map_err(|e| e.on(format!("kernel {name:?}"))))?;
+        let func = CudaFunction {
+            raw: f,
+            static_shared,
+            name: name.to_string(),
+            _module: module.0.clone(),
+            opted_in: AtomicBool::new(false),
+        };
+        Ok((func, params))
+    }
+
+    fn place(&self, assignments: &[Assignment]) -> Result<()> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        self.partitions.place(assignments)
+    }
+
+    fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<CudaStream> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        self.new_stream(priority, client)
+    }
+
+    fn submit(
+        &self,
+        stream: &CudaStream,
+        _seq: u64,
+        op: Op<Self>,
+        publish: Option<Publish>,
+    ) -> Result<()> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        self.follow_placement(stream)?;
+        let s = stream.raw.get();
+        match op {
+            Op::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => {
+                let default = self.info.limits.max_shared_mem_per_block;
+                if shared_mem.saturating_add(function.static_shared) > default {
+                    self.opt_in(&function)?;
+                }
+                let mut size = params.len();
+                let mut extra = [
+                    sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+                    params.as_ptr() as *mut c_void,
+                    sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+                    &mut size as *mut usize as *mut c_void,
+                    sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+                ];
+                let extra_ptr = if params.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    extra.as_mut_ptr()
+                };
+                // SAFETY: the function is loaded (its module is kept alive by `function`); the
+                // packed buffer has exactly the layout cuFuncGetParamInfo reported (the session
+                // checked its size) and is copied by the driver during the call.
+                let r = unsafe {
+                    sys::cuLaunchKernel(
+                        function.raw,
+                        grid.x,
+                        grid.y,
+                        grid.z,
+                        block.x,
+                        block.y,
+                        block.z,
+                        shared_mem,
+                        s,
+                        std::ptr::null_mut(),
+                        extra_ptr,
+                    )
+                };
+                self.ctx.check(check_on(r, "cuLaunchKernel", || {
+                    format!(
+                        "kernel {:?}, grid ({}, {}, {}), block ({}, {}, {}), {shared_mem} bytes \
+                         of shared memory, on a stream of client {}",
+                        function.name,
+                        grid.x,
+                        grid.y,
+                        grid.z,
+                        block.x,
+                        block.y,
+                        block.z,
+                        stream.client
+                    )
+                }))?;
+            }
+            Op::CopyHtoD { dst, src } => self.copy_in(s, dst, &src)?,
+            Op::CopyDtoH { dst, src } => {
+                let (ptr, len) = dst.as_raw();
+                // SAFETY: dst is a registered shared segment (host buffer or staging) that the
+                // session keeps mapped until it synchronises; the device range was validated.
+                let r = unsafe { sys::cuMemcpyDtoHAsync_v2(ptr as *mut c_void, src, len, s) };
+                self.ctx.check(check_on(r, "cuMemcpyDtoHAsync", || {
+                    format!("{len} bytes from {src:#x}, client {}", stream.client)
+                }))?;
+            }
+            Op::CopyDtoD { dst, src, len } => {
+                // SAFETY: both device ranges were validated against the client's allocations.
+                let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s) };
+                self.ctx.check(check_on(r, "cuMemcpyDtoDAsync", || {
+                    format!("{len} bytes {src:#x} to {dst:#x}, client {}", stream.client)
+                }))?;
+            }
+            Op::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => {
+                // SAFETY: the device range was validated against the client's allocations.
+                let r = unsafe {
+                    if elem_size == 1 {
+                        sys::cuMemsetD8Async(dst, value as u8, count as usize, s)
+                    } else {
+                        sys::cuMemsetD32Async(dst, value, count as usize, s)
+                    }
+                };
+                self.ctx.check(check_on(r, "cuMemsetAsync", || {
+                    format!(
+                        "{count} elements of {elem_size} bytes at {dst:#x}, client {}",
+                        stream.client
+                    )
+                }))?;
+            }
+            Op::Record(ev) => {
+                // SAFETY: both handles are live.
+                let r = unsafe { sys::cuEventRecord(ev.raw, s) };
+                self.ctx.check(check_on(r, "cuEventRecord", || {
+                    format!("an event of client {}", stream.client)
+                }))?;
+                ev.recorded.store(true, Ordering::Release);
+            }
+            Op::Wait(ev) => {
+                // SAFETY: both handles are live.
+                let r = unsafe { sys::cuStreamWaitEvent(s, ev.raw, 0) };
+                self.ctx.check(check_on(r, "cuStreamWaitEvent", || {
+                    format!("an event of client {}", stream.client)
+                }))?;
+            }
+            Op::Nop => {}
+        }
+        if let Some(p) = publish {
+            let dev = self.progress_address(stream, &p)?;
+            // SAFETY: `dev` is the device address of the client's progress word in its
+            // registered server segment, which stays registered until the session ends (after
+            // its streams are synchronised).
+            let r = unsafe { sys::cuStreamWriteValue64_v2(s, dev, p.seq, 0) };
+            self.ctx.check(check_on(r, "cuStreamWriteValue64", || {
+                format!(
+                    "progress of stream slot {} of client {}",
+                    p.slot, stream.client
+                )
+            }))?;
+        }
+        Ok(())
+    }
+
+    fn stream_synchronize(&self, stream: &CudaStream, _closing: &AtomicBool) -> Result<()> {
+        self.ctx.bind();
+        // SAFETY: a live stream.
+        let r = unsafe { sys::cuStreamSynchronize(stream.raw.get()) };
+        self.ctx.check(check_on(r, "cuStreamSynchronize", || {
+            format!("a stream of client {}", stream.client)
+        }))
+    }
+
+    fn stream_destroy(&self, stream: CudaStream) {
+        self.ctx.bind();
+        // Waiting for the work lets the stream's progress slot and the client's memory be
+        // reused safely; the partition is released after the stream.
+        self.retire(stream.raw.get());
+        drop(stream);
+    }
+
+    fn event_create(&self) -> Result<CudaEvent> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: creates an event (timing enabled) in the bound context.
+        let r = unsafe { sys::cuEventCreate(&mut e, 0) };
+        self.ctx.check(check(r, "cuEventCreate"))?;
+        Ok(CudaEvent {
+            raw: e,
+            recorded: AtomicBool::new(false),
+        })
+    }
+
+    fn event_elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        self.ctx.bind();
+        for (ev, which) in [(start, "start"), (end, "end")] {
+            if !ev.recorded.load(Ordering::Acquire) {
+                return Err(Error::invalid_value(format!(
+                    "the {which} event was never recorded"
+                )));
+            }
+        }
+        let mut ms = 0f32;
+        // SAFETY: both events are live and recorded.
+        let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw) };
+        if r == CUresult::CUDA_ERROR_NOT_READY {
+            return Err(Error::new(
+                Status::NotReady,
+                "an event's latest record has not completed yet",
+            ));
+        }
+        self.ctx.check(check(r, "cuEventElapsedTime"))?;
+        Ok(ms)
+    }
+}

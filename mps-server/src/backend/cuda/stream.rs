@@ -1,0 +1,138 @@
+//! Client streams: each a CUDA stream of its own (non-blocking, priority honoured) in the
+//! client's current SM partition, replaced by one in the new partition when the placement
+//! changes.
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::sys::{self, CUstream};
+use mps_core::Result;
+
+use super::CudaBackend;
+use super::driver::{check_on, released};
+use super::partition::Partition;
+use crate::backend::{ClientContext, Publish, SmSlot};
+
+/// A stream: a CUDA stream in the client's current partition (or the primary context).
+#[derive(Debug)]
+pub struct CudaStream {
+    pub(super) raw: Cell<CUstream>,
+    priority: i32,
+    pub(super) client: u32,
+    busy: Arc<AtomicU64>,
+    sm: Arc<SmSlot>,
+    /// The placement generation `raw` was made for.
+    seen: Cell<u64>,
+    /// Keeps the green context alive while `raw` lives in it.
+    partition: RefCell<Option<Arc<Partition>>>,
+    /// The host and device addresses of the progress word this stream's marked commands last
+    /// published to (0, 0: none yet), so that a marked command looks nothing up.
+    progress: Cell<(usize, u64)>,
+}
+
+// SAFETY: CUDA driver handles may be used from any thread once the context is current there
+// (every entry point binds it first); the session moves a stream between threads but uses it
+// from one at a time (it is not Sync).
+unsafe impl Send for CudaStream {}
+
+impl CudaBackend {
+    /// A stream of `client` of CUDA priority `priority` (clamped to the device's range), in the
+    /// client's current partition.
+    pub(super) fn new_stream(&self, priority: i32, client: &ClientContext) -> Result<CudaStream> {
+        // CUDA priorities: lower is more urgent, between `greatest` and `least`.
+        let (least, greatest) = self.priorities;
+        let priority = priority.clamp(greatest, least);
+        // The generation is read before the partition, so a change in between is followed at
+        // the first submission.
+        let seen = client.sm.generation.load(Ordering::Acquire);
+        let partition = self.partitions.of(client.id);
+        let raw = self.raw_stream(partition.as_deref(), priority, &client.busy_ns)?;
+        self.ctx.watch(&client.faults);
+        Ok(CudaStream {
+            raw: Cell::new(raw),
+            priority,
+            client: client.id,
+            busy: client.busy_ns.clone(),
+            sm: client.sm.clone(),
+            seen: Cell::new(seen),
+            partition: RefCell::new(partition),
+            progress: Cell::new((0, 0)),
+        })
+    }
+
+    /// The device address of the progress word `publish` raises. The registrations, shared by
+    /// every session, are looked up once per stream: a stream publishes to one slot of its
+    /// client's server segment, which stays registered (at the same address) until the session
+    /// ends, after its streams.
+    pub(super) fn progress_address(&self, stream: &CudaStream, publish: &Publish) -> Result<u64> {
+        let word = publish.channel.stream_done(publish.slot) as *const AtomicU64 as usize;
+        let (host, dev) = stream.progress.get();
+        if host == word {
+            return Ok(dev);
+        }
+        let dev = self.host.device_address(word as *const u8)?;
+        stream.progress.set((word, dev));
+        Ok(dev)
+    }
+
+    /// Creates a raw stream in `partition` (None: the primary context) and lists it for busy
+    /// sampling.
+    fn raw_stream(
+        &self,
+        partition: Option<&Partition>,
+        priority: i32,
+        busy: &Arc<AtomicU64>,
+    ) -> Result<CUstream> {
+        let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: creates a stream in the bound primary context or in a live green context.
+        let r = unsafe {
+            match partition {
+                Some(p) => sys::cuGreenCtxStreamCreate(&mut s, p.green, flags, priority),
+                None => sys::cuStreamCreateWithPriority(&mut s, flags, priority),
+            }
+        };
+        self.ctx
+            .check(check_on(r, "creating a stream", || match partition {
+                Some(_) => format!("priority {priority}, in an SM partition"),
+                None => format!("priority {priority}"),
+            }))?;
+        self.live.add(s, busy);
+        Ok(s)
+    }
+
+    /// Waits for a raw stream's work (queued work cannot be cancelled on a GPU) and destroys
+    /// it.
+    pub(super) fn retire(&self, raw: CUstream) {
+        self.live.remove(raw);
+        // SAFETY: a live stream, destroyed once, after its work is done.
+        unsafe {
+            released(sys::cuStreamSynchronize(raw), "cuStreamSynchronize");
+            released(sys::cuStreamDestroy_v2(raw), "cuStreamDestroy");
+        }
+    }
+
+    /// Moves a stream to its client's current partition if the placement changed since the
+    /// stream was made: the old stream's work completes before any later work starts on the
+    /// new one, so stream order holds.
+    pub(super) fn follow_placement(&self, stream: &CudaStream) -> Result<()> {
+        let generation = stream.sm.generation.load(Ordering::Acquire);
+        if generation == stream.seen.get() {
+            return Ok(());
+        }
+        let next = self.partitions.of(stream.client);
+        let same = match (&next, &*stream.partition.borrow()) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !same {
+            let raw = self.raw_stream(next.as_deref(), stream.priority, &stream.busy)?;
+            self.retire(stream.raw.replace(raw));
+            *stream.partition.borrow_mut() = next;
+        }
+        stream.seen.set(generation);
+        Ok(())
+    }
+}
