@@ -652,7 +652,8 @@ impl<B: Backend> Session<B> {
                     grid,
                     block,
                     shared_mem,
-                    params: params.into(),
+                    // Borrowed from this thread's copy of the command: the only copy.
+                    params: std::borrow::Cow::Borrowed(params),
                 };
                 self.enqueue(cmd, op)
             }
