@@ -163,13 +163,7 @@ impl<B: Backend> Server<B> {
                             waits,
                         };
                         match Session::new(env, id, peer, channel, socket) {
-                            Ok(session) => {
-                                if let Err(e) = session.spawn_watcher() {
-                                    tracing::error!(client = id, "cannot watch the socket: {e}");
-                                    return;
-                                }
-                                session.run();
-                            }
+                            Ok(session) => session.run(),
                             Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                         }
                     }

@@ -119,7 +119,7 @@ impl<B: Backend> Session<B> {
 
     /// Watches the socket for the client's hang-up (or for bytes it must not send), on a thread
     /// of its own so that the session thread can sleep on the submission doorbell alone.
-    pub(crate) fn spawn_watcher(&self) -> std::io::Result<()> {
+    fn spawn_watcher(&self) -> std::io::Result<()> {
         let sock = self.socket.clone();
         let outbox = self.outbox.clone();
         std::thread::Builder::new()
@@ -139,6 +139,14 @@ impl<B: Backend> Session<B> {
     /// Serves the client until it goes away, then releases everything it held. A panic while
     /// serving (a bug) disconnects this client with a logged reason; other clients carry on.
     pub(crate) fn run(mut self) {
+        if let Err(e) = self.spawn_watcher() {
+            // A hang-up would go unnoticed: the client is turned away, and what it was given
+            // goes back.
+            self.outbox.disconnect(format!(
+                "the server could not start a thread to watch its socket: {e}"
+            ));
+            return self.teardown();
+        }
         let ctx = self.core.context();
         self.registry.add(
             self.id,
