@@ -32,9 +32,10 @@ use crate::registry::{ClientEntry, Registry};
 pub use limits::Limits;
 pub(crate) use tables::HandleIssuer;
 
-/// How long it sleeps before looking at the closing flag again (a safety net only: the
-/// watcher rings the bell when the client hangs up).
-const NAP: Duration = Duration::from_millis(200);
+/// How long it sleeps before looking at its ring and closing flag again (a safety net only:
+/// the client rings the bell when it submits to a sleeping session, and the watcher when the
+/// client hangs up).
+const NAP: Duration = Duration::from_secs(1);
 
 /// What every session of a server shares.
 pub(crate) struct ServerEnv<B: Backend> {
@@ -245,7 +246,9 @@ impl<B: Backend> Session<B> {
 
     /// Spins, then looks again after each yield of the processor, then sleeps on the
     /// submission doorbell: a client waiting for its stream submits again the moment the wait
-    /// ends, and a sleeping session thread would add its wake-up to every such cycle.
+    /// ends, and a sleeping session thread would add its wake-up to every such cycle. Once
+    /// asleep it stays asleep until there is work or the client is closing: an idle client
+    /// costs one look per nap, not a spin and a round of yields.
     fn wait_for_commands(&self) {
         let commands = &self.commands;
         let closing = &self.closing;
@@ -256,7 +259,7 @@ impl<B: Backend> Session<B> {
         while !ready() && std::time::Instant::now() < until {
             std::thread::yield_now();
         }
-        if !ready() {
+        while !ready() {
             bell.wait(Duration::ZERO, NAP, ready);
         }
     }
