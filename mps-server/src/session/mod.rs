@@ -1,6 +1,6 @@
 //! One client's session. Its thread reads the client's submission ring under the hostile-client
 //! rules and sleeps on the doorbell; what each command means (the client's tables, limits and
-//! checks) is the state machine in [`core`], which this shell feeds and whose answers it posts.
+//! checks) is the state machine in `core.rs`, which this shell feeds and whose answers it posts.
 //! When the client goes away, everything it held is released here.
 
 mod core;
