@@ -12,3 +12,5 @@ pub mod registry;
 pub mod server;
 mod session;
 pub mod sm;
+
+pub use session::Limits;

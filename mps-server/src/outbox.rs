@@ -119,3 +119,96 @@ impl FaultSink for Outbox {
         self.faulted.load(Ordering::Acquire)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use mps_core::Status;
+    use mps_ipc::channel::Layout;
+
+    use super::*;
+
+    fn outbox() -> (Outbox, Channel, UnixStream) {
+        let channel = Channel::create(Layout::default()).unwrap();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let closing = Arc::new(AtomicBool::new(false));
+        let outbox = Outbox::new(channel.clone(), closing, Arc::new(ours));
+        (outbox, channel, theirs)
+    }
+
+    #[test]
+    fn a_posted_completion_reaches_the_client_and_rings_its_bell() {
+        let (outbox, channel, _peer) = outbox();
+        let mut completions = channel.complete_consumer();
+        let before = channel.progress_bell().value();
+        outbox.post(Completion::reply(7, [1, 2, 3, 4]));
+        assert_eq!(
+            completions.pop().unwrap(),
+            Some(Completion::reply(7, [1, 2, 3, 4]))
+        );
+        assert_ne!(channel.progress_bell().value(), before);
+    }
+
+    #[test]
+    fn the_first_fault_is_posted_once_and_fails_every_later_command() {
+        let (outbox, channel, _peer) = outbox();
+        let mut completions = channel.complete_consumer();
+        assert!(outbox.fault().is_none() && !outbox.has_faulted());
+        FaultSink::fault(
+            &outbox,
+            3,
+            Error::new(Status::IllegalAddress, "kernel wrote out of bounds"),
+        );
+        FaultSink::fault(&outbox, 4, Error::new(Status::Internal, "a second failure"));
+        let posted = completions.pop().unwrap().unwrap();
+        assert_eq!(
+            (posted.seq, posted.kind),
+            (3, CompletionKind::AsyncError as u32)
+        );
+        assert_eq!(posted.status, Status::IllegalAddress as u32);
+        assert_eq!(
+            completions.pop().unwrap(),
+            None,
+            "one fault, one completion"
+        );
+        let later = outbox.fault().unwrap();
+        assert_eq!(later.status, Status::IllegalAddress);
+        assert!(
+            later.message.contains("#3") && later.message.contains("out of bounds"),
+            "{later}"
+        );
+    }
+
+    #[test]
+    fn a_disconnect_keeps_its_first_reason_and_hangs_up() {
+        let (outbox, _channel, mut peer) = outbox();
+        outbox.disconnect("terminated by the operator".into());
+        outbox.disconnect("hung up".into());
+        assert_eq!(
+            outbox.disconnect_reason().as_deref(),
+            Some("terminated by the operator")
+        );
+        assert!(outbox.closing.load(Ordering::Relaxed));
+        let mut buf = [0u8; 1];
+        assert_eq!(peer.read(&mut buf).unwrap(), 0, "the socket is shut down");
+    }
+
+    #[test]
+    fn posting_to_a_full_ring_of_a_closing_client_gives_up() {
+        let (outbox, channel, _peer) = outbox();
+        for seq in 0..channel.layout().complete_slots as u64 {
+            outbox.post(Completion::reply(seq, [0; 4]));
+        }
+        outbox.disconnect("hung up".into());
+        // The ring is full and nobody drains it: this returns rather than waits.
+        outbox.post(Completion::reply(u64::MAX, [0; 4]));
+        let mut completions = channel.complete_consumer();
+        let mut n = 0;
+        while let Some(c) = completions.pop().unwrap() {
+            assert_ne!(c.seq, u64::MAX);
+            n += 1;
+        }
+        assert_eq!(n, channel.layout().complete_slots);
+    }
+}

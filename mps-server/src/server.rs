@@ -4,11 +4,10 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mps_core::handle::HandleSource;
 use mps_core::protocol::{
     DeviceInfoWire, HELLO_PREFIX, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str,
 };
@@ -20,7 +19,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::backend::Backend;
 use crate::control::wire;
 use crate::registry::{Defaults, Registry};
-use crate::session::{ServerEnv, Session, check_hello, hello_group};
+use crate::session::{HandleIssuer, Limits, ServerEnv, Session, check_hello, hello_group};
 
 /// How a server is set up.
 #[derive(Clone, Debug)]
@@ -50,7 +49,7 @@ pub struct Server<B: Backend> {
     cfg: ServerConfig,
     listener: UnixListener,
     socket_path: PathBuf,
-    handles: Arc<Mutex<HandleSource>>,
+    handles: Arc<HandleIssuer>,
     next_client: AtomicU32,
     registry: Arc<Registry>,
 }
@@ -86,7 +85,7 @@ impl<B: Backend> Server<B> {
             cfg,
             listener,
             socket_path: path,
-            handles: Arc::new(Mutex::new(HandleSource::default())),
+            handles: Arc::default(),
             next_client: AtomicU32::new(1),
         })
     }
@@ -156,16 +155,11 @@ impl<B: Backend> Server<B> {
                             backend,
                             handles,
                             registry,
+                            limits: Limits::default(),
                             waits,
                         };
                         match Session::new(env, id, peer, channel, socket) {
-                            Ok(session) => {
-                                if let Err(e) = session.spawn_watcher() {
-                                    tracing::error!(client = id, "cannot watch the socket: {e}");
-                                    return;
-                                }
-                                session.run();
-                            }
+                            Ok(session) => session.run(),
                             Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                         }
                     }

@@ -8,6 +8,7 @@
 pub mod cuda;
 pub mod sim;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -149,9 +150,11 @@ pub trait FaultSink: Send + Sync + std::fmt::Debug {
     fn has_faulted(&self) -> bool;
 }
 
-/// One unit of stream-ordered work.
+/// One unit of stream-ordered work. A launch's parameters are borrowed from the session's private
+/// copy of the command (a backend that submits synchronously hands them to the driver from
+/// there); a backend that runs work after `submit` returns keeps it with [`Op::into_owned`].
 #[derive(Debug)]
-pub enum Op<B: Backend> {
+pub enum Op<'a, B: Backend> {
     /// A kernel launch with its packed parameters.
     Launch {
         /// The kernel.
@@ -163,7 +166,7 @@ pub enum Op<B: Backend> {
         /// Dynamic shared memory bytes.
         shared_mem: u32,
         /// Packed parameter buffer, laid out by the function's parameter info.
-        params: Box<[u8]>,
+        params: Cow<'a, [u8]>,
     },
     /// Host to device.
     CopyHtoD {
@@ -205,6 +208,44 @@ pub enum Op<B: Backend> {
     Wait(Arc<B::Event>),
     /// Nothing; exists to carry a publish.
     Nop,
+}
+
+impl<B: Backend> Op<'_, B> {
+    /// The same work owning everything it refers to (copies a launch's borrowed parameters).
+    pub fn into_owned(self) -> Op<'static, B> {
+        match self {
+            Op::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => Op::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params: Cow::Owned(params.into_owned()),
+            },
+            Op::CopyHtoD { dst, src } => Op::CopyHtoD { dst, src },
+            Op::CopyDtoH { dst, src } => Op::CopyDtoH { dst, src },
+            Op::CopyDtoD { dst, src, len } => Op::CopyDtoD { dst, src, len },
+            Op::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => Op::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            },
+            Op::Record(e) => Op::Record(e),
+            Op::Wait(e) => Op::Wait(e),
+            Op::Nop => Op::Nop,
+        }
+    }
 }
 
 /// A device.
@@ -250,7 +291,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         &self,
         stream: &Self::Stream,
         seq: u64,
-        op: Op<Self>,
+        op: Op<'_, Self>,
         publish: Option<Publish>,
     ) -> Result<()>;
     /// Waits until everything queued on `stream` has run (or, while waiting, `closing` is set).

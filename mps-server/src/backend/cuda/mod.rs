@@ -294,7 +294,7 @@ impl Backend for CudaBackend {
         &self,
         stream: &CudaStream,
         _seq: u64,
-        op: Op<Self>,
+        op: Op<'_, Self>,
         publish: Option<Publish>,
     ) -> Result<()> {
         self.ctx.bind();

@@ -110,7 +110,7 @@ impl SimEvent {
 
 struct Job {
     seq: u64,
-    op: Op<SimBackend>,
+    op: Op<'static, SimBackend>,
     publish: Option<Publish>,
     /// For a record, its number; for a wait, the record number to wait for.
     event_no: u64,
@@ -383,7 +383,7 @@ impl Backend for SimBackend {
         &self,
         stream: &SimStream,
         seq: u64,
-        op: Op<SimBackend>,
+        op: Op<'_, SimBackend>,
         publish: Option<Publish>,
     ) -> Result<()> {
         let event_no = match &op {
@@ -393,7 +393,8 @@ impl Backend for SimBackend {
         };
         stream.send(Job {
             seq,
-            op,
+            // The worker runs it after this call returns.
+            op: op.into_owned(),
             publish,
             event_no,
             notify: None,

@@ -1,0 +1,490 @@
+//! One client's session as a state machine without I/O: it owns the client's handle tables and
+//! limits, checks each command against them, and turns it into backend work and an answer.
+//!
+//! It reads no ring, rings no bell and touches no socket: the shell (`super::Session`) copies each
+//! command out of the submission ring, hands it to [`SessionCore::handle`] and carries out the
+//! [`Output`] (posting a completion, sending a host buffer's descriptor). Of the client's channel
+//! the core uses only the staging area (which copies name) and the stream progress words (which
+//! the backend publishes to). Tests drive it in memory with the simulator or a recording backend.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use mps_core::alloc::AllocTable;
+use mps_core::handle::{Handle, HandleKind, HandleTable};
+use mps_core::limits::check_geometry;
+use mps_core::protocol::{
+    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, MAGIC, Request, flags,
+};
+use mps_core::{Error, Result};
+use mps_ipc::channel::Channel;
+use mps_ipc::segment::Segment;
+
+use super::limits::Limits;
+use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
+use crate::backend::{Backend, ClientContext, Op, Publish};
+use crate::registry::{Registry, Stats};
+
+mod memory;
+mod modules;
+
+/// What the shell does with a handled command.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Nothing: the command succeeded and asked for no reply.
+    Silent,
+    /// Post this completion.
+    Post(Completion),
+    /// Send `message` with the descriptor of `segment` on the client's socket, then post `reply`
+    /// if there is one. If the descriptor cannot be sent, call
+    /// [`SessionCore::host_buffer_unsent`] and tell the client.
+    HostBuffer {
+        segment: Arc<Segment>,
+        message: HostBufferFd,
+        reply: Option<Completion>,
+    },
+}
+
+/// The answer of a command that succeeded: reply values, or a whole completion for replies
+/// that carry data. A completion is built only if the client asked for one.
+enum Answer {
+    Values([u64; 4]),
+    /// A reply with data (parameter info pages): rare, so kept out of line.
+    Full(Box<Completion>),
+    HostBuffer {
+        segment: Arc<Segment>,
+        handle: Handle,
+    },
+}
+
+const DONE: Result<Answer> = Ok(Answer::Values([0; 4]));
+
+/// What every session of a server shares.
+pub(crate) struct Shared<B: Backend> {
+    pub(crate) backend: Arc<B>,
+    pub(crate) handles: Arc<HandleIssuer>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) limits: Limits,
+}
+
+/// What a client held when it went away.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) allocations: usize,
+    pub(crate) bytes: u64,
+    pub(crate) streams: usize,
+    pub(crate) events: usize,
+    pub(crate) modules: usize,
+    pub(crate) host_buffers: usize,
+}
+
+/// One client's state and the rules its commands are checked against.
+pub(crate) struct SessionCore<B: Backend> {
+    backend: Arc<B>,
+    handles: Arc<HandleIssuer>,
+    registry: Arc<Registry>,
+    limits: Limits,
+    channel: Channel,
+    ctx: ClientContext,
+    /// The client's allocations, for checking; `ctx.allocations` is the same table shared with
+    /// the simulator's workers and the registry, written only here, so that checking a copy
+    /// takes no lock.
+    allocations: AllocTable,
+    streams: Streams<B::Stream>,
+    events: HandleTable<Arc<B::Event>>,
+    modules: HandleTable<Arc<B::Module>>,
+    functions: HandleTable<FunctionEntry<B>>,
+    host: HandleTable<Arc<Segment>>,
+    /// Bytes of the host buffers in `host`.
+    host_bytes: u64,
+    /// The module image being uploaded, chunk by chunk.
+    pending_image: Vec<u8>,
+    stats: Arc<Stats>,
+    /// Device-memory limit in bytes (0: none); the operator's registry sees it.
+    mem_limit: Arc<AtomicU64>,
+    /// `PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`.
+    priority: Arc<AtomicU32>,
+}
+
+impl<B: Backend> SessionCore<B> {
+    /// The state of a new client on `channel`: its segments registered with the device and its
+    /// default stream created.
+    pub(crate) fn new(shared: Shared<B>, channel: Channel, ctx: ClientContext) -> Result<Self> {
+        let Shared {
+            backend,
+            handles,
+            registry,
+            limits,
+        } = shared;
+        limits.check()?;
+        // The GPU writes progress into the server segment and copies through the staging area
+        // in the client segment: both must be registered with the device.
+        backend.host_register(channel.server_segment())?;
+        if let Err(e) = backend.host_register(channel.client_segment()) {
+            backend.host_unregister(channel.server_segment());
+            return Err(e);
+        }
+        let default_stream = match backend.stream_create(0, &ctx) {
+            Ok(stream) => stream,
+            Err(e) => {
+                backend.host_unregister(channel.client_segment());
+                backend.host_unregister(channel.server_segment());
+                return Err(e);
+            }
+        };
+        Ok(SessionCore {
+            streams: Streams::new(default_stream, limits.max_streams),
+            events: HandleTable::new(HandleKind::Event, limits.max_events),
+            modules: HandleTable::new(HandleKind::Module, limits.max_modules),
+            functions: HandleTable::new(HandleKind::Function, limits.max_functions),
+            host: HandleTable::new(HandleKind::HostBuffer, limits.max_host_buffers),
+            host_bytes: 0,
+            pending_image: Vec::new(),
+            allocations: AllocTable::default(),
+            stats: Arc::default(),
+            mem_limit: Arc::new(AtomicU64::new(registry.default_mem_limit())),
+            priority: Arc::new(AtomicU32::new(registry.default_priority())),
+            backend,
+            handles,
+            registry,
+            limits,
+            channel,
+            ctx,
+        })
+    }
+
+    /// What the backend knows of this client.
+    pub(crate) fn context(&self) -> &ClientContext {
+        &self.ctx
+    }
+
+    /// The client's counters.
+    pub(crate) fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The client's device-memory limit (0: none), shared with the registry.
+    pub(crate) fn mem_limit(&self) -> &Arc<AtomicU64> {
+        &self.mem_limit
+    }
+
+    /// The client's priority, shared with the registry.
+    pub(crate) fn priority(&self) -> &Arc<AtomicU32> {
+        &self.priority
+    }
+
+    /// Bytes of a module upload not finished yet.
+    #[cfg(test)]
+    pub(crate) fn pending_module_bytes(&self) -> usize {
+        self.pending_image.capacity()
+    }
+
+    /// Handles one command: `payload` holds the bytes of its continuation slots, already copied
+    /// out of shared memory.
+    pub(crate) fn handle(&mut self, cmd: &Command, payload: &[u8]) -> Output {
+        let wants_reply = cmd.flags & flags::REPLY != 0;
+        let result = Request::decode(cmd, payload).and_then(|req| self.execute(cmd, req));
+        match result {
+            Ok(Answer::Values(_) | Answer::Full(_)) if !wants_reply => Output::Silent,
+            Ok(Answer::Values(values)) => Output::Post(Completion::reply(cmd.seq, values)),
+            Ok(Answer::Full(c)) => Output::Post(*c),
+            Ok(Answer::HostBuffer { segment, handle }) => {
+                let len = segment.len() as u64;
+                Output::HostBuffer {
+                    message: HostBufferFd {
+                        magic: MAGIC,
+                        reserved: 0,
+                        handle: handle.0,
+                        size: len,
+                    },
+                    segment,
+                    reply: wants_reply.then(|| Completion::reply(cmd.seq, [handle.0, len, 0, 0])),
+                }
+            }
+            Err(err) => {
+                tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                self.publish_failed(cmd);
+                Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &err))
+            }
+        }
+    }
+
+    /// The client may be waiting for a failed command's stream progress: publish it in stream
+    /// order, so that the wait ends (and sees the error) without claiming that earlier work is
+    /// done.
+    fn publish_failed(&self, cmd: &Command) {
+        if cmd.flags & flags::MARK == 0 || self.ctx.faults.has_faulted() {
+            return;
+        }
+        if let Ok(s) = self.streams.get(cmd.stream) {
+            let publish = self.publish(s.slot, cmd.seq);
+            let _ = self
+                .backend
+                .submit(&s.stream, cmd.seq, Op::Nop, Some(publish));
+        }
+    }
+
+    fn publish(&self, slot: u32, seq: u64) -> Publish {
+        Publish {
+            channel: self.channel.clone(),
+            slot,
+            seq,
+        }
+    }
+
+    fn execute(&mut self, cmd: &Command, req: Request<'_>) -> Result<Answer> {
+        let seq = cmd.seq;
+        if !req.opcode().is_stream_ordered() && cmd.stream != 0 {
+            return Err(Error::invalid_value(format!(
+                "{:?} is not stream-ordered but names stream {:#x}",
+                req.opcode(),
+                cmd.stream
+            )));
+        }
+        match req {
+            Request::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => {
+                let f = self.functions.get(function)?;
+                check_geometry(grid, block, shared_mem, &self.backend.info().limits)?;
+                if params.len() != f.param_bytes {
+                    return Err(Error::invalid_value(format!(
+                        "kernel takes {} bytes of parameters, the launch carries {}",
+                        f.param_bytes,
+                        params.len()
+                    )));
+                }
+                self.stats.launched();
+                // The parameters stay where the shell copied the command to; a backend that
+                // runs the launch later copies them (`Op::into_owned`).
+                let op = Op::Launch {
+                    function: f.function.clone(),
+                    grid,
+                    block,
+                    shared_mem,
+                    params: Cow::Borrowed(params),
+                };
+                self.enqueue(cmd, op)
+            }
+            Request::Mark => self.enqueue(cmd, Op::Nop),
+            Request::CopyHtoD { dst, src, len } => {
+                self.check_device(dst, len, "copy destination")?;
+                let take = matches!(src, HostRef::Staging { .. });
+                let src = self.host_bytes(src, len, take)?;
+                self.stats.copied(len);
+                self.enqueue(cmd, Op::CopyHtoD { dst, src })
+            }
+            Request::CopyDtoH { dst, src, len } => {
+                self.check_device(src, len, "copy source")?;
+                let dst = self.host_bytes(dst, len, false)?;
+                self.stats.copied(len);
+                self.enqueue(cmd, Op::CopyDtoH { dst, src })
+            }
+            Request::CopyDtoD { dst, src, len } => {
+                self.check_device(src, len, "copy source")?;
+                self.check_device(dst, len, "copy destination")?;
+                self.stats.copied(len);
+                self.enqueue(cmd, Op::CopyDtoD { dst, src, len })
+            }
+            Request::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => {
+                let len = count.checked_mul(elem_size as u64).ok_or_else(|| {
+                    Error::invalid_value(format!("memset of {count} elements overflows"))
+                })?;
+                self.check_device(dst, len, "memset destination")?;
+                let op = Op::Memset {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                };
+                self.enqueue(cmd, op)
+            }
+            Request::EventRecord { event } => {
+                let e = self.events.get(event)?.clone();
+                self.enqueue(cmd, Op::Record(e))
+            }
+            Request::StreamWaitEvent { event } => {
+                let e = self.events.get(event)?.clone();
+                self.enqueue(cmd, Op::Wait(e))
+            }
+            Request::MemAlloc { size } => self.mem_alloc(size),
+            Request::MemFree { ptr } => self.mem_free(ptr),
+            Request::MemGetInfo => {
+                let (free, total) = self.backend.mem_get_info();
+                let limit = self.mem_limit.load(Ordering::Relaxed);
+                if limit == 0 {
+                    return Ok(Answer::Values([free, total, 0, 0]));
+                }
+                // Under a limit, the limit is the client's device.
+                let held = self.allocations.bytes();
+                Ok(Answer::Values([
+                    limit.saturating_sub(held).min(free),
+                    limit,
+                    0,
+                    0,
+                ]))
+            }
+            Request::SetPriority { level } => {
+                // A client may only lower what the server set.
+                let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);
+                Ok(Answer::Values([new as u64, 0, 0, 0]))
+            }
+            Request::SetMemLimit { bytes } => {
+                if bytes == 0 {
+                    return Err(Error::invalid_value("a device-memory limit of 0 bytes"));
+                }
+                // A client may only lower what the server set.
+                let current = self.mem_limit.load(Ordering::Relaxed);
+                let new = if current == 0 {
+                    bytes
+                } else {
+                    current.min(bytes)
+                };
+                self.mem_limit.store(new, Ordering::Relaxed);
+                Ok(Answer::Values([new, 0, 0, 0]))
+            }
+            Request::SetSmShare { percent } => {
+                self.registry.set_sm_share(self.ctx.id, percent)?;
+                Ok(Answer::Values(self.registry.sm_info(self.ctx.id)?))
+            }
+            Request::ReserveSms { percent } => {
+                self.registry.reserve_sms(self.ctx.id, percent)?;
+                Ok(Answer::Values(self.registry.sm_info(self.ctx.id)?))
+            }
+            Request::SmInfo => Ok(Answer::Values(self.registry.sm_info(self.ctx.id)?)),
+            Request::HostAlloc { size } => self.host_alloc(size),
+            Request::HostFree { handle } => self.host_free(handle),
+            Request::ModuleData {
+                staging_offset,
+                len,
+                last,
+            } => self.module_data(staging_offset, len, last),
+            Request::ModuleUnload { module } => self.module_unload(module),
+            Request::GetFunction { module, name } => self.get_function(module, name),
+            Request::ParamInfo { function, first } => self.param_info(seq, function, first),
+            Request::StreamCreate { priority } => {
+                let slot = self.streams.take_slot()?;
+                // A below-normal client's streams get the device's least urgent priority (the
+                // backend clamps to its range).
+                let priority =
+                    if self.priority.load(Ordering::Relaxed) >= protocol::PRIORITY_BELOW_NORMAL {
+                        i32::MAX
+                    } else {
+                        priority
+                    };
+                // A backend that cannot create the stream (the simulator out of threads)
+                // refuses this request; the session carries on.
+                let stream = match self.backend.stream_create(priority, &self.ctx) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.streams.give_back(slot);
+                        return Err(e);
+                    }
+                };
+                let h = self.handles.next(HandleKind::Stream);
+                self.streams.insert(h, slot, stream)?;
+                Ok(Answer::Values([h.0, slot as u64, 0, 0]))
+            }
+            Request::StreamDestroy { stream } => {
+                let s = self.streams.remove(stream)?;
+                self.backend.stream_destroy(s.stream);
+                self.streams.give_back(s.slot);
+                DONE
+            }
+            Request::EventCreate => {
+                ensure_room(
+                    &self.events,
+                    HandleKind::Event,
+                    "max_events",
+                    self.limits.max_events,
+                )?;
+                let event = Arc::new(self.backend.event_create()?);
+                let h = self.handles.next(HandleKind::Event);
+                self.events.insert(h, event)?;
+                Ok(Answer::Values([h.0, 0, 0, 0]))
+            }
+            Request::EventDestroy { event } => {
+                self.events.remove(event)?;
+                DONE
+            }
+            Request::EventElapsed { start, end } => {
+                let s = self.events.get(start)?;
+                let e = self.events.get(end)?;
+                let ms = self.backend.event_elapsed_ms(s, e)?;
+                Ok(Answer::Values([ms.to_bits() as u64, 0, 0, 0]))
+            }
+        }
+    }
+
+    /// Queues stream-ordered work, publishing the command's stream progress if it asks.
+    fn enqueue(&self, cmd: &Command, op: Op<'_, B>) -> Result<Answer> {
+        let s = self.streams.get(cmd.stream)?;
+        let publish = (cmd.flags & flags::MARK != 0).then(|| self.publish(s.slot, cmd.seq));
+        self.backend.submit(&s.stream, cmd.seq, op, publish)?;
+        DONE
+    }
+
+    /// Waits for all of this client's work (before freeing memory it may use, as cuMemFree
+    /// does).
+    fn synchronize_all(&self) -> Result<()> {
+        for s in self.streams.iter() {
+            self.backend
+                .stream_synchronize(&s.stream, &self.ctx.closing)?;
+        }
+        Ok(())
+    }
+
+    /// Releases everything the client held; call once it is closing (its queued work is then
+    /// dropped rather than run).
+    pub(crate) fn release(self) -> Released {
+        let SessionCore {
+            backend,
+            channel,
+            ctx,
+            streams,
+            events,
+            modules,
+            functions,
+            mut host,
+            pending_image,
+            ..
+        } = self;
+        drop(pending_image);
+        let mut released = Released {
+            streams: streams.len(),
+            events: events.len(),
+            modules: modules.len(),
+            host_buffers: host.len(),
+            ..Released::default()
+        };
+        for s in streams.into_streams() {
+            backend.stream_destroy(s);
+        }
+        // No work of this client runs any more: its memory can go back.
+        let mut table = memory::write(&ctx.allocations);
+        released.allocations = table.len();
+        released.bytes = table.bytes();
+        for (ptr, size) in table.iter() {
+            backend.mem_free(ptr, size);
+        }
+        *table = AllocTable::default();
+        drop(table);
+        drop(functions);
+        for (_, seg) in host.drain() {
+            backend.host_unregister(&seg);
+        }
+        backend.host_unregister(channel.client_segment());
+        backend.host_unregister(channel.server_segment());
+        released
+    }
+}

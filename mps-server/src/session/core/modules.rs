@@ -1,0 +1,143 @@
+//! Modules: the image uploaded chunk by chunk through the staging area, and the kernels found
+//! in it.
+
+use std::sync::Arc;
+
+use mps_core::handle::{Handle, HandleKind};
+use mps_core::protocol::{Completion, PARAMS_PER_REPLY, ParamInfo};
+use mps_core::ptx::ImageFormat;
+use mps_core::{Error, Result};
+
+use super::{Answer, DONE, SessionCore};
+use crate::backend::Backend;
+use crate::session::limits::exceeded;
+use crate::session::tables::{FunctionEntry, ensure_room};
+
+impl<B: Backend> SessionCore<B> {
+    pub(super) fn module_data(&mut self, offset: u64, len: u64, last: bool) -> Result<Answer> {
+        let result = self.take_module_chunk(offset, len, last);
+        if result.is_err() {
+            // An upload that failed is abandoned: its memory goes back at once.
+            self.pending_image = Vec::new();
+        }
+        result
+    }
+
+    pub(super) fn take_module_chunk(
+        &mut self,
+        offset: u64,
+        len: u64,
+        last: bool,
+    ) -> Result<Answer> {
+        let (staging, staging_len) = self.channel.staging();
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > staging_len as u64)
+        {
+            return Err(Error::invalid_value(format!(
+                "module data {offset}+{len} runs past the {staging_len}-byte staging area"
+            )));
+        }
+        let max = self.limits.max_module_bytes;
+        let at = self.pending_image.len();
+        if at as u64 + len > max {
+            return Err(exceeded(
+                "max_module_bytes",
+                format!("a module image of more than {max} bytes"),
+            ));
+        }
+        self.pending_image.resize(at + len as usize, 0);
+        // SAFETY: offset + len lies inside the staging area (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                staging.add(offset as usize),
+                self.pending_image[at..].as_mut_ptr(),
+                len as usize,
+            )
+        };
+        if !last {
+            return DONE;
+        }
+        let image = std::mem::take(&mut self.pending_image);
+        ensure_room(
+            &self.modules,
+            HandleKind::Module,
+            "max_modules",
+            self.limits.max_modules,
+        )?;
+        if ImageFormat::detect(&image)? == ImageFormat::Ptx {
+            let most = self.limits.max_module_entries;
+            let entries = count_entries(&image, most);
+            if entries > most {
+                return Err(exceeded(
+                    "max_module_entries",
+                    format!("a PTX module of more than {most} kernel entries"),
+                ));
+            }
+        }
+        let module = self.backend.module_load(&image)?;
+        let h = self.handles.next(HandleKind::Module);
+        self.modules.insert(h, Arc::new(module))?;
+        Ok(Answer::Values([h.0, 0, 0, 0]))
+    }
+
+    pub(super) fn module_unload(&mut self, module: u64) -> Result<Answer> {
+        self.modules.remove(module)?;
+        self.functions.retain(|f| f.module != Handle(module));
+        DONE
+    }
+
+    pub(super) fn get_function(&mut self, module: u64, name: &[u8]) -> Result<Answer> {
+        let m = self.modules.get(module)?.clone();
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Error::invalid_value("kernel name is not UTF-8"))?;
+        ensure_room(
+            &self.functions,
+            HandleKind::Function,
+            "max_functions",
+            self.limits.max_functions,
+        )?;
+        let (function, params) = self.backend.module_function(&m, name)?;
+        let h = self.handles.next(HandleKind::Function);
+        let param_bytes = params.last().map_or(0, |p| (p.offset + p.size) as usize);
+        let count = params.len() as u64;
+        let entry = FunctionEntry {
+            module: Handle(module),
+            function: Arc::new(function),
+            params,
+            param_bytes,
+        };
+        self.functions.insert(h, entry)?;
+        Ok(Answer::Values([h.0, count, param_bytes as u64, 0]))
+    }
+
+    pub(super) fn param_info(&self, seq: u64, function: u64, first: u32) -> Result<Answer> {
+        let f = self.functions.get(function)?;
+        let rest = f.params.get(first as usize..).unwrap_or(&[]);
+        let page = &rest[..rest.len().min(PARAMS_PER_REPLY)];
+        let mut c = Completion::reply(seq, [page.len() as u64, 0, 0, 0]);
+        let bytes = bytemuck::cast_slice::<ParamInfo, u8>(page);
+        c.data[..bytes.len()].copy_from_slice(bytes);
+        c.data_len = bytes.len() as u32;
+        Ok(Answer::Full(Box::new(c)))
+    }
+}
+
+/// `.entry` directives in a PTX image, counted up to one past `most`.
+fn count_entries(image: &[u8], most: usize) -> usize {
+    const ENTRY: &[u8] = b".entry";
+    let mut count = 0;
+    let mut rest = image;
+    while count <= most {
+        match rest.iter().position(|b| *b == b'.') {
+            Some(i) => {
+                if rest[i..].starts_with(ENTRY) {
+                    count += 1;
+                }
+                rest = &rest[i + 1..];
+            }
+            None => break,
+        }
+    }
+    count
+}

@@ -1,0 +1,74 @@
+//! What one client may hold. Every bound a session enforces is a field here, with a default that
+//! keeps one client from exhausting the server (its threads, address space or memory), so that
+//! the operator can set each one.
+
+use mps_core::protocol::{MAX_EVENTS, MAX_MODULE_BYTES, MAX_STREAMS};
+use mps_core::{Error, Result, Status};
+
+/// Bounds on one client. A request past one is refused with `MPS_ERROR_QUOTA_EXCEEDED` and a
+/// message that names the limit by its field name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Streams besides the default one (each is a thread of the simulator, a driver stream on
+    /// a GPU); at most `MAX_STREAMS - 1`, the progress slots of a channel.
+    pub max_streams: usize,
+    /// Events.
+    pub max_events: usize,
+    /// Loaded modules.
+    pub max_modules: usize,
+    /// Kernel handles.
+    pub max_functions: usize,
+    /// Host buffers.
+    pub max_host_buffers: usize,
+    /// Bytes of all of the client's host buffers together: each maps that much of the
+    /// server's address space and, once touched, of its memory.
+    pub max_host_bytes: u64,
+    /// Bytes of one module image, counted while it is uploaded (at most `MAX_MODULE_BYTES`).
+    pub max_module_bytes: u64,
+    /// Kernel entries of one PTX module (reading each costs server memory).
+    pub max_module_entries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_streams: 64,
+            max_events: MAX_EVENTS,
+            max_modules: 1024,
+            max_functions: 1 << 16,
+            max_host_buffers: 4096,
+            max_host_bytes: 64 << 30,
+            max_module_bytes: MAX_MODULE_BYTES,
+            max_module_entries: 1 << 14,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks settings that the protocol bounds: streams by the channel's progress slots, module
+    /// images by what a client may send.
+    pub fn check(&self) -> Result<()> {
+        if self.max_streams >= MAX_STREAMS {
+            return Err(Error::invalid_value(format!(
+                "max_streams {} is more than the {} streams a client's channel has slots for",
+                self.max_streams,
+                MAX_STREAMS - 1
+            )));
+        }
+        if self.max_module_bytes > MAX_MODULE_BYTES {
+            return Err(Error::invalid_value(format!(
+                "max_module_bytes {} is more than the protocol's {MAX_MODULE_BYTES}",
+                self.max_module_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The refusal of a request that would take a client past `limit` (a field of [`Limits`]).
+pub(crate) fn exceeded(limit: &str, what: String) -> Error {
+    Error::new(
+        Status::QuotaExceeded,
+        format!("{what} (the server's {limit} limit per client)"),
+    )
+}

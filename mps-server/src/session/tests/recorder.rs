@@ -1,0 +1,155 @@
+//! A backend that records what the core asks of it, and can refuse to create streams.
+
+use super::*;
+
+/// A backend that records what it is asked to do.
+#[derive(Debug)]
+pub(super) struct Recorder {
+    info: DeviceInfo,
+    /// Streams it can still create (the simulator's thread limit).
+    pub(super) streams_left: AtomicUsize,
+    next_stream: AtomicU32,
+    pub(super) live_streams: AtomicI64,
+    next_ptr: AtomicU64,
+    pub(super) freed: AtomicU64,
+    pub(super) registered: AtomicI64,
+    pub(super) submitted: Mutex<Vec<Submitted>>,
+}
+
+#[derive(Debug, PartialEq)]
+pub(super) struct Submitted {
+    pub(super) stream: u32,
+    pub(super) seq: u64,
+    pub(super) op: Opcode,
+    /// A launch's parameters, and whether they came borrowed.
+    pub(super) params: Option<(Vec<u8>, bool)>,
+    pub(super) publish: Option<(u32, u64)>,
+}
+
+impl Recorder {
+    pub(super) fn new(streams: usize) -> Recorder {
+        let sim = SimBackend::new(SimConfig {
+            memory_bytes: 1 << 20,
+            sm_count: 1,
+        })
+        .unwrap();
+        Recorder {
+            info: sim.info().clone(),
+            streams_left: AtomicUsize::new(streams),
+            next_stream: AtomicU32::new(0),
+            live_streams: AtomicI64::new(0),
+            next_ptr: AtomicU64::new(1 << 20),
+            freed: AtomicU64::new(0),
+            registered: AtomicI64::new(0),
+            submitted: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(super) fn take(&self) -> Vec<Submitted> {
+        std::mem::take(&mut self.submitted.lock().unwrap())
+    }
+}
+
+impl Backend for Recorder {
+    type Stream = u32;
+    type Event = ();
+    type Module = ();
+    type Function = String;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_alloc(&self, size: u64) -> Result<u64> {
+        Ok(self
+            .next_ptr
+            .fetch_add(size.next_multiple_of(256), Ordering::Relaxed))
+    }
+
+    fn mem_free(&self, _ptr: u64, size: u64) {
+        self.freed.fetch_add(size, Ordering::Relaxed);
+    }
+
+    fn mem_get_info(&self) -> (u64, u64) {
+        (1 << 30, 1 << 30)
+    }
+
+    fn host_register(&self, _segment: &Segment) -> Result<()> {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn host_unregister(&self, _segment: &Segment) {
+        self.registered.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<()> {
+        ImageFormat::detect(image).map(drop)
+    }
+
+    fn module_function(&self, _module: &(), name: &str) -> Result<(String, Vec<ParamInfo>)> {
+        let layout = vec![
+            ParamInfo { offset: 0, size: 8 },
+            ParamInfo { offset: 8, size: 4 },
+        ];
+        Ok((name.to_string(), layout))
+    }
+
+    fn place(&self, _assignments: &[crate::sm::Assignment]) -> Result<()> {
+        Ok(())
+    }
+
+    fn stream_create(&self, _priority: i32, _client: &ClientContext) -> Result<u32> {
+        self.streams_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .map_err(|_| Error::new(Status::OutOfMemory, "cannot start a stream thread"))?;
+        self.live_streams.fetch_add(1, Ordering::Relaxed);
+        Ok(self.next_stream.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn submit(
+        &self,
+        stream: &u32,
+        seq: u64,
+        op: Op<'_, Self>,
+        publish: Option<Publish>,
+    ) -> Result<()> {
+        let (op, params) = match op {
+            Op::Launch { params, .. } => {
+                let borrowed = matches!(params, Cow::Borrowed(_));
+                (Opcode::Launch, Some((params.to_vec(), borrowed)))
+            }
+            Op::Nop => (Opcode::Mark, None),
+            Op::CopyHtoD { .. } => (Opcode::CopyHtoD, None),
+            Op::CopyDtoH { .. } => (Opcode::CopyDtoH, None),
+            Op::CopyDtoD { .. } => (Opcode::CopyDtoD, None),
+            Op::Memset { .. } => (Opcode::Memset, None),
+            Op::Record(_) => (Opcode::EventRecord, None),
+            Op::Wait(_) => (Opcode::StreamWaitEvent, None),
+        };
+        self.submitted.lock().unwrap().push(Submitted {
+            stream: *stream,
+            seq,
+            op,
+            params,
+            publish: publish.map(|p| (p.slot, p.seq)),
+        });
+        Ok(())
+    }
+
+    fn stream_synchronize(&self, _stream: &u32, _closing: &AtomicBool) -> Result<()> {
+        Ok(())
+    }
+
+    fn stream_destroy(&self, _stream: u32) {
+        self.live_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn event_create(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn event_elapsed_ms(&self, _start: &(), _end: &()) -> Result<f32> {
+        Ok(1.5)
+    }
+}
