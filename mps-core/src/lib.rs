@@ -2,15 +2,18 @@
 //!
 //! Everything here is free of I/O, threads and clocks, so that it can be tested exhaustively:
 //! the status codes shared by server and clients ([`status`]), typed handles ([`handle`]), the
-//! versioned wire protocol ([`protocol`]), the per-client allocation table and the device-memory
+//! handshake ([`handshake`]), the versioned wire protocol ([`protocol`]) and a command's ring
+//! slots ([`slots`]), the per-client allocation table and the device-memory
 //! range allocator ([`alloc`]), PTX entry parsing ([`ptx`]), and per-stream ordering
 //! ([`ordering`]).
 
 pub mod alloc;
 pub mod handle;
+pub mod handshake;
 pub mod ordering;
 pub mod protocol;
 pub mod ptx;
+pub mod slots;
 pub mod status;
 pub mod units;
 

@@ -109,6 +109,31 @@ impl<T, M: RingMemory<T>> Producer<T, M> {
         Ok(true)
     }
 
+    /// As [`Producer::push`], for `n` values made by `value(i)` as each slot is written, so that
+    /// a command goes into the ring without being gathered anywhere first. `value` is not called
+    /// when the ring lacks room.
+    pub fn push_with(
+        &mut self,
+        n: usize,
+        mut value: impl FnMut(usize) -> T,
+    ) -> Result<bool, RingError> {
+        if (self.free()? as usize) < n {
+            return Ok(false);
+        }
+        let mask = self.mem.capacity() - 1;
+        for i in 0..n {
+            // SAFETY: as in `push`: the consumer has released these slots, and we are the only
+            // producer.
+            unsafe {
+                self.mem
+                    .write(self.tail.wrapping_add(i as u32) & mask, &value(i))
+            };
+        }
+        self.tail = self.tail.wrapping_add(n as u32);
+        self.mem.tail().store(self.tail, Ordering::Release);
+        Ok(true)
+    }
+
     /// The ring's memory.
     pub fn memory(&self) -> &M {
         &self.mem
