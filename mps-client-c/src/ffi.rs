@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use mps_core::protocol::Dim3;
 use mps_core::{Error, Status};
 
-use crate::client::{Client, DevicePtr, Event, Function, Module, Stream};
+use ::mps_client::{Client, DevicePtr, Event, Function, Module, Stream};
 
 /// Status of an mps call. Values are stable across releases.
 #[repr(C)]
