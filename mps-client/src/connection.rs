@@ -107,9 +107,21 @@ impl Client {
         let client_seg = Segment::open(client_fd, layout.client_bytes(), true)?;
         let server_seg = Segment::open(server_fd, layout.server_bytes(), false)?;
         let channel = Channel::open(client_seg, server_seg, layout)?;
-        let client = Client {
-            id: welcome.client_id,
-            device: DeviceInfo::from_wire(&welcome.device, welcome.backend()),
+        let device = DeviceInfo::from_wire(&welcome.device, welcome.backend());
+        let client = Client::over(welcome.client_id, sock, channel, device);
+        client.apply_environment()?;
+        Ok(client)
+    }
+
+    /// A client with id `id` over a channel whose handshake is done.
+    pub(crate) fn over(
+        id: u32,
+        socket: UnixStream,
+        channel: Channel,
+        device: DeviceInfo,
+    ) -> Client {
+        Client {
+            id,
             submitter: Mutex::new(Submitter::new(
                 channel.submit_producer(),
                 Submissions::new(),
@@ -118,16 +130,15 @@ impl Client {
                 channel.complete_consumer(),
                 Completions::default(),
             )),
-            socket: sock,
+            socket,
             channel,
+            device,
             functions: RwLock::new(HashMap::new()),
             host: RwLock::new(BTreeMap::new()),
             staging: Mutex::new(()),
             host_alloc_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
-        };
-        client.apply_environment()?;
-        Ok(client)
+        }
     }
 
     /// Lowers (never raises) what the server granted, as the environment asks (see `connect`).

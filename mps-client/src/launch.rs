@@ -218,7 +218,7 @@ pub(crate) struct Kernel {
 impl Kernel {
     /// Checks that the parameters follow one another without overlapping (as a compiler lays
     /// them out), which [`Gather`] relies on to find the ones a slot holds.
-    fn new(handle: u64, params: Vec<ParamInfo>) -> Result<Kernel> {
+    pub(crate) fn new(handle: u64, params: Vec<ParamInfo>) -> Result<Kernel> {
         let mut end = 0u64;
         for (i, p) in params.iter().enumerate() {
             if (p.offset as u64) < end {

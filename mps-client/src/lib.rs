@@ -33,6 +33,8 @@ mod connection;
 mod copies;
 mod handles;
 mod launch;
+#[cfg(test)]
+mod loopback_tests;
 mod memory;
 mod streams;
 mod submission;
