@@ -615,7 +615,8 @@ pub unsafe extern "C" fn mps_function_get_param_info(
 }
 
 /// Launches `function` asynchronously in `stream`; `params[i]` points at the value of
-/// parameter `i`, as for cuLaunchKernel.
+/// parameter `i`, as for cuLaunchKernel. The server checks the geometry against its device's
+/// limits: a bad one, like any failure of queued work, is reported by the next call.
 ///
 /// # Safety
 /// `params` is NULL (for a kernel without parameters) or holds one readable pointer per
