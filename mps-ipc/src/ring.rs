@@ -94,24 +94,17 @@ impl<T, M: RingMemory<T>> Producer<T, M> {
 
     /// Writes `values` into consecutive slots and publishes them, if they all fit now; returns
     /// `Ok(false)` (and writes nothing) when the ring lacks room.
-    pub fn push(&mut self, values: &[T]) -> Result<bool, RingError> {
-        if (self.free()? as usize) < values.len() {
-            return Ok(false);
-        }
-        let mask = self.mem.capacity() - 1;
-        for (i, v) in values.iter().enumerate() {
-            // SAFETY: `free()` showed the consumer has released these slots (its head, read with
-            // Acquire, is at most capacity - len behind our tail), and we are the only producer.
-            unsafe { self.mem.write(self.tail.wrapping_add(i as u32) & mask, v) };
-        }
-        self.tail = self.tail.wrapping_add(values.len() as u32);
-        self.mem.tail().store(self.tail, Ordering::Release);
-        Ok(true)
+    pub fn push(&mut self, values: &[T]) -> Result<bool, RingError>
+    where
+        T: Copy,
+    {
+        self.push_with(values.len(), |i| values[i])
     }
 
-    /// As [`Producer::push`], for `n` values made by `value(i)` as each slot is written, so that
-    /// a command goes into the ring without being gathered anywhere first. `value` is not called
-    /// when the ring lacks room.
+    /// Writes `n` values, made by `value(i)` as slot `i` is written, into consecutive slots and
+    /// publishes them, if they all fit now; returns `Ok(false)` (and calls `value` not at all)
+    /// when the ring lacks room. A command thus goes into the ring without being gathered
+    /// anywhere first.
     pub fn push_with(
         &mut self,
         n: usize,
@@ -122,8 +115,8 @@ impl<T, M: RingMemory<T>> Producer<T, M> {
         }
         let mask = self.mem.capacity() - 1;
         for i in 0..n {
-            // SAFETY: as in `push`: the consumer has released these slots, and we are the only
-            // producer.
+            // SAFETY: `free()` showed the consumer has released these slots (its head, read with
+            // Acquire, is at most capacity - n behind our tail), and we are the only producer.
             unsafe {
                 self.mem
                     .write(self.tail.wrapping_add(i as u32) & mask, &value(i))
