@@ -1,15 +1,15 @@
 //! vector_add: the smallest complete mps client in Rust.
 //!
-//! With a server running: `cargo run -p mps-client-c --example vector_add [kernels/test_kernels.ptx]`
+//! With a server running: `cargo run -p mps-client --example vector_add [kernels/test_kernels.ptx]`
 
-use mpsclient::{Client, Dim3, Stream};
+use mps_client::{Client, Dim3, Stream};
 
-fn main() -> Result<(), mpsclient::Error> {
+fn main() -> Result<(), mps_client::Error> {
     let ptx_path = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "kernels/test_kernels.ptx".into());
     let image = std::fs::read(&ptx_path)
-        .map_err(|e| mpsclient::Error::invalid_value(format!("cannot read {ptx_path}: {e}")))?;
+        .map_err(|e| mps_client::Error::invalid_value(format!("cannot read {ptx_path}: {e}")))?;
 
     // $MPS_PIPE_DIRECTORY, else /tmp/mps.
     let client = Client::connect(None)?;

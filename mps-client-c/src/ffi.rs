@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use mps_core::protocol::Dim3;
 use mps_core::{Error, Status};
 
-use crate::client::{Client, DevicePtr, Event, Function, Module, Stream};
+use ::mps_client::{Client, DevicePtr, Event, Function, Module, Stream};
 
 /// Status of an mps call: the core's [`Status`] itself, whose values are stable across releases.
 /// Its C declaration in `include/mps.h` is generated from the same list.
@@ -560,7 +560,8 @@ pub unsafe extern "C" fn mps_function_get_param_info(
 }
 
 /// Launches `function` asynchronously in `stream`; `params[i]` points at the value of
-/// parameter `i`, as for cuLaunchKernel.
+/// parameter `i`, as for cuLaunchKernel. The server checks the geometry against its device's
+/// limits: a bad one, like any failure of queued work, is reported by the next call.
 ///
 /// # Safety
 /// `params` is NULL (for a kernel without parameters) or holds one readable pointer per

@@ -1,11 +1,9 @@
-//! The mps client library.
+//! `libmpsclient`: the C ABI of the mps client ([`ffi`], declared in `include/mps.h`, generated
+//! from this crate by cbindgen), over the Rust client [`mps_client`].
 //!
-//! Rust programs use [`Client`]; C and C++ programs use the C ABI in [`ffi`], declared in
-//! `include/mps.h` (generated from this crate by cbindgen).
+//! Rust programs depend on `mps-client`. The Rust API is re-exported here as well, so that
+//! crates that named it through this one still build.
 
-pub mod client;
 pub mod ffi;
 
-pub use client::{Client, DeviceInfo, DevicePtr, Event, Function, Module, SmInfo, Stream};
-pub use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
-pub use mps_core::{Error, Result, Status};
+pub use mps_client::*;

@@ -19,10 +19,14 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::status::{Error, Result, Status};
 
+// The handshake's types lived here; they keep these paths.
+pub use crate::handshake::{
+    BackendKind, DEFAULT_GROUP, DeviceInfoWire, GROUP_BYTES, HELLO_PREFIX, Hello, HostBufferFd,
+    MAGIC, Welcome, check_group, get_str, put_str,
+};
+
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
 pub const PROTOCOL_VERSION: u32 = 5;
-/// First word of every handshake message ("MPS!" little-endian).
-pub const MAGIC: u32 = u32::from_le_bytes(*b"MPS!");
 
 /// Size of one submission slot: one cache line.
 pub const SLOT_BYTES: usize = 64;
@@ -724,138 +728,6 @@ pub struct ParamInfo {
     pub size: u32,
 }
 
-/// Which backend a server runs.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// The CPU simulator.
-    Sim = 0,
-    /// A CUDA device.
-    Cuda = 1,
-}
-
-/// Device description sent in the handshake.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct DeviceInfoWire {
-    /// Device name, NUL-padded UTF-8.
-    pub name: [u8; 64],
-    /// Device memory in bytes.
-    pub total_mem: u64,
-    /// Streaming multiprocessors.
-    pub sm_count: u32,
-    /// Compute capability, major.
-    pub cc_major: u32,
-    /// Compute capability, minor.
-    pub cc_minor: u32,
-    /// A [`BackendKind`] value.
-    pub backend: u32,
-}
-
-/// Bytes of a server group name, NUL padding included.
-pub const GROUP_BYTES: usize = 32;
-/// The group a client joins when it names none.
-pub const DEFAULT_GROUP: &str = "default";
-
-/// First message of the handshake, client to server, over the Unix socket. Its first
-/// [`HELLO_PREFIX`] bytes (magic and version) keep their place in every protocol version, so a
-/// peer can refuse another version before reading the rest.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct Hello {
-    /// [`MAGIC`].
-    pub magic: u32,
-    /// The client's [`PROTOCOL_VERSION`].
-    pub version: u32,
-    /// Zero.
-    pub reserved: [u32; 2],
-    /// The server group the client asks for (`MPS_GROUP`), NUL-padded.
-    pub group: [u8; GROUP_BYTES],
-}
-
-/// Bytes of a [`Hello`] that every protocol version shares.
-pub const HELLO_PREFIX: usize = 8;
-
-/// Checks a group name: 1 to 31 bytes of letters, digits, `_`, `-` and `.`, not starting with a
-/// dot (it names a directory and a log file).
-pub fn check_group(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() < GROUP_BYTES
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid_value(format!(
-            "group name {name:?} must be 1 to {} letters, digits, '_', '-' or '.', not starting with '.'",
-            GROUP_BYTES - 1
-        )))
-    }
-}
-
-/// The server's answer to [`Hello`]; on success the two segment file descriptors travel with it
-/// (client-writable first, then the server's read-only one).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct Welcome {
-    /// [`MAGIC`].
-    pub magic: u32,
-    /// The server's [`PROTOCOL_VERSION`].
-    pub version: u32,
-    /// A [`Status`] value: anything but success means no session, and `message` says why.
-    pub status: u32,
-    /// The server-assigned client id.
-    pub client_id: u32,
-    /// Slots of the submission ring.
-    pub submit_slots: u32,
-    /// Slots of the completion ring.
-    pub complete_slots: u32,
-    /// Bytes of the staging area.
-    pub staging_bytes: u64,
-    /// Bytes of the client-writable segment.
-    pub client_segment_bytes: u64,
-    /// Bytes of the server-written segment.
-    pub server_segment_bytes: u64,
-    /// The device.
-    pub device: DeviceInfoWire,
-    /// NUL-padded UTF-8 message (why the handshake failed).
-    pub message: [u8; 192],
-}
-
-/// Message on the socket that carries a host buffer's file descriptor, sent right before the
-/// reply to [`Opcode::HostAlloc`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct HostBufferFd {
-    /// [`MAGIC`].
-    pub magic: u32,
-    /// Zero.
-    pub reserved: u32,
-    /// The buffer's handle.
-    pub handle: u64,
-    /// Its size in bytes.
-    pub size: u64,
-}
-
-/// Copies `s` into a NUL-padded fixed-size field, cut at a character boundary.
-pub fn put_str<const N: usize>(s: &str) -> [u8; N] {
-    let mut out = [0u8; N];
-    let mut len = s.len().min(N - 1);
-    while !s.is_char_boundary(len) {
-        len -= 1;
-    }
-    out[..len].copy_from_slice(&s.as_bytes()[..len]);
-    out
-}
-
-/// The string in a NUL-padded fixed-size field.
-pub fn get_str(b: &[u8]) -> String {
-    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1068,23 +940,5 @@ mod tests {
         let mut bad = Completion::reply(1, [0; 4]);
         bad.status = 1000;
         assert_eq!(bad.result().unwrap_err().status, Status::Internal);
-    }
-
-    #[test]
-    fn group_names_are_checked() {
-        for good in ["default", "critical", "team-a_1.x"] {
-            check_group(good).unwrap();
-        }
-        for bad in ["", ".hidden", "a/b", "x".repeat(32).as_str(), "sp ace", "ü"] {
-            assert!(check_group(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn fixed_strings_round_trip_and_cut() {
-        let f: [u8; 8] = put_str("hello world");
-        assert_eq!(get_str(&f), "hello w");
-        let f: [u8; 8] = put_str("ab");
-        assert_eq!(get_str(&f), "ab");
     }
 }

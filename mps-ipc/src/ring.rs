@@ -94,17 +94,35 @@ impl<T, M: RingMemory<T>> Producer<T, M> {
 
     /// Writes `values` into consecutive slots and publishes them, if they all fit now; returns
     /// `Ok(false)` (and writes nothing) when the ring lacks room.
-    pub fn push(&mut self, values: &[T]) -> Result<bool, RingError> {
-        if (self.free()? as usize) < values.len() {
+    pub fn push(&mut self, values: &[T]) -> Result<bool, RingError>
+    where
+        T: Copy,
+    {
+        self.push_with(values.len(), |i| values[i])
+    }
+
+    /// Writes `n` values, made by `value(i)` as slot `i` is written, into consecutive slots and
+    /// publishes them, if they all fit now; returns `Ok(false)` (and calls `value` not at all)
+    /// when the ring lacks room. A command thus goes into the ring without being gathered
+    /// anywhere first.
+    pub fn push_with(
+        &mut self,
+        n: usize,
+        mut value: impl FnMut(usize) -> T,
+    ) -> Result<bool, RingError> {
+        if (self.free()? as usize) < n {
             return Ok(false);
         }
         let mask = self.mem.capacity() - 1;
-        for (i, v) in values.iter().enumerate() {
+        for i in 0..n {
             // SAFETY: `free()` showed the consumer has released these slots (its head, read with
-            // Acquire, is at most capacity - len behind our tail), and we are the only producer.
-            unsafe { self.mem.write(self.tail.wrapping_add(i as u32) & mask, v) };
+            // Acquire, is at most capacity - n behind our tail), and we are the only producer.
+            unsafe {
+                self.mem
+                    .write(self.tail.wrapping_add(i as u32) & mask, &value(i))
+            };
         }
-        self.tail = self.tail.wrapping_add(values.len() as u32);
+        self.tail = self.tail.wrapping_add(n as u32);
         self.mem.tail().store(self.tail, Ordering::Release);
         Ok(true)
     }

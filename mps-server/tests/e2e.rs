@@ -707,13 +707,19 @@ fn bad_input_gets_a_clear_status_and_message() {
         &1u32.to_le_bytes(),
         &16u64.to_le_bytes(),
     ];
+    // The server checks a launch's geometry (against its device's limits); a launch is
+    // asynchronous, so the error comes with the next wait.
+    c.launch(fill, grid(0), grid(32), 0, Stream::DEFAULT, &args)
+        .unwrap();
     check(
-        c.launch(fill, grid(0), grid(32), 0, Stream::DEFAULT, &args),
+        c.stream_synchronize(Stream::DEFAULT),
         Status::InvalidValue,
         "zero extent",
     );
+    c.launch(fill, grid(1), grid(2048), 0, Stream::DEFAULT, &args)
+        .unwrap();
     check(
-        c.launch(fill, grid(1), grid(2048), 0, Stream::DEFAULT, &args),
+        c.stream_synchronize(Stream::DEFAULT),
         Status::InvalidValue,
         "1024 threads",
     );

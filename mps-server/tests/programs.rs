@@ -98,7 +98,7 @@ fn the_c_example_builds_and_runs() {
 #[test]
 fn the_rust_example_builds_and_runs() {
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "mps-client-c", "--example", "vector_add"]);
+    cmd.args(["build", "-p", "mps-client", "--example", "vector_add"]);
     if target_dir().ends_with("release") {
         cmd.arg("--release");
     }

@@ -1,0 +1,299 @@
+//! The shared-memory transport around the client's core: one lock around the submission ring
+//! and what has been submitted, another around the completion ring and what has come back, and
+//! the waiting (spin, yield, then nap on the progress doorbell, checking that the server is
+//! still there).
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use mps_core::protocol::{Completion, Opcode, Request, flags};
+use mps_core::slots::{Payload, Slots};
+use mps_core::{Error, Result, Status};
+use mps_ipc::channel::ShmRing;
+use mps_ipc::doorbell::Wake;
+use mps_ipc::ring::{Consumer, Producer};
+
+use crate::completions::Completions;
+use crate::connection::Client;
+use crate::handles::Stream;
+use crate::submission::Submissions;
+
+/// How long a waiting thread spins before anything else (`MPS_CLIENT_SPIN_US` overrides it).
+const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+/// After spinning, how long it keeps looking while yielding the processor between looks (as
+/// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
+/// answers at once. Only then does it nap. (`MPS_CLIENT_YIELD_US` overrides it.)
+const DEFAULT_YIELD: Duration = Duration::from_millis(2);
+/// Its first nap; naps double up to `MAX_NAP`, and to a sixteenth of the wait so far, so that
+/// oversleeping costs a long wait at most about 6%. A GPU writes stream progress without ringing
+/// the doorbell (no host thread is on that path), so a sleeping waiter must look again by
+/// itself.
+const FIRST_NAP: Duration = Duration::from_micros(20);
+const MAX_NAP: Duration = Duration::from_millis(2);
+/// How often a waiter checks that the server is still there.
+const LIVENESS: Duration = Duration::from_millis(100);
+
+/// The spin and yield phases of a wait, read once from the environment.
+fn wait_phases() -> (Duration, Duration) {
+    static PHASES: OnceLock<(Duration, Duration)> = OnceLock::new();
+    *PHASES.get_or_init(|| {
+        let micros = |var: &str, default: Duration| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(default, Duration::from_micros)
+        };
+        (
+            micros("MPS_CLIENT_SPIN_US", DEFAULT_SPIN),
+            micros("MPS_CLIENT_YIELD_US", DEFAULT_YIELD),
+        )
+    })
+}
+
+/// How long a waiter spins.
+pub(crate) fn spin() -> Duration {
+    wait_phases().0
+}
+
+/// The submission ring and the record of what went into it, under one lock.
+pub(crate) struct Submitter {
+    producer: Producer<mps_core::protocol::Command, ShmRing<mps_core::protocol::Command>>,
+    pub(crate) core: Submissions,
+}
+
+impl Submitter {
+    pub(crate) fn new(
+        producer: Producer<mps_core::protocol::Command, ShmRing<mps_core::protocol::Command>>,
+        core: Submissions,
+    ) -> Submitter {
+        Submitter { producer, core }
+    }
+}
+
+/// The completion ring and the matching of what comes out of it, under one lock.
+pub(crate) struct Receiver {
+    consumer: Consumer<Completion, ShmRing<Completion>>,
+    pub(crate) core: Completions,
+}
+
+impl Receiver {
+    pub(crate) fn new(
+        consumer: Consumer<Completion, ShmRing<Completion>>,
+        core: Completions,
+    ) -> Receiver {
+        Receiver { consumer, core }
+    }
+}
+
+/// Locks `m`, whether or not another thread panicked holding it (every critical section leaves
+/// its state consistent between statements).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The error of a lost connection.
+pub(crate) fn lost(what: impl std::fmt::Display) -> Error {
+    Error::new(
+        Status::Connection,
+        format!("connection to the mps server lost: {what}"),
+    )
+}
+
+impl Client {
+    /// Fails with the client's fault, a deferred error of earlier asynchronous work, or a lost
+    /// connection.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.check_alive()?;
+        let mut r = lock(&self.receiver);
+        self.drain(&mut r)?;
+        r.core.check()
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(lost("an earlier call saw the server go away"));
+        }
+        Ok(())
+    }
+
+    /// Feeds every completion in the ring to the core.
+    fn drain(&self, r: &mut Receiver) -> Result<()> {
+        loop {
+            match r.consumer.pop() {
+                Ok(Some(c)) => r.core.accept(c),
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    self.lost.store(true, Ordering::Relaxed);
+                    return Err(lost(e));
+                }
+            }
+        }
+    }
+
+    fn server_gone(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLHUP)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => false,
+            Ok(_) => fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+            Err(_) => true,
+        }
+    }
+
+    /// Waits until `ready` returns something, draining completions between looks; fails on a
+    /// fault or a lost connection. `poll` is a cheap lock-free look (a progress word) that ends
+    /// the spinning or napping early.
+    pub(crate) fn wait_for<T>(
+        &self,
+        poll: impl Fn() -> bool,
+        mut ready: impl FnMut(&mut Completions) -> Option<Result<T>>,
+    ) -> Result<T> {
+        let bell = self.channel.progress_bell();
+        // Spin until `spin()` has passed since the wait began, whatever wakes us meanwhile (the
+        // server rings the bell for every command it consumes); then yield between looks for a
+        // while; then nap, doubling.
+        let started = Instant::now();
+        let spin_until = started + spin();
+        let yield_until = spin_until + wait_phases().1;
+        let mut nap = FIRST_NAP;
+        let mut checked = Instant::now();
+        loop {
+            let seen = bell.value();
+            {
+                let mut r = lock(&self.receiver);
+                self.drain(&mut r)?;
+                if let Some(x) = ready(&mut r.core) {
+                    return x;
+                }
+                if let Some(f) = r.core.fault() {
+                    return Err(f.clone());
+                }
+            }
+            let now = Instant::now();
+            if now >= spin_until && now < yield_until {
+                // Look again after a yield, without sleeping.
+                let until = now + Duration::from_micros(50);
+                while bell.value() == seen && !poll() && Instant::now() < until {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            let cond = || bell.value() != seen || poll();
+            if now < spin_until {
+                let spin = spin_until - now;
+                bell.wait(spin, spin, cond);
+                continue;
+            }
+            let woke = bell.wait(Duration::ZERO, nap, cond);
+            if woke == Wake::TimedOut {
+                nap = (nap * 2)
+                    .min(MAX_NAP)
+                    .min(started.elapsed() / 16)
+                    .max(FIRST_NAP);
+                if checked.elapsed() >= LIVENESS {
+                    checked = Instant::now();
+                    if self.server_gone() {
+                        self.lost.store(true, Ordering::Relaxed);
+                        return Err(lost("the server closed the connection"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts one command in the ring under one hold of the submission lock: checks `stream`,
+    /// numbers the command, has `make` lay it out as slots (written straight into the ring),
+    /// and notes it, with `committed` seeing the record, the number and the stream's progress
+    /// slot. Returns the command's sequence number.
+    pub(crate) fn submit<P: Payload>(
+        &self,
+        stream: Stream,
+        fl: u16,
+        opcode: Opcode,
+        make: impl FnOnce(u64) -> Result<Slots<P>>,
+        committed: impl FnOnce(&mut Submissions, u64, u32),
+    ) -> Result<u64> {
+        let mut s = lock(&self.submitter);
+        self.check_alive()?;
+        let (seq, slot) = s.core.begin(stream)?;
+        let slots = make(seq)?;
+        if fl & flags::REPLY != 0 {
+            lock(&self.receiver).core.expect(seq);
+        }
+        loop {
+            match s.producer.push_with(slots.len(), |i| slots.slot(i)) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    self.lost.store(true, Ordering::Relaxed);
+                    return Err(lost(e));
+                }
+            }
+            // The ring is full: drain completions (the server may be waiting for room there)
+            // and wait for the server to consume.
+            let bell = self.channel.progress_bell();
+            let seen = bell.value();
+            self.drain(&mut lock(&self.receiver))?;
+            if s.producer.free().is_ok_and(|f| f as usize >= slots.len()) {
+                continue;
+            }
+            if bell.wait(spin(), LIVENESS, || bell.value() != seen) == Wake::TimedOut
+                && self.server_gone()
+            {
+                self.lost.store(true, Ordering::Relaxed);
+                return Err(lost("the server closed the connection"));
+            }
+        }
+        s.core.commit(seq, opcode, stream, fl);
+        committed(&mut s.core, seq, slot);
+        drop(s);
+        self.channel.submit_bell().ring();
+        Ok(seq)
+    }
+
+    /// Submits `req` in `stream` with `fl`; returns its sequence number.
+    pub(crate) fn submit_request(&self, req: &Request<'_>, stream: Stream, fl: u16) -> Result<u64> {
+        self.submit(
+            stream,
+            fl,
+            req.opcode(),
+            |seq| Ok(Slots::of(req, seq, stream.0, fl)),
+            |_, _, _| {},
+        )
+    }
+
+    /// Waits for the reply to command `seq`.
+    pub(crate) fn wait_reply(&self, seq: u64) -> Result<Completion> {
+        self.wait_for(|| false, |c| c.take(seq))
+    }
+
+    /// Submits a command that expects a reply and waits for it.
+    pub(crate) fn call(&self, req: &Request<'_>) -> Result<Completion> {
+        self.check()?;
+        let seq = self.submit_request(req, Stream::DEFAULT, flags::REPLY)?;
+        self.wait_reply(seq)
+    }
+
+    /// Submits stream-ordered work. It carries no `MARK`: publishing progress costs the server
+    /// a device operation per command, so a stream is marked only when someone waits for it.
+    pub(crate) fn enqueue(&self, req: &Request<'_>, stream: Stream) -> Result<u64> {
+        self.check()?;
+        self.submit_request(req, stream, 0)
+    }
+
+    /// The published progress of stream slot `slot`.
+    pub(crate) fn progress(&self, slot: u32) -> u64 {
+        self.channel.stream_done(slot).load(Ordering::Acquire)
+    }
+
+    /// Waits until the progress of stream slot `slot` reaches `seq`.
+    pub(crate) fn wait_stream_seq(&self, slot: u32, seq: u64) -> Result<()> {
+        let done = self.channel.stream_done(slot);
+        let reached = || done.load(Ordering::Acquire) >= seq;
+        self.wait_for(reached, |_| reached().then_some(Ok(())))
+    }
+}
