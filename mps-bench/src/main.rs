@@ -36,7 +36,7 @@ struct Setup {
     /// one].
     #[arg(long)]
     server: Option<PathBuf>,
-    /// Where the results go (bench.json and throughput.png, or quotas.json).
+    /// Where the results go (bench.json and throughput.svg, or quotas.json).
     #[arg(long, default_value = ".")]
     out: PathBuf,
     /// The mps server's backend: sim only checks the harness without a GPU (quotas then runs
@@ -71,12 +71,12 @@ enum Cmd {
         #[command(flatten)]
         setup: Setup,
     },
-    /// Draws throughput.png from a bench.json this program wrote.
+    /// Draws throughput.svg from a bench.json this program wrote.
     Plot {
         /// The bench.json of a run.
         #[arg(long)]
         json: PathBuf,
-        /// The PNG to write.
+        /// The SVG to write.
         #[arg(long)]
         out: PathBuf,
     },
@@ -112,7 +112,7 @@ fn mps_dirs() -> &'static (String, String) {
 }
 
 /// One measurement.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Record {
     mode: String,
     workload: String,
@@ -420,37 +420,6 @@ impl Drop for Service {
     }
 }
 
-fn json(records: &[Record]) -> String {
-    let mut s = String::from("[\n");
-    for (i, r) in records.iter().enumerate() {
-        let vals: Vec<String> = r
-            .values
-            .iter()
-            .map(|(k, v)| {
-                format!(
-                    "\"{k}\": {}",
-                    if v.is_finite() {
-                        v.to_string()
-                    } else {
-                        "null".into()
-                    }
-                )
-            })
-            .collect();
-        s += &format!(
-            "  {{\"mode\": \"{}\", \"workload\": \"{}\", \"clients\": {}, \"completed\": {}, {}, \"note\": {:?}}}{}\n",
-            r.mode,
-            r.workload,
-            r.clients,
-            r.completed,
-            vals.join(", "),
-            r.note,
-            if i + 1 < records.len() { "," } else { "" }
-        );
-    }
-    s + "]\n"
-}
-
 fn table(records: &[Record], modes: &[&str]) -> String {
     let mut rows: Vec<(String, usize, String)> = Vec::new();
     for r in records {
@@ -500,44 +469,18 @@ fn series(records: &[Record]) -> plot::Series {
     for r in records.iter().filter(|r| r.completed > 0) {
         if let Some(v) = r.values.get("kernels_per_s") {
             s.entry(r.workload.clone())
-                .or_default()
+                .or_insert_with(|| ("kernels/s".into(), BTreeMap::new()))
+                .1
                 .entry(r.mode.clone())
                 .or_default()
-                .push((r.clients, *v));
+                .push(plot::Point {
+                    asked: r.clients,
+                    completed: r.completed,
+                    value: *v,
+                });
         }
     }
     s
-}
-
-/// Reads back the records of a bench.json written by [`json`] (one record per line).
-fn parse_json(text: &str) -> Vec<Record> {
-    let field = |line: &str, key: &str| -> Option<String> {
-        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
-        let rest = &line[at..];
-        let end = if let Some(r) = rest.strip_prefix('"') {
-            return r.find('"').map(|e| r[..e].to_string());
-        } else {
-            rest.find([',', '}']).unwrap_or(rest.len())
-        };
-        Some(rest[..end].trim().to_string())
-    };
-    text.lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .filter_map(|l| {
-            let mut values = BTreeMap::new();
-            if let Some(v) = field(l, "kernels_per_s").and_then(|v| v.parse().ok()) {
-                values.insert("kernels_per_s".to_string(), v);
-            }
-            Some(Record {
-                mode: field(l, "mode")?,
-                workload: field(l, "workload")?,
-                clients: field(l, "clients")?.parse().ok()?,
-                completed: field(l, "completed")?.parse().ok()?,
-                values,
-                note: String::new(),
-            })
-        })
-        .collect()
 }
 
 /// `threads` threads of this process run `workload` natively, each with a stream of its own in
@@ -584,7 +527,8 @@ impl Setup {
 fn main() {
     match Args::parse().cmd {
         Cmd::Plot { json, out } => {
-            let records = parse_json(&std::fs::read_to_string(&json).expect("read the json"));
+            let text = std::fs::read_to_string(&json).expect("read the json");
+            let records: Vec<Record> = serde_json::from_str(&text).expect("parse the json");
             // The modes the run measured, in the order `run` draws them.
             let modes: Vec<&str> = ["native", "nvidia-mps", "one-context", "mps"]
                 .into_iter()
@@ -656,8 +600,9 @@ fn main() {
                 drop(service);
             }
             std::fs::create_dir_all(&out).unwrap();
-            std::fs::write(out.join("bench.json"), json(&records)).unwrap();
-            plot::write(&series(&records), &modes, &out.join("throughput.png"))
+            let json = serde_json::to_string_pretty(&records).unwrap();
+            std::fs::write(out.join("bench.json"), json).unwrap();
+            plot::write(&series(&records), &modes, &out.join("throughput.svg"))
                 .expect("write the plot");
             println!("{}", table(&records, &modes));
             for r in records.iter().filter(|r| r.completed < r.clients) {

@@ -15,6 +15,7 @@ use std::path::Path;
 use crate::{Service, Spec, run_group, throughput};
 
 /// One measured configuration.
+#[derive(serde::Serialize)]
 struct Row {
     scenario: &'static str,
     mode: &'static str,
@@ -129,31 +130,12 @@ pub(crate) fn run(ptx: &Path, server: &Path, backend: &str, out: &Path) -> Strin
     drop(daemon);
 
     std::fs::create_dir_all(out).unwrap();
-    std::fs::write(out.join("quotas.json"), json(&rows)).unwrap();
+    std::fs::write(
+        out.join("quotas.json"),
+        serde_json::to_string_pretty(&rows).unwrap(),
+    )
+    .unwrap();
     table(&rows)
-}
-
-fn json(rows: &[Row]) -> String {
-    let lines: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let values: Vec<String> = r
-                .values
-                .iter()
-                .filter(|(_, v)| v.is_finite())
-                .map(|(k, v)| format!("\"{k}\": {v}"))
-                .collect();
-            format!(
-                "  {{\"scenario\": \"{}\", \"mode\": \"{}\", \"config\": {:?}, {}, \"note\": {:?}}}",
-                r.scenario,
-                r.mode,
-                r.config,
-                values.join(", "),
-                r.note
-            )
-        })
-        .collect();
-    format!("[\n{}\n]\n", lines.join(",\n"))
 }
 
 /// Every row with the figures that matter for its scenario, and each against its reference: in

@@ -61,14 +61,28 @@ fn the_harness_runs_the_mps_mode_and_writes_its_outputs() {
         assert!(table.contains(row), "missing {row:?} in\n{table}");
     }
     let json = std::fs::read_to_string(out.join("bench.json")).unwrap();
-    assert!(
-        json.contains(
-            "\"mode\": \"mps\", \"workload\": \"spin\", \"clients\": 2, \"completed\": 2"
-        ),
-        "{json}"
-    );
-    let png = std::fs::read(out.join("throughput.png")).unwrap();
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let records: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let spin2 = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mode"] == "mps" && r["workload"] == "spin" && r["clients"] == 2)
+        .unwrap_or_else(|| panic!("no mps spin N=2 record in {json}"));
+    assert_eq!(spin2["completed"], 2, "{json}");
+    let svg = std::fs::read_to_string(out.join("throughput.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("{e}: {svg}"));
+    let texts: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(str::trim)
+        .collect();
+    for label in ["spin", "mps", "clients"] {
+        assert!(
+            texts.contains(&label),
+            "no {label:?} in the plot's text {texts:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 
