@@ -106,3 +106,36 @@ pub(crate) fn write(series: &Series, modes: &[&str], out: &Path) -> Result<(), S
     let text = svg(series, modes)?;
     std::fs::write(out, text).map_err(|e| format!("cannot write the plot {}: {e}", out.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_of_fewer_completed_clients_than_asked_is_labelled() {
+        let point = |asked, completed, value| Point {
+            asked,
+            completed,
+            value,
+        };
+        let by_mode = [
+            (
+                "nvidia-mps".to_string(),
+                vec![point(8, 8, 3e5), point(64, 48, 5e5)],
+            ),
+            (
+                "mps".to_string(),
+                vec![point(8, 8, 3e5), point(64, 64, 5.5e5)],
+            ),
+        ];
+        let series: Series = [(
+            "spin".to_string(),
+            ("kernels/s".to_string(), by_mode.into()),
+        )]
+        .into();
+        let svg = svg(&series, &["nvidia-mps", "mps"]).unwrap();
+        assert!(svg.contains("48/64"), "{svg}");
+        assert!(!svg.contains("64/64"), "{svg}");
+        assert_eq!(svg.matches("<circle").count(), 4, "{svg}");
+    }
+}
