@@ -186,6 +186,15 @@ fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, serv
         .contains(&"footprint")
         .then(|| footprint::settled(footprint::device_used_mib).0)
         .flatten();
+    let out = &setup.out;
+    std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+    // Written after every group, so that a run stopped part way keeps what it measured.
+    let save = |records: &[Record]| {
+        let json = serde_json::to_string_pretty(records).expect("records are plain data");
+        let part = out.join("bench.json.part");
+        std::fs::write(&part, json).expect("write bench.json");
+        std::fs::rename(&part, out.join("bench.json")).expect("write bench.json");
+    };
     let mut records = Vec::new();
     for mode in modes {
         let t = Instant::now();
@@ -220,15 +229,12 @@ fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, serv
                     r.note
                 );
                 records.push(r);
+                save(&records);
             }
         }
         drop(service);
         eprintln!("{mode}: {:.1} s", t.elapsed().as_secs_f64());
     }
-    let out = &setup.out;
-    std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
-    let json = serde_json::to_string_pretty(&records).expect("records are plain data");
-    std::fs::write(out.join("bench.json"), json).expect("write bench.json");
     let ordered: Vec<&str> = MODE_ORDER
         .into_iter()
         .filter(|m| modes.contains(m))

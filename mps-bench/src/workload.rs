@@ -124,7 +124,7 @@ const INFER_BYTES: usize = 4096;
 /// Dependent kernels per request.
 const INFER_CHAIN: usize = 12;
 /// Requests per client.
-const INFER_REQUESTS: usize = 1000;
+const INFER_REQUESTS: usize = 500;
 
 /// A small inference server's request, batch 1: its 4 KiB input in, a chain of 12 short kernels
 /// each reading what the one before wrote (`y = x + y`, 1024 floats), its 4 KiB output back,

@@ -192,3 +192,47 @@ fn the_quota_scenarios_run_on_the_simulator() {
     assert!(row("groups", "2 groups")["values"]["kernels_per_s"].is_f64());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let built = bench.parent().unwrap();
+    if !built.join("mps-server").exists() || !built.join("mps-control").exists() {
+        println!("skipped: mps-server and mps-control are not built");
+        return;
+    }
+    // The script stops what a failed part leaves running by the path of its programs: a folder
+    // of this test's own (hard links, so the paths stay ours) keeps it off the other tests.
+    let bin = built.join(format!("bench-gpu-test-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("mps-bench-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    for b in ["mps-bench", "mps-server", "mps-control"] {
+        let _ = std::fs::remove_file(bin.join(b));
+        std::fs::hard_link(built.join(b), bin.join(b)).unwrap();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let run = Command::new(root.join("scripts/bench-gpu"))
+        .arg(&bin)
+        .arg(&out)
+        .args(["--backend", "sim", "--modes", "mps", "--clients", "1,2"])
+        .args(["--workloads", "spin,infer", "--no-quotas"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let tables = std::fs::read_to_string(out.join("tables.md")).unwrap();
+    assert!(
+        tables.contains("| infer | 2 | completed | 2/2 |"),
+        "{tables}"
+    );
+    let log = std::fs::read_to_string(out.join("bench.log")).unwrap();
+    for line in ["== run: ", "== total: ", "mps-server"] {
+        assert!(log.contains(line), "no {line:?} in {log}");
+    }
+    for r in &records(&out.join("bench.json")) {
+        checked(r);
+    }
+    svg_texts(&out.join("throughput.svg"));
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&bin);
+}
