@@ -155,7 +155,7 @@ pub(crate) fn run_group(
         if note.is_empty() {
             let mut err = String::new();
             let _ = w.child.stderr.as_mut().unwrap().read_to_string(&mut err);
-            note = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+            note = failure(&err);
             if note.is_empty() {
                 note = format!("a worker ended with {status} and printed nothing on stderr");
             }
@@ -166,6 +166,23 @@ pub(crate) fn run_group(
         reports,
         note,
         footprint,
+    }
+}
+
+/// What a failed worker's standard error says went wrong: its panic's message, else its last
+/// lines.
+fn failure(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    match lines.iter().position(|l| l.contains("panicked at")) {
+        Some(i) => lines[i..(i + 2).min(lines.len())].join(" "),
+        None => lines
+            .iter()
+            .rev()
+            .take(3)
+            .rev()
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" | "),
     }
 }
 

@@ -19,7 +19,6 @@ mod via_mps;
 mod workload;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
@@ -119,7 +118,13 @@ fn scales(workload: &str) -> bool {
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
 /// ready once set up, waits for the group's start, and prints its report.
 fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, start: Start) {
-    let start = Arc::new(start);
+    // A client that fails ends the whole worker at once: its other threads would otherwise wait
+    // for a start the parent gives only once every client said ready.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
     let client = |ptx: &[u8], workload: &str, start: &Start| {
         let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
             Box::new(via_mps::ViaMps::new(ptx))

@@ -286,8 +286,10 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
                 ("with_sync_per_s".to_string(), n as f64 / total),
             ];
             Report {
+                start_s: start,
+                end_s: now_s(),
                 values: values.into(),
-                ..done(start, "kernels", n)
+                ..Report::default()
             }
         }
         "copy" => {
@@ -317,15 +319,22 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
                 ("d2h_pageable_gbs", best(gpu, &|g| g.dtoh(pp, dev, bytes))),
             ];
             Report {
+                start_s: start,
+                end_s: now_s(),
                 values: values.map(|(k, v)| (k.to_string(), v)).into(),
-                ..done(start, "copies", 12)
+                ..Report::default()
             }
         }
         "idle" => {
             let _ = gpu.alloc(4);
             gpu.sync();
             go();
-            done(now_s(), "idle", 0)
+            let now = now_s();
+            Report {
+                start_s: now,
+                end_s: now,
+                ..Report::default()
+            }
         }
         other => panic!(
             "unknown workload {other}: spin, tiny, wide, infer, greedy, rtt, rtt-short, \
