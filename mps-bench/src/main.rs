@@ -80,7 +80,8 @@ enum Cmd {
         #[command(flatten)]
         setup: Setup,
     },
-    /// Draws the throughput plot (SVG) from a bench.json this program wrote.
+    /// Draws the throughput plot (SVG) from a bench.json this program wrote, and prints its
+    /// table (as `run` does; also for a run stopped part way).
     Plot {
         /// The bench.json of a run.
         #[arg(long)]
@@ -294,6 +295,7 @@ fn main() {
                 .filter(|m| records.iter().any(|r| r.mode == *m))
                 .collect();
             plot::write(&record::series(&records), &modes, &out).unwrap_or_else(|e| panic!("{e}"));
+            println!("{}", record::table(&records, &modes));
         }
         Cmd::Worker {
             mode,

@@ -71,7 +71,11 @@ fn panel(
         .x_desc("clients")
         .y_desc(unit)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{:.0}k", y / 1e3))
+        .y_label_formatter(&|y| match y.abs() {
+            v if v >= 1e6 => format!("{:.1}M", y / 1e6),
+            v if v >= 1e4 => format!("{:.0}k", y / 1e3),
+            _ => format!("{y:.0}"),
+        })
         .draw()?;
     for mode in modes {
         let Some(points) = by_mode.get(*mode) else {

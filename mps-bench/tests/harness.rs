@@ -139,16 +139,17 @@ fn the_harness_runs_the_mps_mode_and_writes_finite_figures_and_a_plot() {
             "no {label:?} in {texts:?}"
         );
     }
-    // `plot` draws the same figure again from the records.
+    // `plot` draws the same figure and prints the same table again from the records.
     let again = out.join("again.svg");
     let plot = Command::new(env!("CARGO_BIN_EXE_mps-bench"))
         .args(["plot", "--json"])
         .arg(out.join("bench.json"))
         .arg("--out")
         .arg(&again)
-        .status()
+        .output()
         .unwrap();
-    assert!(plot.success());
+    assert!(plot.status.success());
+    assert!(table.starts_with(&*String::from_utf8_lossy(&plot.stdout)));
     assert_eq!(
         std::fs::read_to_string(&again).unwrap(),
         std::fs::read_to_string(out.join("throughput.svg")).unwrap()
