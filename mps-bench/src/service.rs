@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 const NV_PIPE: &str = "/tmp/mps-bench-nvidia-pipe";
 const NV_LOG: &str = "/tmp/mps-bench-nvidia-log";
-/// NVIDIA's daemon and the server it starts (argv[0] of each).
+/// NVIDIA's daemon and the server it starts (`argv[0]` of each).
 const NV_PROCESSES: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
 
 /// The pipe and log directories of this run's mps servers: one pair per benchmark process, so
@@ -55,7 +55,7 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The processes whose argv[0] ends with one of `names`.
+/// The processes whose `argv[0]` ends with one of `names`.
 fn processes_named(names: &[&str]) -> Vec<u32> {
     processes()
         .filter(|pid| {
