@@ -1,23 +1,32 @@
 //! `mps-bench`: native CUDA, NVIDIA MPS and mps side by side, in one run, on one GPU.
 //!
-//! Every client is a process of its own (this binary, re-executed as a worker). `native` gives
-//! each its own CUDA context; `nvidia-mps` runs the same native workers under
-//! `nvidia-cuda-mps-control -d` (started and stopped here, with pipe and log directories under
-//! /tmp); `mps` runs workers that are clients of an mps server started here.
+//! Every client is a process of its own (this binary, re-executed as a worker), except in
+//! `one-context`, where it is a thread. `native` gives each its own CUDA context; `nvidia-mps`
+//! runs the same native workers under `nvidia-cuda-mps-control -d` (started and stopped here,
+//! with pipe and log directories under /tmp); `mps` runs workers that are clients of an mps
+//! server started here. The clients of a group start together (`start`), and the group's
+//! figures are its work over the wall clock from the first start to the last end (`group`).
 
+mod footprint;
+mod group;
 mod native;
 mod plot;
 mod quotas;
+mod record;
+mod service;
+mod start;
 mod via_mps;
 mod workload;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+
+use group::{Outcome, Spec, aggregate, run_group};
+use record::Record;
+use service::Service;
+use start::Start;
 
 #[derive(Parser, Debug)]
 #[command(about)]
@@ -36,7 +45,7 @@ struct Setup {
     /// one].
     #[arg(long)]
     server: Option<PathBuf>,
-    /// Where the results go (bench.json and throughput.png, or quotas.json).
+    /// Where the results go (bench.json and throughput.svg, or quotas.json).
     #[arg(long, default_value = ".")]
     out: PathBuf,
     /// The mps server's backend: sim only checks the harness without a GPU (quotas then runs
@@ -51,14 +60,14 @@ enum Cmd {
     Run {
         /// Modes, comma-separated: native, nvidia-mps, mps, and one-context (N threads of one
         /// process sharing one context, each with a stream of its own: the host-side ceiling of
-        /// any one-context server; spin and tiny only).
+        /// any one-context server; spin, tiny and infer only).
         #[arg(long, default_value = "native,nvidia-mps,mps")]
         modes: String,
-        /// Client counts for the spin and tiny workloads.
+        /// Client counts for the spin, tiny and infer workloads.
         #[arg(long, default_value = "1,2,4,8,16,32,64")]
         clients: String,
-        /// Workloads, comma-separated: spin, tiny, rtt, launch-rate, copy, footprint.
-        #[arg(long, default_value = "spin,tiny,rtt,launch-rate,copy,footprint")]
+        /// Workloads, comma-separated: spin, tiny, infer, rtt, launch-rate, copy, footprint.
+        #[arg(long, default_value = "spin,tiny,infer,rtt,launch-rate,copy,footprint")]
         workloads: String,
         #[command(flatten)]
         setup: Setup,
@@ -71,16 +80,17 @@ enum Cmd {
         #[command(flatten)]
         setup: Setup,
     },
-    /// Draws throughput.png from a bench.json this program wrote.
+    /// Draws the throughput plot (SVG) from a bench.json this program wrote, and prints its
+    /// table (as `run` does; also for a run stopped part way).
     Plot {
         /// The bench.json of a run.
         #[arg(long)]
         json: PathBuf,
-        /// The PNG to write.
+        /// The SVG to write.
         #[arg(long)]
         out: PathBuf,
     },
-    /// One client (used by `run`).
+    /// One client, or `threads` clients (used by `run` and `quotas`).
     Worker {
         #[arg(long)]
         mode: String,
@@ -92,482 +102,163 @@ enum Cmd {
         /// process's one context (the `one-context` mode).
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// The inherited descriptor whose end of file starts the group.
+        #[arg(long)]
+        start_fd: i32,
     },
 }
 
-const NV_PIPE: &str = "/tmp/mps-bench-nvidia-pipe";
-const NV_LOG: &str = "/tmp/mps-bench-nvidia-log";
+/// The modes in the order tables and plots show them.
+const MODE_ORDER: [&str; 4] = ["native", "nvidia-mps", "one-context", "mps"];
 
-/// The pipe and log directories of this run's mps servers: one pair per benchmark process, so
-/// that two runs on one machine never share (or remove) each other's server.
-fn mps_dirs() -> &'static (String, String) {
-    static DIRS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
-    DIRS.get_or_init(|| {
-        let pid = std::process::id();
-        (
-            format!("/tmp/mps-bench-pipe-{pid}"),
-            format!("/tmp/mps-bench-log-{pid}"),
-        )
-    })
+/// The workloads that run with each client count (the others run one client).
+fn scales(workload: &str) -> bool {
+    matches!(workload, "spin" | "tiny" | "infer")
 }
 
-/// One measurement.
-#[derive(Debug, Clone)]
-struct Record {
-    mode: String,
-    workload: String,
-    clients: usize,
-    /// Clients that completed correctly.
-    completed: usize,
-    values: BTreeMap<String, f64>,
-    note: String,
-}
-
-fn worker_env(cmd: &mut Command, mode: &str) {
-    match mode {
-        "nvidia-mps" => {
-            cmd.env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
-                .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG);
-        }
-        "mps" => {
-            cmd.env("MPS_PIPE_DIRECTORY", &mps_dirs().0);
-        }
-        _ => {}
-    }
-}
-
-/// One worker process of a group: its workload, environment of its own, and how many threads
-/// run the workload in it.
-#[derive(Clone, Debug)]
-struct Spec {
-    workload: String,
-    env: Vec<(String, String)>,
-    threads: usize,
-}
-
-impl Spec {
-    fn new(workload: &str, env: &[(&str, &str)]) -> Spec {
-        Spec {
-            workload: workload.into(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            threads: 1,
-        }
-    }
-}
-
-/// What a group of workers reported.
-struct Outcome {
-    /// Each worker's result values, in spec order, one per thread (None: it failed).
-    results: Vec<Option<BTreeMap<String, f64>>>,
-    /// The first failure's last lines of standard error.
-    note: String,
-    /// GPU memory in use once every worker was ready, when asked for.
-    gpu_mem_used_mib: Option<f64>,
-}
-
-/// Runs one worker per spec, all in one mode, started together. Greedy workers run until every
-/// other worker has reported.
-fn run_group(mode: &str, specs: &[Spec], ptx: &Path, footprint: bool) -> Outcome {
-    let exe = std::env::current_exe().unwrap();
-    let worker_mode = if mode == "mps" { "mps" } else { "native" };
-    let mut children: Vec<Child> = specs
-        .iter()
-        .map(|spec| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "worker",
-                "--mode",
-                worker_mode,
-                "--workload",
-                &spec.workload,
-                "--threads",
-                &spec.threads.to_string(),
-                "--ptx",
-            ])
-            .arg(ptx)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-            worker_env(&mut cmd, mode);
-            cmd.spawn().expect("spawn worker")
-        })
-        .collect();
-    let mut readers: Vec<_> = children
-        .iter_mut()
-        .map(|c| BufReader::new(c.stdout.take().unwrap()).lines())
-        .collect();
-    let ready: Vec<bool> = readers
-        .iter_mut()
-        .map(|r| matches!(r.next(), Some(Ok(l)) if l == "ready"))
-        .collect();
-    let gpu_mem_used_mib = footprint.then(|| {
-        std::thread::sleep(Duration::from_millis(500));
-        gpu_memory_used_mib()
-    });
-    for c in children.iter_mut() {
-        if let Some(stdin) = c.stdin.as_mut() {
-            let _ = stdin.write_all(b"go\n");
-        }
-    }
-    let mut lines: Vec<Vec<String>> = vec![Vec::new(); specs.len()];
-    let greedy = |i: usize| specs[i].workload == "greedy";
-    for pass in [false, true] {
-        if pass {
-            for (i, c) in children.iter_mut().enumerate().filter(|(i, _)| greedy(*i)) {
-                if let (true, Some(stdin)) = (ready[i], c.stdin.as_mut()) {
-                    let _ = stdin.write_all(b"stop\n");
-                }
-            }
-        }
-        for (i, r) in readers.iter_mut().enumerate() {
-            if greedy(i) == pass {
-                lines[i] = r
-                    .by_ref()
-                    .map_while(|l| l.ok())
-                    .filter(|l| l.starts_with("result "))
-                    .take(specs[i].threads)
-                    .collect();
-            }
-        }
-    }
-    let mut results = Vec::new();
-    let mut note = String::new();
-    for (i, mut c) in children.into_iter().enumerate() {
-        let status = c.wait().unwrap();
-        match &lines[i] {
-            l if ready[i] && status.success() && l.len() == specs[i].threads => {
-                results.extend(l.iter().map(|l| {
-                    Some(
-                        l.split_whitespace()
-                            .skip(1)
-                            .filter_map(|kv| kv.split_once('='))
-                            .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
-                            .collect(),
-                    )
-                }))
-            }
-            _ => {
-                let mut err = String::new();
-                let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err);
-                if note.is_empty() {
-                    note = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-                }
-                results.push(None);
-            }
-        }
-    }
-    Outcome {
-        results,
-        note,
-        gpu_mem_used_mib,
-    }
-}
-
-/// Kernels per second of workers that ran together (all their kernels over the slowest one's
-/// time), and that time.
-fn throughput(results: &[&BTreeMap<String, f64>]) -> (f64, f64) {
-    let kernels: f64 = results.iter().map(|r| r["kernels"]).sum();
-    let slowest = results.iter().map(|r| r["elapsed_s"]).fold(0.0, f64::max);
-    (kernels / slowest, slowest)
-}
-
-/// Runs `clients` workers of one mode and workload together; returns each one's result values.
-fn group(mode: &str, workload: &str, clients: usize, ptx: &Path, footprint: bool) -> Record {
-    let specs = if mode == "one-context" {
-        // One process, a thread per client.
-        vec![Spec {
-            threads: clients,
-            ..Spec::new(workload, &[])
-        }]
-    } else {
-        vec![Spec::new(workload, &[]); clients]
+/// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
+/// ready once set up, waits for the group's start, and prints its report.
+fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, start: Start) {
+    // A client that fails ends the whole worker at once: its other threads would otherwise wait
+    // for a start the parent gives only once every client said ready.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
+    let client = |ptx: &[u8], workload: &str, start: &Start| {
+        let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
+            Box::new(via_mps::ViaMps::new(ptx))
+        } else {
+            Box::new(native::Native::new(ptx))
+        };
+        workload::run(gpu.as_mut(), workload, &|| {
+            println!("ready");
+            start.wait();
+        });
     };
-    let outcome = run_group(mode, &specs, ptx, footprint);
-    let results: Vec<_> = outcome.results.iter().flatten().collect();
-    let mut values = BTreeMap::new();
-    if let Some(mib) = outcome.gpu_mem_used_mib {
-        values.insert("gpu_mem_used_mib".into(), mib);
+    if threads == 1 {
+        return client(ptx, workload, &start);
     }
-    let completed = results.len();
-    match workload {
-        "spin" | "tiny" if completed > 0 => {
-            let (kernels_per_s, slowest) = throughput(&results);
-            values.insert("kernels_per_s".into(), kernels_per_s);
-            values.insert("slowest_client_s".into(), slowest);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| client(ptx, workload, &start));
         }
-        _ if completed > 0 && !footprint => {
-            for k in results[0].keys() {
-                let mean = results.iter().map(|r| r[k]).sum::<f64>() / completed as f64;
-                values.insert(k.clone(), mean);
+    });
+}
+
+/// The record of a group of `asked` clients.
+fn record(
+    mode: &str,
+    workload: &str,
+    asked: usize,
+    outcome: Outcome,
+    baseline_mib: Option<f64>,
+) -> Record {
+    let done: Vec<_> = outcome.reports.iter().flatten().collect();
+    let mut note = outcome.note;
+    let values = match outcome.footprint {
+        Some(f) => {
+            let mut v = std::collections::BTreeMap::new();
+            if let Some((mib, n)) = f.per_process {
+                v.insert("gpu_mem_per_process_mib".to_string(), mib);
+                v.insert("gpu_processes".to_string(), n as f64);
             }
+            if let (Some(used), Some(base)) = (f.device_wide_mib, baseline_mib) {
+                v.insert("gpu_mem_device_wide_mib".to_string(), used - base);
+            }
+            if !f.stable {
+                note += " footprint: nvidia-smi's readings did not settle within the deadline";
+            }
+            v
         }
-        _ => {}
-    }
+        None => aggregate(&done),
+    };
     Record {
         mode: mode.into(),
         workload: workload.into(),
-        clients,
-        completed,
+        asked,
+        completed: done.len(),
         values,
-        note: outcome.note,
+        note: note.trim().to_string(),
     }
 }
 
-fn gpu_memory_used_mib() -> f64 {
-    let out = Command::new("nvidia-smi")
-        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
-        .output();
-    out.ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .trim()
-                .lines()
-                .next()?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(f64::NAN)
-}
-
-/// A running mode's service (NVIDIA's daemon or our server), stopped on drop.
-enum Service {
-    None,
-    Nvidia,
-    Mps(Child),
-    /// mps-control, starting one server per group.
-    MpsDaemon(Child),
-}
-
-impl Service {
-    fn start(mode: &str, server: &Path, backend: &str, extra: &str) -> Service {
-        match mode {
-            "nvidia-mps" => {
-                for d in [NV_PIPE, NV_LOG] {
-                    std::fs::create_dir_all(d).unwrap();
-                }
-                let ok = Command::new("nvidia-cuda-mps-control")
-                    .arg("-d")
-                    .env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
-                    .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG)
-                    .status()
-                    .is_ok_and(|s| s.success());
-                assert!(ok, "nvidia-cuda-mps-control -d failed");
-                Service::Nvidia
+/// Runs every workload in every mode; writes bench.json and throughput.svg into `out` and
+/// prints the table.
+fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, server_args: &str) {
+    let began = Instant::now();
+    let baseline = workloads
+        .contains(&"footprint")
+        .then(|| footprint::settled(footprint::device_used_mib).0)
+        .flatten();
+    let out = &setup.out;
+    std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+    // Written after every group, so that a run stopped part way keeps what it measured.
+    let save = |records: &[Record]| {
+        let json = serde_json::to_string_pretty(records).expect("records are plain data");
+        let part = out.join("bench.json.part");
+        std::fs::write(&part, json).expect("write bench.json");
+        std::fs::rename(&part, out.join("bench.json")).expect("write bench.json");
+    };
+    let mut records = Vec::new();
+    for mode in modes {
+        let t = Instant::now();
+        let service = Service::start(mode, &setup.server(), &setup.backend, server_args);
+        for w in workloads {
+            if *mode == "one-context" && !scales(w) {
+                continue;
             }
-            "mps" | "mps-daemon" => {
-                let (pipe, log) = mps_dirs();
-                let _ = std::fs::remove_dir_all(pipe);
-                let mut cmd = if mode == "mps" {
-                    Command::new(server)
+            let runs: Vec<(usize, &str)> = match *w {
+                w if scales(w) => counts.iter().map(|n| (*n, w)).collect(),
+                "footprint" => [1, 8, 32].iter().map(|n| (*n, "idle")).collect(),
+                w => vec![(1, w)],
+            };
+            for (n, workload) in runs {
+                let specs = if *mode == "one-context" {
+                    vec![Spec {
+                        threads: n,
+                        ..Spec::new(workload, &[])
+                    }]
                 } else {
-                    let mut c = Command::new(server.with_file_name("mps-control"));
-                    c.arg("-f").arg("--server").arg(server);
-                    c
+                    vec![Spec::new(workload, &[]); n]
                 };
-                let child = cmd
-                    .args(["--backend", backend, "--pipe-dir", pipe, "--log-dir", log])
-                    .args(extra.split_whitespace())
-                    .env("MPS_LOG", "warn")
-                    .spawn()
-                    .expect("start mps-server");
-                let sock = Path::new(pipe).join("mps.sock");
-                let t = Instant::now();
-                while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(30),
-                        "mps-server did not start"
-                    );
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                if mode == "mps" {
-                    Service::Mps(child)
-                } else {
-                    Service::MpsDaemon(child)
-                }
-            }
-            _ => Service::None,
-        }
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        match self {
-            Service::None => {}
-            Service::Nvidia => {
-                let child = Command::new("nvidia-cuda-mps-control")
-                    .env("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE)
-                    .env("CUDA_MPS_LOG_DIRECTORY", NV_LOG)
-                    .stdin(Stdio::piped())
-                    .spawn();
-                if let Ok(mut c) = child {
-                    let _ = c.stdin.take().unwrap().write_all(b"quit\n");
-                    let _ = c.wait();
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Service::Mps(c) | Service::MpsDaemon(c) => {
-                let _ = c.kill();
-                let _ = c.wait();
-                let _ = std::fs::remove_dir_all(&mps_dirs().0);
+                let g = Instant::now();
+                let footprint = *w == "footprint";
+                let outcome = run_group(mode, &service, &specs, &setup.ptx, footprint);
+                let r = record(mode, w, n, outcome, baseline);
+                eprintln!(
+                    "{mode} {w} N={n}: {}/{n} completed in {:.1} s {:?} {}",
+                    r.completed,
+                    g.elapsed().as_secs_f64(),
+                    r.values,
+                    r.note
+                );
+                records.push(r);
+                save(&records);
             }
         }
+        drop(service);
+        eprintln!("{mode}: {:.1} s", t.elapsed().as_secs_f64());
     }
-}
-
-fn json(records: &[Record]) -> String {
-    let mut s = String::from("[\n");
-    for (i, r) in records.iter().enumerate() {
-        let vals: Vec<String> = r
-            .values
-            .iter()
-            .map(|(k, v)| {
-                format!(
-                    "\"{k}\": {}",
-                    if v.is_finite() {
-                        v.to_string()
-                    } else {
-                        "null".into()
-                    }
-                )
-            })
-            .collect();
-        s += &format!(
-            "  {{\"mode\": \"{}\", \"workload\": \"{}\", \"clients\": {}, \"completed\": {}, {}, \"note\": {:?}}}{}\n",
-            r.mode,
-            r.workload,
-            r.clients,
-            r.completed,
-            vals.join(", "),
-            r.note,
-            if i + 1 < records.len() { "," } else { "" }
-        );
-    }
-    s + "]\n"
-}
-
-fn table(records: &[Record], modes: &[&str]) -> String {
-    let mut rows: Vec<(String, usize, String)> = Vec::new();
-    for r in records {
-        for k in r.values.keys() {
-            let key = (r.workload.clone(), r.clients, k.clone());
-            if !rows.contains(&key) {
-                rows.push(key);
-            }
-        }
-    }
-    let find = |m: &str, w: &str, n: usize, k: &str| {
-        records
-            .iter()
-            .find(|r| r.mode == m && r.workload == w && r.clients == n)
-            .and_then(|r| r.values.get(k).copied())
-    };
-    let mut s = format!(
-        "| workload | N | figure | {} | mps/native | mps/nvidia-mps |\n",
-        modes.join(" | ")
-    );
-    s += &format!("|{}\n", " --- |".repeat(modes.len() + 5));
-    for (w, n, k) in rows {
-        let cell = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.4}"));
-        let mut line = format!("| {w} | {n} | {k} |");
-        for m in modes {
-            line += &format!(" {} |", cell(find(m, &w, n, &k)));
-        }
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
-            _ => "—".into(),
-        };
-        let mps = find("mps", &w, n, &k);
-        line += &format!(
-            " {} | {} |",
-            ratio(mps, find("native", &w, n, &k)),
-            ratio(mps, find("nvidia-mps", &w, n, &k))
-        );
-        s += &line;
-        s.push('\n');
-    }
-    s
-}
-
-/// Kernels/s against client count, per workload and mode, from the spin and tiny records.
-fn series(records: &[Record]) -> plot::Series {
-    let mut s = plot::Series::new();
-    for r in records.iter().filter(|r| r.completed > 0) {
-        if let Some(v) = r.values.get("kernels_per_s") {
-            s.entry(r.workload.clone())
-                .or_default()
-                .entry(r.mode.clone())
-                .or_default()
-                .push((r.clients, *v));
-        }
-    }
-    s
-}
-
-/// Reads back the records of a bench.json written by [`json`] (one record per line).
-fn parse_json(text: &str) -> Vec<Record> {
-    let field = |line: &str, key: &str| -> Option<String> {
-        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
-        let rest = &line[at..];
-        let end = if let Some(r) = rest.strip_prefix('"') {
-            return r.find('"').map(|e| r[..e].to_string());
-        } else {
-            rest.find([',', '}']).unwrap_or(rest.len())
-        };
-        Some(rest[..end].trim().to_string())
-    };
-    text.lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .filter_map(|l| {
-            let mut values = BTreeMap::new();
-            if let Some(v) = field(l, "kernels_per_s").and_then(|v| v.parse().ok()) {
-                values.insert("kernels_per_s".to_string(), v);
-            }
-            Some(Record {
-                mode: field(l, "mode")?,
-                workload: field(l, "workload")?,
-                clients: field(l, "clients")?.parse().ok()?,
-                completed: field(l, "completed")?.parse().ok()?,
-                values,
-                note: String::new(),
-            })
-        })
-        .collect()
-}
-
-/// `threads` threads of this process run `workload` natively, each with a stream of its own in
-/// the process's primary context; they start together when the parent says go, and each prints
-/// its result line.
-fn threaded_worker(ptx: &[u8], workload: &str, threads: usize) {
-    use std::sync::{Arc, Barrier};
-    let (ready, go) = (
-        Arc::new(Barrier::new(threads + 1)),
-        Arc::new(Barrier::new(threads + 1)),
-    );
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (ready, go) = (ready.clone(), go.clone());
-            let (ptx, workload) = (ptx.to_vec(), workload.to_string());
-            std::thread::spawn(move || {
-                let mut gpu = native::Native::new(&ptx);
-                workload::run(&mut gpu, &workload, &|| {
-                    ready.wait();
-                    go.wait();
-                });
-            })
-        })
+    let ordered: Vec<&str> = MODE_ORDER
+        .into_iter()
+        .filter(|m| modes.contains(m))
         .collect();
-    ready.wait();
-    workload::wait_for_go();
-    go.wait();
-    for h in handles {
-        h.join().expect("a worker thread panicked");
+    plot::write(
+        &record::series(&records),
+        &ordered,
+        &out.join("throughput.svg"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    println!("{}", record::table(&records, &ordered));
+    for r in records.iter().filter(|r| r.completed < r.asked) {
+        println!(
+            "{} {} N={}: {} of {} clients completed; first failure: {}",
+            r.mode, r.workload, r.asked, r.completed, r.asked, r.note
+        );
     }
+    eprintln!("run: {:.1} s", began.elapsed().as_secs_f64());
 }
 
 impl Setup {
@@ -575,40 +266,50 @@ impl Setup {
     fn server(&self) -> PathBuf {
         self.server.clone().unwrap_or_else(|| {
             std::env::current_exe()
-                .unwrap()
+                .expect("the path of this program")
                 .with_file_name("mps-server")
         })
     }
 }
 
+fn list(s: &str) -> Vec<&str> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .collect()
+}
+
+fn read_ptx(ptx: &Path) -> Vec<u8> {
+    std::fs::read(ptx).unwrap_or_else(|e| panic!("cannot read the PTX {}: {e}", ptx.display()))
+}
+
 fn main() {
     match Args::parse().cmd {
         Cmd::Plot { json, out } => {
-            let records = parse_json(&std::fs::read_to_string(&json).expect("read the json"));
-            // The modes the run measured, in the order `run` draws them.
-            let modes: Vec<&str> = ["native", "nvidia-mps", "one-context", "mps"]
+            let text = std::fs::read_to_string(&json)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", json.display()));
+            let records: Vec<Record> = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not a bench.json: {e}", json.display()));
+            let modes: Vec<&str> = MODE_ORDER
                 .into_iter()
                 .filter(|m| records.iter().any(|r| r.mode == *m))
                 .collect();
-            plot::write(&series(&records), &modes, &out).expect("write the plot");
+            plot::write(&record::series(&records), &modes, &out).unwrap_or_else(|e| panic!("{e}"));
+            println!("{}", record::table(&records, &modes));
         }
         Cmd::Worker {
             mode,
             workload,
             ptx,
             threads,
-        } => {
-            let ptx = std::fs::read(&ptx).expect("read the PTX");
-            if threads > 1 {
-                return threaded_worker(&ptx, &workload, threads);
-            }
-            let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
-                Box::new(via_mps::ViaMps::new(&ptx))
-            } else {
-                Box::new(native::Native::new(&ptx))
-            };
-            workload::run(gpu.as_mut(), &workload, &workload::wait_for_go);
-        }
+            start_fd,
+        } => worker(
+            &mode,
+            &read_ptx(&ptx),
+            &workload,
+            threads,
+            Start::inherited(start_fd),
+        ),
         Cmd::Quotas { setup } => {
             let table = quotas::run(&setup.ptx, &setup.server(), &setup.backend, &setup.out);
             println!("{table}");
@@ -620,52 +321,21 @@ fn main() {
             setup,
             server_args,
         } => {
-            let server = setup.server();
-            let Setup {
-                ptx, out, backend, ..
-            } = setup;
-            let modes: Vec<&str> = modes.split(',').collect();
-            let counts: Vec<usize> = clients.split(',').map(|c| c.parse().unwrap()).collect();
-            let workloads: Vec<&str> = workloads.split(',').collect();
-            let baseline = gpu_memory_used_mib();
-            let mut records = Vec::new();
-            for mode in &modes {
-                let service = Service::start(mode, &server, &backend, &server_args);
-                for w in &workloads {
-                    if *mode == "one-context" && !matches!(*w, "spin" | "tiny") {
-                        continue;
-                    }
-                    let runs: Vec<(usize, &str, bool)> = match *w {
-                        "spin" | "tiny" => counts.iter().map(|n| (*n, *w, false)).collect(),
-                        "footprint" => [1, 8, 32].iter().map(|n| (*n, "idle", true)).collect(),
-                        _ => vec![(1, *w, false)],
-                    };
-                    for (n, workload, footprint) in runs {
-                        let mut r = group(mode, workload, n, &ptx, footprint);
-                        r.workload = w.to_string();
-                        if let Some(v) = r.values.get_mut("gpu_mem_used_mib") {
-                            *v -= baseline;
-                        }
-                        eprintln!(
-                            "{mode} {w} N={n}: {}/{n} completed {:?} {}",
-                            r.completed, r.values, r.note
-                        );
-                        records.push(r);
-                    }
-                }
-                drop(service);
-            }
-            std::fs::create_dir_all(&out).unwrap();
-            std::fs::write(out.join("bench.json"), json(&records)).unwrap();
-            plot::write(&series(&records), &modes, &out.join("throughput.png"))
-                .expect("write the plot");
-            println!("{}", table(&records, &modes));
-            for r in records.iter().filter(|r| r.completed < r.clients) {
-                println!(
-                    "{} {} N={}: {} of {} clients completed; first failure: {}",
-                    r.mode, r.workload, r.clients, r.completed, r.clients, r.note
+            let modes = list(&modes);
+            if let Some(m) = modes.iter().find(|m| !MODE_ORDER.contains(m)) {
+                panic!(
+                    "--modes: unknown mode {m} (one of {})",
+                    MODE_ORDER.join(", ")
                 );
             }
+            let counts: Vec<usize> = list(&clients)
+                .iter()
+                .map(|c| {
+                    c.parse()
+                        .unwrap_or_else(|_| panic!("--clients: {c} is not a count"))
+                })
+                .collect();
+            run(&modes, &counts, &list(&workloads), &setup, &server_args);
         }
     }
 }

@@ -5,11 +5,14 @@ use std::ffi::{CString, c_void};
 
 use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
 
-use crate::workload::Gpu;
+use crate::workload::{Arg, Gpu};
 
 fn check(r: CUresult, what: &str) {
     assert!(r == CUresult::CUDA_SUCCESS, "{what}: {r:?}");
 }
+
+/// The kernels the workloads launch.
+pub(crate) const KERNELS: [&str; 2] = ["spin_ns", "saxpy_f32"];
 
 /// One process's CUDA context, module and stream.
 pub(crate) struct Native {
@@ -37,12 +40,13 @@ impl Native {
                 "cuModuleLoadData",
             );
             let mut functions = Vec::new();
-            for name in ["spin_ns", "fill_u32"] {
+            for name in KERNELS {
                 let mut f = std::ptr::null_mut();
                 let c = CString::new(name).unwrap();
                 check(sys::cuModuleGetFunction(&mut f, module, c.as_ptr()), name);
                 functions.push((name.to_string(), f));
             }
+            // A stream of its own, as through mps (see `crate::via_mps`).
             let mut stream = std::ptr::null_mut();
             check(
                 sys::cuStreamCreate(
@@ -65,8 +69,12 @@ impl Gpu for Native {
         let mut p = 0;
         // SAFETY: writes one device pointer.
         check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc");
-        // SAFETY: p is a fresh allocation of at least 4 bytes.
-        check(unsafe { sys::cuMemsetD32_v2(p, 0, bytes / 4) }, "memset");
+        // SAFETY: p is a fresh allocation of at least 4 bytes. In the stream: a non-blocking
+        // stream is not ordered after the legacy default stream that cuMemsetD32 would use.
+        check(
+            unsafe { sys::cuMemsetD32Async(p, 0, bytes / 4, self.stream) },
+            "memset",
+        );
         p
     }
 
@@ -80,15 +88,16 @@ impl Gpu for Native {
         p as *mut u8
     }
 
-    fn launch(&mut self, kernel: &str, blocks: u32, threads: u32, args: &[u64]) {
+    fn launch(&mut self, kernel: &str, blocks: u32, threads: u32, args: &[Arg]) {
         let f = self.function(kernel);
-        let mut values = args.to_vec();
+        let mut values: Vec<Vec<u8>> = args.iter().map(|a| a.bytes()).collect();
         let mut ptrs: Vec<*mut c_void> = values
             .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
+            .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
-        // SAFETY: each kernel parameter is a 64-bit value (spin_ns: ns, counter; fill_u32 is not
-        // launched here), pointed to by `ptrs` for the duration of the call.
+        // SAFETY: `ptrs` holds one pointer per kernel parameter, each to that parameter's bytes
+        // at its exact size (the workloads pass the kernels' parameters in order), alive for the
+        // duration of the call.
         check(
             unsafe {
                 sys::cuLaunchKernel(
@@ -115,20 +124,18 @@ impl Gpu for Native {
     }
 
     fn htod(&mut self, dst: u64, src: *const u8, bytes: usize) {
-        // SAFETY: src is valid for `bytes`; the copy completes before sync returns.
+        // SAFETY: src is valid for `bytes` until the next sync (the trait's contract).
         check(
             unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) },
             "htod",
         );
-        self.sync();
     }
 
     fn dtoh(&mut self, dst: *mut u8, src: u64, bytes: usize) {
-        // SAFETY: dst is valid for `bytes`; the copy completes before sync returns.
+        // SAFETY: dst is valid for `bytes` until the next sync (the trait's contract).
         check(
             unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) },
             "dtoh",
         );
-        self.sync();
     }
 }

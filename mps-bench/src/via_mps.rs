@@ -1,11 +1,19 @@
 //! The mps competitor: a client process of an mps server.
+//!
+//! Like the native workers it launches into a stream it created (`mps_stream_create`, a
+//! non-blocking CUDA stream in the server) rather than its default stream: the stream a client
+//! that shares a device creates for its work (an inference server's per-model stream, a
+//! framework's side stream), the only kind the `one-context` mode's threads can use without
+//! serialising on each other, and so the same kind of stream in every mode.
 
-use mpsclient::{Client, Dim3, Function, Stream};
+use mpsclient::{Client, DevicePtr, Dim3, Function, Stream};
 
-use crate::workload::Gpu;
+use crate::native::KERNELS;
+use crate::workload::{Arg, Gpu};
 
 pub(crate) struct ViaMps {
     client: Client,
+    stream: Stream,
     functions: Vec<(String, Function)>,
 }
 
@@ -13,16 +21,22 @@ impl ViaMps {
     pub(crate) fn new(ptx: &[u8]) -> ViaMps {
         let client = Client::connect(None).expect("connect to the mps server");
         let module = client.module_load(ptx).expect("module load");
-        let functions = ["spin_ns", "fill_u32"]
+        let functions = KERNELS
             .iter()
             .map(|n| {
+                let f = client.module_get_function(module, n);
                 (
                     n.to_string(),
-                    client.module_get_function(module, n).unwrap(),
+                    f.unwrap_or_else(|e| panic!("kernel {n}: {e}")),
                 )
             })
             .collect();
-        ViaMps { client, functions }
+        let stream = client.stream_create(0).expect("create a stream");
+        ViaMps {
+            client,
+            stream,
+            functions,
+        }
     }
 }
 
@@ -30,7 +44,7 @@ impl Gpu for ViaMps {
     fn alloc(&mut self, bytes: usize) -> u64 {
         let p = self.client.mem_alloc(bytes as u64).unwrap();
         self.client
-            .memset_d32(p, 0, bytes as u64 / 4, Stream::DEFAULT)
+            .memset_d32(p, 0, bytes as u64 / 4, self.stream)
             .unwrap();
         p.0
     }
@@ -39,37 +53,35 @@ impl Gpu for ViaMps {
         self.client.host_alloc(bytes).unwrap()
     }
 
-    fn launch(&mut self, kernel: &str, blocks: u32, threads: u32, args: &[u64]) {
+    fn launch(&mut self, kernel: &str, blocks: u32, threads: u32, args: &[Arg]) {
         let f = self.functions.iter().find(|(n, _)| n == kernel).unwrap().1;
-        let bytes: Vec<[u8; 8]> = args.iter().map(|a| a.to_le_bytes()).collect();
+        let bytes: Vec<Vec<u8>> = args.iter().map(|a| a.bytes()).collect();
         let refs: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
         let d = |x| Dim3 { x, y: 1, z: 1 };
         self.client
-            .launch(f, d(blocks), d(threads), 0, Stream::DEFAULT, &refs)
-            .unwrap();
+            .launch(f, d(blocks), d(threads), 0, self.stream, &refs)
+            .unwrap_or_else(|e| panic!("launch {kernel}: {e}"));
     }
 
     fn sync(&mut self) {
-        self.client.stream_synchronize(Stream::DEFAULT).unwrap();
+        self.client.stream_synchronize(self.stream).unwrap();
     }
 
     fn htod(&mut self, dst: u64, src: *const u8, bytes: usize) {
-        // SAFETY: src is valid for `bytes` (a host buffer or a Vec of the bench).
+        // SAFETY: src is valid for `bytes` until the next sync (the trait's contract).
         unsafe {
             self.client
-                .memcpy_htod_raw(mpsclient::DevicePtr(dst), src, bytes, Stream::DEFAULT)
+                .memcpy_htod_raw(DevicePtr(dst), src, bytes, self.stream)
         }
         .unwrap();
-        self.sync();
     }
 
     fn dtoh(&mut self, dst: *mut u8, src: u64, bytes: usize) {
-        // SAFETY: dst is valid for `bytes`.
+        // SAFETY: dst is valid for `bytes` until the next sync (the trait's contract).
         unsafe {
             self.client
-                .memcpy_dtoh_raw(dst, mpsclient::DevicePtr(src), bytes, Stream::DEFAULT)
+                .memcpy_dtoh_raw(dst, DevicePtr(src), bytes, self.stream)
         }
         .unwrap();
-        self.sync();
     }
 }
