@@ -4,11 +4,16 @@
 use std::ffi::{CString, c_void};
 
 use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
+use mps_server::backend::cuda::driver;
 
 use crate::workload::{Arg, Gpu};
 
-fn check(r: CUresult, what: &str) {
-    assert!(r == CUresult::CUDA_SUCCESS, "{what}: {r:?}");
+/// The server's own driver result layer: a failure ends this worker with the call, the code and
+/// its name, which the harness reports as the client's failure note.
+fn check(r: CUresult, what: &'static str) {
+    if let Err(e) = driver::check(r, what) {
+        panic!("{e}");
+    }
 }
 
 /// The kernels the workloads launch.
@@ -25,13 +30,17 @@ impl Native {
         // SAFETY: plain driver set-up calls on locals; the context is retained for the life of
         // the process.
         unsafe {
-            assert!(sys::is_culib_present(), "no CUDA driver");
-            check(sys::cuInit(0), "cuInit");
+            if let Err(e) = driver::init() {
+                panic!("{e}");
+            }
             let mut dev = 0;
             check(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet");
             let mut ctx = std::ptr::null_mut();
-            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "retain");
-            check(sys::cuCtxSetCurrent(ctx), "set current");
+            check(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            );
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
             let mut image = ptx.to_vec();
             image.push(0);
             let mut module = std::ptr::null_mut();
@@ -73,7 +82,7 @@ impl Gpu for Native {
         // stream is not ordered after the legacy default stream that cuMemsetD32 would use.
         check(
             unsafe { sys::cuMemsetD32Async(p, 0, bytes / 4, self.stream) },
-            "memset",
+            "cuMemsetD32Async",
         );
         p
     }
@@ -120,14 +129,17 @@ impl Gpu for Native {
 
     fn sync(&mut self) {
         // SAFETY: our stream.
-        check(unsafe { sys::cuStreamSynchronize(self.stream) }, "sync");
+        check(
+            unsafe { sys::cuStreamSynchronize(self.stream) },
+            "cuStreamSynchronize",
+        );
     }
 
     fn htod(&mut self, dst: u64, src: *const u8, bytes: usize) {
         // SAFETY: src is valid for `bytes` until the next sync (the trait's contract).
         check(
             unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) },
-            "htod",
+            "cuMemcpyHtoDAsync",
         );
     }
 
@@ -135,7 +147,7 @@ impl Gpu for Native {
         // SAFETY: dst is valid for `bytes` until the next sync (the trait's contract).
         check(
             unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) },
-            "dtoh",
+            "cuMemcpyDtoHAsync",
         );
     }
 }

@@ -6,7 +6,7 @@
 //! framework's side stream), the only kind the `one-context` mode's threads can use without
 //! serialising on each other, and so the same kind of stream in every mode.
 
-use mpsclient::{Client, DevicePtr, Dim3, Function, Stream};
+use mps_client::{Client, DevicePtr, Dim3, Function, Stream};
 
 use crate::native::KERNELS;
 use crate::workload::{Arg, Gpu};
