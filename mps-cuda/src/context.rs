@@ -296,30 +296,49 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     })
 }
 
+fn push(ctx: CUcontext) -> Res<()> {
+    let c = context(handle_of(ctx))?;
+    STACK.with(|s| s.borrow_mut().push(c.handle));
+    Ok(())
+}
+
+fn pop(pctx: *mut CUcontext) -> Res<()> {
+    driver()?;
+    let top = STACK
+        .with(|s| s.borrow_mut().pop())
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if !pctx.is_null() {
+        // SAFETY: non-null, and the caller of the export guarantees it is writable.
+        unsafe { put(pctx, to_cucontext(top)) }?;
+    }
+    Ok(())
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    entry("cuCtxPushCurrent_v2", || {
-        let c = context(handle_of(ctx))?;
-        STACK.with(|s| s.borrow_mut().push(c.handle));
-        Ok(())
-    })
+    entry("cuCtxPushCurrent_v2", || push(ctx))
+}
+
+/// The unversioned name, with the same arguments, which libraries also take by `dlsym`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
+    entry("cuCtxPushCurrent", || push(ctx))
 }
 
 /// # Safety
 /// `pctx` must be NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    entry("cuCtxPopCurrent_v2", || {
-        driver()?;
-        let top = STACK
-            .with(|s| s.borrow_mut().pop())
-            .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-        if !pctx.is_null() {
-            // SAFETY: non-null, and the caller guarantees it is writable.
-            unsafe { put(pctx, to_cucontext(top)) }?;
-        }
-        Ok(())
-    })
+    entry("cuCtxPopCurrent_v2", || pop(pctx))
+}
+
+/// The unversioned name (see `cuCtxPushCurrent`).
+///
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxPopCurrent", || pop(pctx))
 }
 
 /// # Safety

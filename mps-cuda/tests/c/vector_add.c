@@ -50,6 +50,12 @@ int main(int argc, char **argv) {
     CUdevice cdev = -1;
     CHECK(cuCtxGetDevice(&cdev));
     ASSERT(cdev == 0, "context device %d", cdev);
+    CUcontext popped = NULL;
+    CHECK(cuCtxPopCurrent_v2(&popped));
+    ASSERT(popped == ctx, "popped %p, not the created context", (void *)popped);
+    EXPECT(cuCtxGetDevice(&cdev), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cuCtxPopCurrent_v2(&popped), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(cuCtxPushCurrent_v2(ctx));
 
     CUmodule mod;
     CUfunction add, saxpy;
