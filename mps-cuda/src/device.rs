@@ -3,7 +3,7 @@
 //!
 //! Device attributes come from four sources, and only these (docs/TRANSPARENT.md lists them):
 //! the server's report; CUDA's limits that hold for every compute capability CUDA 13 supports;
-//! CUDA's per-compute-capability table, for the capabilities listed in [`PER_CC`]; and what mps
+//! CUDA's per-compute-capability table, for the capabilities listed in `PER_CC`; and what mps
 //! itself offers (no managed memory, say). Any other attribute is one the server does not
 //! report: it returns `CUDA_ERROR_NOT_SUPPORTED` (and says so once) rather than a guess.
 
