@@ -19,8 +19,16 @@ pub(crate) unsafe fn image<'a>(p: *const u8) -> Option<&'a [u8]> {
     if p.is_null() {
         return None;
     }
-    // SAFETY: every image starts with at least four bytes (a PTX too: it is longer than that).
-    let head: [u8; 4] = unsafe { p.cast::<[u8; 4]>().read_unaligned() };
+    // Read the magic a byte at a time, stopping at a NUL: a PTX text may be shorter than four
+    // bytes, and none of the binary magics holds a zero byte.
+    let mut head = [0u8; 4];
+    for (i, b) in head.iter_mut().enumerate() {
+        // SAFETY: bytes up to and including the first NUL belong to the image, whatever it is.
+        *b = unsafe { p.add(i).read() };
+        if *b == 0 {
+            break;
+        }
+    }
     let magic = u32::from_le_bytes(head);
     if magic == WRAPPER_MAGIC {
         // SAFETY: the wrapper is { u32 magic, u32 version, const void *data, void *unused }.
@@ -92,6 +100,10 @@ mod tests {
         // SAFETY: NUL-terminated.
         let img = unsafe { image(ptx.as_ptr()) }.unwrap();
         assert_eq!(img.len(), ptx.len() - "garbage".len());
+        // A text shorter than a magic is read no further than its NUL.
+        let short = Box::new(*b"a\0");
+        // SAFETY: NUL-terminated.
+        assert_eq!(unsafe { image(short.as_ptr()) }.unwrap(), b"a\0");
     }
 
     #[test]
