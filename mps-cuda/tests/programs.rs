@@ -106,9 +106,19 @@ impl Drop for Server {
     }
 }
 
+/// A directory holding `libcuda.so`, a link to this build's library, for the linker's `-lcuda`
+/// (the program records the library's soname, `libcuda.so.1`, as NVIDIA's does).
+fn link_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = temp_dir("link");
+        std::os::unix::fs::symlink(built().join("libmpscuda.so"), dir.join("libcuda.so")).unwrap();
+        dir
+    })
+}
+
 /// Compiles `tests/c/<name>.c`, linked with `-lcuda` against this build's library.
 fn build(name: &str) -> PathBuf {
-    let lib = built();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let exe = temp_dir(name).join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -120,7 +130,7 @@ fn build(name: &str) -> PathBuf {
         .arg("-o")
         .arg(&exe)
         .arg("-L")
-        .arg(lib)
+        .arg(link_dir())
         .args(["-lcuda", "-ldl"])
         .status()
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));

@@ -3,8 +3,9 @@
 //!
 //! Where the library is, in order: `$MPS_CUDA_LIBRARY_DIR`; `../lib/mps/` beside the launcher
 //! (an installed package: `/usr/bin/mps-run`, `/usr/lib/mps/libcuda.so.1`); the launcher's own
-//! directory in a cargo build (`target/<profile>/libcuda.so`, whose soname is `libcuda.so.1`),
-//! for which a directory `mps-cuda-lib/` holding the link `libcuda.so.1` is made beside it.
+//! directory in a cargo build (`target/<profile>/libmpscuda.so`, whose soname is
+//! `libcuda.so.1`), for which a directory `mps-cuda-lib/` holding the link `libcuda.so.1` is made
+//! beside it.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -12,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 const SONAME: &str = "libcuda.so.1";
+/// The library's file in a cargo build, and the link to it from `mps-cuda-lib/`.
+const BUILT: &str = "libmpscuda.so";
+const LINK_TARGET: &str = "../libmpscuda.so";
 
 /// A directory holding `libcuda.so.1` for the launcher at `exe`.
 fn library_dir(exe: &Path) -> Result<PathBuf, String> {
@@ -32,18 +36,18 @@ fn library_dir(exe: &Path) -> Result<PathBuf, String> {
     if installed.join(SONAME).exists() {
         return Ok(installed);
     }
-    let built = bin.join("libcuda.so");
+    let built = bin.join(BUILT);
     if built.exists() {
         let dir = bin.join("mps-cuda-lib");
         let link = dir.join(SONAME);
-        if std::fs::read_link(&link).ok().as_deref() != Some(Path::new("../libcuda.so")) {
+        if std::fs::read_link(&link).ok().as_deref() != Some(Path::new(LINK_TARGET)) {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             // Made under a temporary name and renamed, so that launchers started together
             // never see a half-made link.
             let tmp = dir.join(format!(".{SONAME}.{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink("../libcuda.so", &tmp)
+            std::os::unix::fs::symlink(LINK_TARGET, &tmp)
                 .and_then(|()| std::fs::rename(&tmp, &link))
                 .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
         }
