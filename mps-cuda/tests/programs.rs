@@ -226,3 +226,8 @@ fn proc_addresses_by_version_and_unsupported_functions_refused_once() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_kernel_fault_surfaces_at_the_next_synchronising_call() {
+    passes("async_error", &[]);
+}
