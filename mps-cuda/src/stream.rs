@@ -167,14 +167,16 @@ fn ensure_event(slot: &mut Option<Event>) -> Res<Event> {
 
 impl Target {
     /// Inserts the waits that work about to go into this stream needs (see the module's
-    /// documentation).
-    fn order(&self) -> Res<()> {
+    /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
+    /// blocking streams' work as work would, but nothing new is counted as submitted.
+    fn order(&self, work: bool) -> Res<()> {
         let conn = &driver()?.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
         let o = &mut st.order;
         match self.kind {
             Kind::Independent => {}
+            Kind::Blocking(_) if !work => {}
             Kind::Legacy => {
                 for b in o.blocking.values_mut().filter(|b| b.dirty) {
                     let e = ensure_event(&mut b.event)?;
@@ -182,7 +184,9 @@ impl Target {
                     conn.stream_wait_event(legacy, e)?;
                     b.dirty = false;
                 }
-                o.epoch += 1;
+                if work {
+                    o.epoch += 1;
+                }
             }
             Kind::Blocking(h) => {
                 let epoch = o.epoch;
@@ -209,7 +213,7 @@ impl Target {
 /// call for.
 pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<Stream> {
     let t = resolve(h, per_thread)?;
-    t.order()?;
+    t.order(true)?;
     Ok(t.stream)
 }
 
@@ -262,9 +266,12 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
     })
 }
 
+/// Waits for the stream; the legacy stream's wait covers the blocking streams' work before it,
+/// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
-    let s = for_work(h, per_thread)?;
-    driver()?.conn.stream_synchronize(s)
+    let t = resolve(h, per_thread)?;
+    t.order(false)?;
+    driver()?.conn.stream_synchronize(t.stream)
 }
 
 #[unsafe(no_mangle)]
