@@ -7,7 +7,7 @@
 
 pub(crate) use cudarc::driver::sys::{
     CUcontext, CUctxCreateParams, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent,
-    CUfunction, CUkernel, CUlibrary, CUmodule, CUresult, CUstream, CUuuid,
+    CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream, CUuuid,
 };
 
 /// `CU_STREAM_LEGACY`: the context's legacy default stream, whatever the caller's default.

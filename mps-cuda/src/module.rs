@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use mps_core::protocol::ParamInfo;
 
 use crate::abi::{
-    CUfunction, CUkernel, CUlibrary, CUmodule, CUresult, CUstream, LAUNCH_PARAM_BUFFER_POINTER,
-    LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
+    CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
+    LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
 };
 use crate::connection::{Function, Module, Res};
 use crate::context::current;
 use crate::driver::{check, driver, entry, lock, put};
 use crate::image::image;
+use crate::log;
 use crate::stream::for_work;
 
 /// A loaded module or library.
@@ -402,5 +403,84 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
                 true,
             )
         }
+    })
+}
+
+/// `cuLaunchKernelEx` without launch attributes. An attribute (cluster dimensions, priority,
+/// programmatic serialisation, ...) would change how the server launches, which it does not
+/// offer: a launch with any is refused, naming the attribute once.
+///
+/// # Safety
+/// `config` must be NULL or readable, its `attrs` readable for `numAttrs` attributes; the
+/// parameters as for `cuLaunchKernel`.
+unsafe fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+) -> Res<()> {
+    // SAFETY: the caller guarantees a non-null `config` is readable.
+    let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if c.numAttrs > 0 {
+        check(!c.attrs.is_null())?;
+        for i in 0..c.numAttrs as usize {
+            // The id is read as the integer it is in C, not as cudarc's enum, which may lack
+            // it. SAFETY: the caller guarantees `numAttrs` readable attributes; the id is the
+            // first 4 bytes of each.
+            let id = unsafe { c.attrs.add(i).cast::<u32>().read() };
+            log::once(&format!("launch attribute {id}"), || {
+                format!(
+                    "cuLaunchKernelEx: launch attribute {id} is not supported through mps; \
+                     returning CUDA_ERROR_NOT_SUPPORTED"
+                )
+            });
+        }
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
+    let block = [c.blockDimX, c.blockDimY, c.blockDimZ];
+    // SAFETY: the caller's guarantee is launch's precondition.
+    unsafe {
+        launch(
+            f,
+            grid,
+            block,
+            c.sharedMemBytes,
+            c.hStream,
+            params,
+            extra,
+            per_thread,
+        )
+    }
+}
+
+/// # Safety
+/// As `launch_ex`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's guarantee is launch_ex's precondition.
+    entry("cuLaunchKernelEx", || unsafe {
+        launch_ex(config, f, params, extra, false)
+    })
+}
+
+/// # Safety
+/// As `launch_ex`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's guarantee is launch_ex's precondition.
+    entry("cuLaunchKernelEx_ptsz", || unsafe {
+        launch_ex(config, f, params, extra, true)
     })
 }

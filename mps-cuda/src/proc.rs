@@ -103,6 +103,7 @@ abis! {
     "cuFuncGetParamInfo" 12040 cuFuncGetParamInfo;
     "cuKernelGetParamInfo" 12040 cuKernelGetParamInfo;
     "cuLaunchKernel" 4000 cuLaunchKernel | cuLaunchKernel_ptsz;
+    "cuLaunchKernelEx" 11060 cuLaunchKernelEx | cuLaunchKernelEx_ptsz;
     "cuStreamCreate" 2000 cuStreamCreate;
     "cuStreamCreateWithPriority" 5050 cuStreamCreateWithPriority;
     "cuStreamDestroy" 4000 cuStreamDestroy_v2;

@@ -205,7 +205,6 @@ unsupported! {
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
     cuLaunchHostFunc
-    cuLaunchKernelEx
     cuLibraryEnumerateKernels
     cuLibraryGetGlobal
     cuLibraryGetKernelCount

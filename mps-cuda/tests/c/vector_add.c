@@ -87,6 +87,18 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i++) wrong += hc[i] != 3.0f * (float)i;
     ASSERT(wrong == 0, "%d of %d sums wrong", wrong, N);
 
+    /* The same through cuLaunchKernelEx (into db: a + b = 3i again); a launch attribute is
+     * refused. */
+    void *ex_params[] = {&da, &db, &db, &n};
+    CUlaunchConfig config = {64, 1, 1, 256, 1, 1, 0, NULL, NULL, 0};
+    CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
+    CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
+    ASSERT(hc[N - 1] == 3.0f * (float)(N - 1), "cuLaunchKernelEx: %f", hc[N - 1]);
+    CUlaunchAttribute cluster = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
+
     /* saxpy through `extra`: dc = 0.5 * da + dc, from a buffer laid out as the kernel's
      * parameters are (float at 0, pointers at 8 and 16, count at 24). */
     unsigned char buf[32] = {0};
