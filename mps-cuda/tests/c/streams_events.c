@@ -68,8 +68,8 @@ int main(int argc, char **argv) {
     CHECK(cuEventSynchronize(untimed));
     EXPECT(cuEventElapsedTime_v2(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);
 
-    /* A query does not wait: a stream busy for 300 ms is not ready, then it is. */
-    spin_then_fill(a, 300 * MS, p, 6);
+    /* A query does not wait: a stream busy for a second is not ready, then it is. */
+    spin_then_fill(a, 1000 * MS, p, 6);
     EXPECT(cuStreamQuery(a), CUDA_ERROR_NOT_READY);
     CHECK(cuStreamSynchronize(a));
     CHECK(cuStreamQuery(a));
