@@ -335,6 +335,8 @@ mod tests {
         );
     }
 
+    /// `tests/data/vadd_requested.txt` holds the (name, version) pairs that cudart 13 asked
+    /// `cuGetProcAddress` for in the H200 trace of a vector add (`vadd_static.txt`).
     #[test]
     fn every_name_the_traced_vector_add_asked_for_is_known() {
         let trace = include_str!("../tests/data/vadd_requested.txt");
