@@ -6,7 +6,10 @@ fn main() {
     // The soname carries the ABI's major version (libmpsclient.so.0), as the dynamic linker and
     // the Debian package expect: programs linked now keep working across compatible releases.
     let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets the version");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmpsclient.so.{major}");
+    // A plain link argument, not a cdylib one: cargo passes a dependency's cdylib link arguments
+    // on to every cdylib that depends on it (mps-cuda's libcuda.so.1 would take this soname).
+    // On this package's executables (tests, examples) a soname is inert.
+    println!("cargo:rustc-link-arg=-Wl,-soname,libmpsclient.so.{major}");
 
     // Crates that depend on this one and build C or C++ against mps.h / mps.hpp find them in
     // DEP_MPSCLIENT_INCLUDE (this package `links` mpsclient).

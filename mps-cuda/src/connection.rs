@@ -1,0 +1,235 @@
+//! The connection to the mps server: the only module that calls the mps client library, so that
+//! the rest of the library speaks in CUDA's terms and a change of client crate is a change here.
+//!
+//! Every failure is logged (with `MPS_CUDA_LOG`) with the client's message and returned as the
+//! CUDA result of its status.
+
+use mps_core::protocol::{Dim3, ParamInfo};
+use mps_client::Error;
+use mps_client::Client;
+pub(crate) use mps_client::{Event, Function, Module, Stream};
+
+use crate::abi::CUresult;
+use crate::{errors, log};
+
+/// What a call into the server gives: its value, or the CUDA result of its failure.
+pub(crate) type Res<T> = Result<T, CUresult>;
+
+fn fail(e: Error) -> CUresult {
+    log::failure(&e.message);
+    errors::from_status(e.status)
+}
+
+/// The device as the server described it when this process connected.
+#[derive(Clone, Debug)]
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) total_mem: u64,
+    pub(crate) sm_count: u32,
+    pub(crate) cc: (u32, u32),
+}
+
+/// One connection, shared by every context and thread of the process.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    client: Client,
+    device: Device,
+}
+
+impl Connection {
+    /// Connects to the server of `$MPS_PIPE_DIRECTORY` (else `/tmp/mps`).
+    pub(crate) fn connect() -> Result<Connection, String> {
+        let client = Client::connect(None).map_err(|e| e.message)?;
+        let d = client.device_info();
+        let device = Device {
+            name: d.name.clone(),
+            total_mem: d.total_mem,
+            sm_count: d.sm_count,
+            cc: d.cc,
+        };
+        Ok(Connection { client, device })
+    }
+
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    // ----- memory -----
+
+    pub(crate) fn mem_alloc(&self, size: u64) -> Res<u64> {
+        self.client.mem_alloc(size).map(|p| p.0).map_err(fail)
+    }
+
+    pub(crate) fn mem_free(&self, ptr: u64) -> Res<()> {
+        self.client
+            .mem_free(mps_client::DevicePtr(ptr))
+            .map_err(fail)
+    }
+
+    /// (free, total) bytes: under a memory limit, the client's.
+    pub(crate) fn mem_get_info(&self) -> Res<(u64, u64)> {
+        self.client.mem_get_info().map_err(fail)
+    }
+
+    pub(crate) fn host_alloc(&self, size: usize) -> Res<*mut u8> {
+        self.client.host_alloc(size).map_err(fail)
+    }
+
+    pub(crate) fn host_free(&self, ptr: *mut u8) -> Res<()> {
+        self.client.host_free(ptr).map_err(fail)
+    }
+
+    /// # Safety
+    /// `src` must be readable for `len` bytes.
+    pub(crate) unsafe fn memcpy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Stream,
+    ) -> Res<()> {
+        let dst = mps_client::DevicePtr(dst);
+        // SAFETY: the caller's guarantee is the client's precondition.
+        unsafe { self.client.memcpy_htod_raw(dst, src, len, stream) }.map_err(fail)
+    }
+
+    /// # Safety
+    /// `dst` must be writable for `len` bytes.
+    pub(crate) unsafe fn memcpy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> Res<()> {
+        let src = mps_client::DevicePtr(src);
+        // SAFETY: the caller's guarantee is the client's precondition.
+        unsafe { self.client.memcpy_dtoh_raw(dst, src, len, stream) }.map_err(fail)
+    }
+
+    pub(crate) fn memcpy_dtod(&self, dst: u64, src: u64, len: u64, stream: Stream) -> Res<()> {
+        let (dst, src) = (mps_client::DevicePtr(dst), mps_client::DevicePtr(src));
+        self.client.memcpy_dtod(dst, src, len, stream).map_err(fail)
+    }
+
+    pub(crate) fn memset_d8(&self, dst: u64, value: u8, count: u64, stream: Stream) -> Res<()> {
+        let dst = mps_client::DevicePtr(dst);
+        self.client
+            .memset_d8(dst, value, count, stream)
+            .map_err(fail)
+    }
+
+    pub(crate) fn memset_d32(&self, dst: u64, value: u32, count: u64, stream: Stream) -> Res<()> {
+        let dst = mps_client::DevicePtr(dst);
+        self.client
+            .memset_d32(dst, value, count, stream)
+            .map_err(fail)
+    }
+
+    // ----- modules and launches -----
+
+    pub(crate) fn module_load(&self, image: &[u8]) -> Res<Module> {
+        self.client.module_load(image).map_err(fail)
+    }
+
+    pub(crate) fn module_unload(&self, module: Module) -> Res<()> {
+        self.client.module_unload(module).map_err(fail)
+    }
+
+    /// The kernel `name` of `module` and its parameters' (offset, size), as the server reported
+    /// them.
+    pub(crate) fn get_function(
+        &self,
+        module: Module,
+        name: &str,
+    ) -> Res<(Function, Vec<ParamInfo>)> {
+        let f = self
+            .client
+            .module_get_function(module, name)
+            .map_err(fail)?;
+        let mut params = Vec::new();
+        // The client holds the layout it fetched; it answers "no such parameter" past the end.
+        while let Ok(p) = self.client.function_param_info(f, params.len() as u32) {
+            params.push(p);
+        }
+        Ok((f, params))
+    }
+
+    /// Launches with `params[i]` pointing at parameter `i`, as `cuLaunchKernel` takes them.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, each readable for that parameter's
+    /// size.
+    pub(crate) unsafe fn launch(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem: u32,
+        stream: Stream,
+        params: *const *const u8,
+    ) -> Res<()> {
+        let dim = |d: [u32; 3]| Dim3 {
+            x: d[0],
+            y: d[1],
+            z: d[2],
+        };
+        // SAFETY: the caller's guarantee is the client's precondition.
+        unsafe {
+            self.client
+                .launch_raw(function, dim(grid), dim(block), shared_mem, stream, params)
+        }
+        .map_err(fail)
+    }
+
+    // ----- streams and events -----
+
+    pub(crate) fn stream_create(&self, priority: i32) -> Res<Stream> {
+        self.client.stream_create(priority).map_err(fail)
+    }
+
+    pub(crate) fn stream_destroy(&self, stream: Stream) -> Res<()> {
+        self.client.stream_destroy(stream).map_err(fail)
+    }
+
+    pub(crate) fn stream_synchronize(&self, stream: Stream) -> Res<()> {
+        self.client.stream_synchronize(stream).map_err(fail)
+    }
+
+    pub(crate) fn stream_query(&self, stream: Stream) -> Res<bool> {
+        self.client.stream_query(stream).map_err(fail)
+    }
+
+    pub(crate) fn stream_wait_event(&self, stream: Stream, event: Event) -> Res<()> {
+        self.client.stream_wait_event(stream, event).map_err(fail)
+    }
+
+    /// Waits for all of this process's work.
+    pub(crate) fn synchronize(&self) -> Res<()> {
+        self.client.synchronize().map_err(fail)
+    }
+
+    pub(crate) fn event_create(&self) -> Res<Event> {
+        self.client.event_create().map_err(fail)
+    }
+
+    pub(crate) fn event_destroy(&self, event: Event) -> Res<()> {
+        self.client.event_destroy(event).map_err(fail)
+    }
+
+    pub(crate) fn event_record(&self, event: Event, stream: Stream) -> Res<()> {
+        self.client.event_record(event, stream).map_err(fail)
+    }
+
+    pub(crate) fn event_synchronize(&self, event: Event) -> Res<()> {
+        self.client.event_synchronize(event).map_err(fail)
+    }
+
+    pub(crate) fn event_query(&self, event: Event) -> Res<bool> {
+        self.client.event_query(event).map_err(fail)
+    }
+
+    pub(crate) fn event_elapsed_ms(&self, start: Event, end: Event) -> Res<f32> {
+        self.client.event_elapsed_ms(start, end).map_err(fail)
+    }
+}

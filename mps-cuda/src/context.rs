@@ -1,0 +1,507 @@
+//! Contexts: the device's primary context and created ones, and each thread's stack of current
+//! contexts.
+//!
+//! Every context is a view of the one context the server owns: memory of one is usable from
+//! another, as in one CUDA context. What a context owns (allocations, streams, events, modules,
+//! its legacy default stream) is freed when it is destroyed, or when the primary context's last
+//! retain is released or it is reset.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use crate::abi::{CTX_FLAGS, CUcontext, CUctxCreateParams, CUdevice, CUresult};
+use crate::connection::{Res, Stream};
+use crate::driver::{check, driver, entry, lock, put};
+use crate::stream::LegacyOrder;
+
+/// One context.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) handle: usize,
+    pub(crate) primary: bool,
+    pub(crate) state: Mutex<ContextState>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ContextState {
+    /// A created context until destroyed; the primary context while retained.
+    pub(crate) active: bool,
+    pub(crate) retains: u32,
+    pub(crate) flags: u32,
+    /// The context's legacy default stream: the client's default stream for the primary
+    /// context, a stream of its own for a created one.
+    pub(crate) legacy: Stream,
+    /// How work in the legacy default stream and the blocking streams is ordered.
+    pub(crate) order: LegacyOrder,
+}
+
+impl Context {
+    pub(crate) fn primary(handle: usize) -> Context {
+        Context {
+            handle,
+            primary: true,
+            state: Mutex::new(ContextState {
+                active: false,
+                retains: 0,
+                flags: 0,
+                legacy: Stream::DEFAULT,
+                order: LegacyOrder::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn legacy_stream(&self) -> Stream {
+        lock(&self.state).legacy
+    }
+}
+
+thread_local! {
+    /// The calling thread's context stack, top last.
+    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+pub(crate) fn handle_of(ctx: CUcontext) -> usize {
+    ctx as usize
+}
+
+pub(crate) fn to_cucontext(handle: usize) -> CUcontext {
+    std::ptr::without_provenance_mut(handle)
+}
+
+/// The active context `handle` names.
+pub(crate) fn context(handle: usize) -> Res<Arc<Context>> {
+    let ctx = driver()?
+        .contexts
+        .get(handle)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if !lock(&ctx.state).active {
+        return Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    }
+    Ok(ctx)
+}
+
+/// The calling thread's current context.
+pub(crate) fn current() -> Res<Arc<Context>> {
+    let top = STACK.with(|s| s.borrow().last().copied());
+    context(top.ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?)
+}
+
+/// `ctx`, or the current context where it is NULL.
+fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
+    if ctx.is_null() {
+        current()
+    } else {
+        context(handle_of(ctx))
+    }
+}
+
+fn device_zero(dev: CUdevice) -> Res<()> {
+    driver()?;
+    if dev == 0 {
+        Ok(())
+    } else {
+        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+/// Frees everything context `ctx` owns, after its work is done; the first failure is returned
+/// once everything has been tried.
+fn release_resources(ctx: &Context) -> Res<()> {
+    let d = driver()?;
+    let mut first = d.conn.synchronize();
+    let mut keep = |r: Res<()>| {
+        if first.is_ok() {
+            first = r;
+        }
+    };
+    let h = ctx.handle;
+    for s in d.streams.remove_where(|s| s.ctx == h) {
+        keep(d.conn.stream_destroy(s.stream));
+    }
+    for e in d.events.remove_where(|e| e.ctx == h) {
+        keep(d.conn.event_destroy(e.event));
+    }
+    for m in d.modules.remove_where(|m| m.ctx == Some(h)) {
+        d.functions.remove_where(|f| f.module == m.handle);
+        keep(d.conn.module_unload(m.module));
+    }
+    let mine: Vec<u64> = {
+        let mut a = lock(&d.allocations);
+        let mine: Vec<u64> = a
+            .iter()
+            .filter(|(_, c)| **c == h)
+            .map(|(p, _)| *p)
+            .collect();
+        mine.iter().for_each(|p| {
+            a.remove(p);
+        });
+        mine
+    };
+    for p in mine {
+        keep(d.conn.mem_free(p));
+    }
+    let host: Vec<usize> = {
+        let mut a = lock(&d.host);
+        let mine: Vec<usize> = a
+            .iter()
+            .filter(|(_, (_, c))| *c == h)
+            .map(|(p, _)| *p)
+            .collect();
+        mine.iter().for_each(|p| {
+            a.remove(p);
+        });
+        mine
+    };
+    for p in host {
+        keep(d.conn.host_free(std::ptr::without_provenance_mut(p)));
+    }
+    let order = std::mem::take(&mut lock(&ctx.state).order);
+    for e in order.events() {
+        keep(d.conn.event_destroy(e));
+    }
+    first
+}
+
+fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> Res<()> {
+    device_zero(dev)?;
+    check(!pctx.is_null() && flags & !CTX_FLAGS == 0)?;
+    let d = driver()?;
+    let legacy = d.conn.stream_create(0)?;
+    let (handle, _) = d.contexts.insert_with(|handle| Context {
+        handle,
+        primary: false,
+        state: Mutex::new(ContextState {
+            active: true,
+            retains: 0,
+            flags,
+            legacy,
+            order: LegacyOrder::default(),
+        }),
+    });
+    STACK.with(|s| s.borrow_mut().push(handle));
+    // SAFETY: checked non-null above; the caller guarantees it is writable.
+    unsafe { put(pctx, to_cucontext(handle)) }
+}
+
+/// Creates a context and makes it current.
+///
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuCtxCreate_v2", || create(pctx, flags, dev))
+}
+
+/// `cuCtxCreate_v3`: execution-affinity parameters are not supported (none may be given).
+///
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    _params: *mut std::ffi::c_void,
+    num_params: i32,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuCtxCreate_v3", || {
+        if num_params != 0 {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        create(pctx, flags, dev)
+    })
+}
+
+/// `cuCtxCreate_v4` (CUDA 13's cuCtxCreate): creation parameters (affinity, CIG) are not
+/// supported; NULL or empty ones are.
+///
+/// # Safety
+/// `pctx` must be NULL or writable; `params` NULL or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *mut CUctxCreateParams,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuCtxCreate_v4", || {
+        // SAFETY: the caller guarantees a non-null `params` is readable.
+        if let Some(p) = unsafe { params.as_ref() }
+            && (p.numExecAffinityParams != 0 || !p.cigParams.is_null())
+        {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        create(pctx, flags, dev)
+    })
+}
+
+/// Destroys a created context (its work done first); it is popped from the calling thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxDestroy_v2", || {
+        let c = context(handle_of(ctx))?;
+        if c.primary {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let result = release_resources(&c);
+        let legacy = {
+            let mut st = lock(&c.state);
+            st.active = false;
+            st.legacy
+        };
+        let d = driver()?;
+        d.contexts.remove(c.handle);
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.last() == Some(&c.handle) {
+                s.pop();
+            }
+        });
+        result.and(d.conn.stream_destroy(legacy))
+    })
+}
+
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxGetCurrent", || {
+        driver()?;
+        let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
+        // SAFETY: the caller guarantees a non-null `pctx` is writable.
+        unsafe { put(pctx, to_cucontext(top)) }
+    })
+}
+
+/// Replaces the top of the calling thread's stack (NULL pops it).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    entry("cuCtxSetCurrent", || {
+        if ctx.is_null() {
+            driver()?;
+            STACK.with(|s| s.borrow_mut().pop());
+            return Ok(());
+        }
+        let c = context(handle_of(ctx))?;
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            s.pop();
+            s.push(c.handle);
+        });
+        Ok(())
+    })
+}
+
+fn push(ctx: CUcontext) -> Res<()> {
+    let c = context(handle_of(ctx))?;
+    STACK.with(|s| s.borrow_mut().push(c.handle));
+    Ok(())
+}
+
+fn pop(pctx: *mut CUcontext) -> Res<()> {
+    driver()?;
+    let top = STACK
+        .with(|s| s.borrow_mut().pop())
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if !pctx.is_null() {
+        // SAFETY: non-null, and the caller of the export guarantees it is writable.
+        unsafe { put(pctx, to_cucontext(top)) }?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxPushCurrent_v2", || push(ctx))
+}
+
+/// The unversioned name, with the same arguments, which libraries also take by `dlsym`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
+    entry("cuCtxPushCurrent", || push(ctx))
+}
+
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxPopCurrent_v2", || pop(pctx))
+}
+
+/// The unversioned name (see `cuCtxPushCurrent`).
+///
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxPopCurrent", || pop(pctx))
+}
+
+/// # Safety
+/// `device` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    entry("cuCtxGetDevice", || {
+        current()?;
+        // SAFETY: the caller guarantees a non-null `device` is writable.
+        unsafe { put(device, 0) }
+    })
+}
+
+/// CUDA 13's form: the device of `ctx`, or of the current context where it is NULL.
+///
+/// # Safety
+/// `device` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
+    entry("cuCtxGetDevice_v2", || {
+        given_or_current(ctx)?;
+        // SAFETY: the caller guarantees a non-null `device` is writable.
+        unsafe { put(device, 0) }
+    })
+}
+
+/// # Safety
+/// `flags` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
+    entry("cuCtxGetFlags", || {
+        let f = lock(&current()?.state).flags;
+        // SAFETY: the caller guarantees a non-null `flags` is writable.
+        unsafe { put(flags, f) }
+    })
+}
+
+/// Waits for all work of the process (every context is a view of the server's one context).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry("cuCtxSynchronize", || {
+        current()?;
+        driver()?.conn.synchronize()
+    })
+}
+
+/// CUDA 13's form, naming the context (NULL: the current one).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxSynchronize_v2", || {
+        given_or_current(ctx)?;
+        driver()?.conn.synchronize()
+    })
+}
+
+// ----- the primary context -----
+
+/// # Safety
+/// `pctx` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRetain", || {
+        device_zero(dev)?;
+        check(!pctx.is_null())?;
+        let p = &driver()?.primary;
+        {
+            let mut st = lock(&p.state);
+            st.retains += 1;
+            st.active = true;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(pctx, to_cucontext(p.handle)) }
+    })
+}
+
+fn primary_release(dev: CUdevice) -> Res<()> {
+    device_zero(dev)?;
+    let p = &driver()?.primary;
+    let last = {
+        let mut st = lock(&p.state);
+        if st.retains == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        st.retains -= 1;
+        st.retains == 0
+    };
+    if last {
+        let r = release_resources(p);
+        lock(&p.state).active = false;
+        return r;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease", || primary_release(dev))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease_v2", || primary_release(dev))
+}
+
+fn primary_reset(dev: CUdevice) -> Res<()> {
+    device_zero(dev)?;
+    let p = &driver()?.primary;
+    if !lock(&p.state).active {
+        return Ok(());
+    }
+    release_resources(p)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxReset", || primary_reset(dev))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxReset_v2", || primary_reset(dev))
+}
+
+/// # Safety
+/// `flags` and `active` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut u32,
+    active: *mut i32,
+) -> CUresult {
+    entry("cuDevicePrimaryCtxGetState", || {
+        device_zero(dev)?;
+        check(!flags.is_null() && !active.is_null())?;
+        let (f, a) = {
+            let st = lock(&driver()?.primary.state);
+            (st.flags, st.active)
+        };
+        // SAFETY: both checked non-null; the caller guarantees they are writable.
+        unsafe {
+            put(flags, f)?;
+            put(active, a as i32)
+        }
+    })
+}
+
+fn primary_set_flags(dev: CUdevice, flags: u32) -> Res<()> {
+    device_zero(dev)?;
+    check(flags & !CTX_FLAGS == 0)?;
+    lock(&driver()?.primary.state).flags = flags;
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32) -> CUresult {
+    entry("cuDevicePrimaryCtxSetFlags", || {
+        primary_set_flags(dev, flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) -> CUresult {
+    entry("cuDevicePrimaryCtxSetFlags_v2", || {
+        primary_set_flags(dev, flags)
+    })
+}

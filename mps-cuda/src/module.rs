@@ -1,0 +1,486 @@
+//! Modules, libraries, kernels and launches.
+//!
+//! A module (`cuModuleLoadData`) belongs to the current context; a library (`cuLibraryLoadData`)
+//! to none, as in CUDA. Both are one mps module. Kernels and functions share one registry, and
+//! a kernel handle is also a function handle: cudart launches a `CUkernel` through
+//! `cuLaunchKernel`. A function's parameter layout is learnt once, when it is first asked for,
+//! and packs `kernelParams`; an `extra` parameter buffer is already packed that way.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{Arc, Mutex};
+
+use mps_core::protocol::ParamInfo;
+
+use crate::abi::{
+    CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
+    LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
+};
+use crate::connection::{Function, Module, Res};
+use crate::context::current;
+use crate::driver::{check, driver, entry, lock, put};
+use crate::image::image;
+use crate::log;
+use crate::stream::for_work;
+
+/// A loaded module or library.
+#[derive(Debug)]
+pub(crate) struct ModuleObj {
+    pub(crate) handle: usize,
+    /// The owning context; `None` for a library.
+    pub(crate) ctx: Option<usize>,
+    pub(crate) module: Module,
+    /// Its functions (kernels) handed out so far, by name.
+    functions: Mutex<HashMap<String, usize>>,
+}
+
+/// A function (or kernel) of a module.
+#[derive(Debug)]
+pub(crate) struct FunctionObj {
+    pub(crate) module: usize,
+    function: Function,
+    params: Vec<ParamInfo>,
+}
+
+fn load(out: *mut *mut c_void, data: *const c_void, ctx: Option<usize>) -> Res<()> {
+    check(!out.is_null())?;
+    // SAFETY: the caller of the load function guarantees `data` is a complete module image.
+    let bytes = unsafe { image(data.cast()) }.ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE)?;
+    let d = driver()?;
+    let module = d.conn.module_load(bytes)?;
+    let (h, _) = d.modules.insert_with(|handle| ModuleObj {
+        handle,
+        ctx,
+        module,
+        functions: Mutex::new(HashMap::new()),
+    });
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(out, std::ptr::without_provenance_mut(h)) }
+}
+
+fn unload(h: usize, library: bool) -> Res<()> {
+    let d = driver()?;
+    let m = d
+        .modules
+        .get(h)
+        .filter(|m| m.ctx.is_none() == library)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    d.modules.remove(h);
+    d.functions.remove_where(|f| f.module == m.handle);
+    d.conn.module_unload(m.module)
+}
+
+/// The function `name` of module `h`: from the module's own list, else fetched once.
+fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool) -> Res<()> {
+    check(!out.is_null() && !name.is_null())?;
+    // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_str()
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let d = driver()?;
+    let m = d
+        .modules
+        .get(h)
+        .filter(|m| m.ctx.is_none() == library)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let mut known = lock(&m.functions);
+    let f = match known.get(name) {
+        Some(f) => *f,
+        None => {
+            let (function, params) = d.conn.get_function(m.module, name)?;
+            let (f, _) = d.functions.insert_with(|_| FunctionObj {
+                module: m.handle,
+                function,
+                params,
+            });
+            known.insert(name.to_string(), f);
+            f
+        }
+    };
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(out, std::ptr::without_provenance_mut(f)) }
+}
+
+fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
+    driver()?
+        .functions
+        .get(h)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// Loads a module (PTX, cubin or fatbin) into the current context.
+///
+/// # Safety
+/// `module` must be NULL or writable; `image` a complete module image.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    entry("cuModuleLoadData", || {
+        load(module.cast(), image, Some(current()?.handle))
+    })
+}
+
+/// As `cuModuleLoadData`. JIT options are not passed on: the server's driver loads the image
+/// with its own defaults, and option outputs (logs, wall time) are left as they were.
+///
+/// # Safety
+/// As `cuModuleLoadData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    _num_options: u32,
+    _options: *mut c_void,
+    _option_values: *mut *mut c_void,
+) -> CUresult {
+    entry("cuModuleLoadDataEx", || {
+        load(module.cast(), image, Some(current()?.handle))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
+    entry("cuModuleUnload", || unload(module as usize, false))
+}
+
+/// # Safety
+/// `f` must be NULL or writable; `name` NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut CUfunction,
+    module: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetFunction", || {
+        function(f.cast(), module as usize, name, false)
+    })
+}
+
+/// Modules load eagerly: a bad image fails at load, not at its first launch.
+///
+/// # Safety
+/// `mode` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut i32) -> CUresult {
+    entry("cuModuleGetLoadingMode", || {
+        driver()?;
+        // SAFETY: the caller guarantees a non-null `mode` is writable.
+        unsafe { put(mode, MODULE_EAGER_LOADING) }
+    })
+}
+
+/// Loads a library. JIT and library options are not passed on (see `cuModuleLoadDataEx`).
+///
+/// # Safety
+/// `library` must be NULL or writable; `code` a complete module image.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut CUlibrary,
+    code: *const c_void,
+    _jit_options: *mut c_void,
+    _jit_values: *mut *mut c_void,
+    _num_jit: u32,
+    _lib_options: *mut c_void,
+    _lib_values: *mut *mut c_void,
+    _num_lib: u32,
+) -> CUresult {
+    entry("cuLibraryLoadData", || load(library.cast(), code, None))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
+    entry("cuLibraryUnload", || unload(library as usize, true))
+}
+
+/// # Safety
+/// `kernel` must be NULL or writable; `name` NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    kernel: *mut CUkernel,
+    library: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuLibraryGetKernel", || {
+        function(kernel.cast(), library as usize, name, true)
+    })
+}
+
+/// The kernel's function in the current context: the kernel's own handle (one server context).
+///
+/// # Safety
+/// `f` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, kernel: CUkernel) -> CUresult {
+    entry("cuKernelGetFunction", || {
+        current()?;
+        function_obj(kernel as usize)?;
+        // SAFETY: the caller guarantees a non-null `f` is writable.
+        unsafe { put(f, kernel.cast()) }
+    })
+}
+
+fn param_info(h: usize, index: usize, offset: *mut usize, size: *mut usize) -> Res<()> {
+    let f = function_obj(h)?;
+    let p = f
+        .params
+        .get(index)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
+    unsafe {
+        if !offset.is_null() {
+            put(offset, p.offset as usize)?;
+        }
+        if !size.is_null() {
+            put(size, p.size as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `offset` and `size` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: CUfunction,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    entry("cuFuncGetParamInfo", || {
+        param_info(f as usize, index, offset, size)
+    })
+}
+
+/// # Safety
+/// `offset` and `size` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    k: CUkernel,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    entry("cuKernelGetParamInfo", || {
+        param_info(k as usize, index, offset, size)
+    })
+}
+
+/// The parameter buffer an `extra` array names, as (pointer, size).
+///
+/// # Safety
+/// `extra` must be a `CU_LAUNCH_PARAM_END`-terminated array of key/value pairs, and the size
+/// value must point at a `size_t`.
+unsafe fn extra_buffer(extra: *const *const c_void) -> Res<(*const u8, usize)> {
+    let (mut buf, mut size) = (None, None);
+    let mut i = 0;
+    loop {
+        // SAFETY: the caller guarantees the array runs to its END key.
+        let key = unsafe { *extra.add(i) } as usize;
+        match key {
+            LAUNCH_PARAM_END => break,
+            LAUNCH_PARAM_BUFFER_POINTER => {
+                // SAFETY: each key but END is followed by its value.
+                buf = Some(unsafe { *extra.add(i + 1) }.cast::<u8>());
+            }
+            LAUNCH_PARAM_BUFFER_SIZE => {
+                // SAFETY: as above; the value points at a size_t.
+                let p = unsafe { *extra.add(i + 1) }.cast::<usize>();
+                check(!p.is_null())?;
+                // SAFETY: non-null, and the caller guarantees it points at a size_t.
+                size = Some(unsafe { p.read_unaligned() });
+            }
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+        i += 2;
+    }
+    match (buf, size) {
+        (Some(b), Some(n)) if !b.is_null() => Ok((b, n)),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Launches, posted without waiting: a failure of the kernel surfaces at the next
+/// synchronising call.
+///
+/// # Safety
+/// `params` must be NULL or hold one pointer per kernel parameter, each readable for that
+/// parameter's size; `extra` NULL or a valid `CU_LAUNCH_PARAM` array.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    h: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+) -> Res<()> {
+    let f = function_obj(f as usize)?;
+    current()?;
+    let stream = for_work(h, per_thread)?;
+    let conn = &driver()?.conn;
+    if !extra.is_null() {
+        check(params.is_null())?;
+        // SAFETY: the caller guarantees `extra` is a valid CU_LAUNCH_PARAM array.
+        let (buf, len) = unsafe { extra_buffer(extra.cast()) }?;
+        let total = f.params.last().map_or(0, |p| (p.offset + p.size) as usize);
+        check(len >= total)?;
+        // The buffer is laid out as the kernel's parameters are: point at each one in it.
+        // SAFETY: offsets within the first `total` <= `len` bytes of the caller's buffer.
+        let ptrs: Vec<*const u8> = f
+            .params
+            .iter()
+            .map(|p| unsafe { buf.add(p.offset as usize) })
+            .collect();
+        // SAFETY: one pointer per parameter, each readable for its size (within the buffer).
+        return unsafe { conn.launch(f.function, grid, block, shared, stream, ptrs.as_ptr()) };
+    }
+    // SAFETY: the caller guarantees `params` holds one readable pointer per parameter.
+    unsafe { conn.launch(f.function, grid, block, shared, stream, params.cast()) }
+}
+
+/// # Safety
+/// As `cuLaunchKernel` documents: `kernelParams` one pointer per parameter, or `extra` a
+/// `CU_LAUNCH_PARAM` array naming a packed parameter buffer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    h: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernel", || {
+        // SAFETY: the caller's guarantee is launch's precondition.
+        unsafe {
+            launch(
+                f,
+                [gx, gy, gz],
+                [bx, by, bz],
+                shared,
+                h,
+                params,
+                extra,
+                false,
+            )
+        }
+    })
+}
+
+/// # Safety
+/// As `cuLaunchKernel`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    h: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernel_ptsz", || {
+        // SAFETY: the caller's guarantee is launch's precondition.
+        unsafe {
+            launch(
+                f,
+                [gx, gy, gz],
+                [bx, by, bz],
+                shared,
+                h,
+                params,
+                extra,
+                true,
+            )
+        }
+    })
+}
+
+/// `cuLaunchKernelEx` without launch attributes. An attribute (cluster dimensions, priority,
+/// programmatic serialisation, ...) would change how the server launches, which it does not
+/// offer: a launch with any is refused, naming the attribute once.
+///
+/// # Safety
+/// `config` must be NULL or readable, its `attrs` readable for `numAttrs` attributes; the
+/// parameters as for `cuLaunchKernel`.
+unsafe fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+) -> Res<()> {
+    // SAFETY: the caller guarantees a non-null `config` is readable.
+    let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if c.numAttrs > 0 {
+        check(!c.attrs.is_null())?;
+        for i in 0..c.numAttrs as usize {
+            // The id is read as the integer it is in C, not as cudarc's enum, which may lack
+            // it. SAFETY: the caller guarantees `numAttrs` readable attributes; the id is the
+            // first 4 bytes of each.
+            let id = unsafe { c.attrs.add(i).cast::<u32>().read() };
+            log::once(&format!("launch attribute {id}"), || {
+                format!(
+                    "cuLaunchKernelEx: launch attribute {id} is not supported through mps; \
+                     returning CUDA_ERROR_NOT_SUPPORTED"
+                )
+            });
+        }
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
+    let block = [c.blockDimX, c.blockDimY, c.blockDimZ];
+    // SAFETY: the caller's guarantee is launch's precondition.
+    unsafe {
+        launch(
+            f,
+            grid,
+            block,
+            c.sharedMemBytes,
+            c.hStream,
+            params,
+            extra,
+            per_thread,
+        )
+    }
+}
+
+/// # Safety
+/// As `launch_ex`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's guarantee is launch_ex's precondition.
+    entry("cuLaunchKernelEx", || unsafe {
+        launch_ex(config, f, params, extra, false)
+    })
+}
+
+/// # Safety
+/// As `launch_ex`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's guarantee is launch_ex's precondition.
+    entry("cuLaunchKernelEx_ptsz", || unsafe {
+        launch_ex(config, f, params, extra, true)
+    })
+}

@@ -1,0 +1,496 @@
+//! Streams and events, with CUDA's default streams.
+//!
+//! - The **legacy default stream** (`0`, or `CU_STREAM_LEGACY`) of a context synchronises with
+//!   the context's blocking streams: its work waits for their earlier work, and their later work
+//!   waits for its. mps streams do not do this by themselves, so `LegacyOrder` inserts the
+//!   waits, through events, and only where work of both kinds meets: a program that uses only
+//!   the legacy stream, or only streams of its own, gets no extra commands.
+//! - The **per-thread default stream** (`0` in the `_ptsz`/`_ptds` variants, or
+//!   `CU_STREAM_PER_THREAD`) is a blocking stream of each thread's own, made on first use.
+//! - Streams created with `CU_STREAM_NON_BLOCKING` are left alone.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::abi::{
+    CUevent, CUresult, CUstream, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_LEGACY,
+    STREAM_NON_BLOCKING, STREAM_PER_THREAD,
+};
+use crate::connection::{Event, Res, Stream};
+use crate::context::{Context, context, current};
+use crate::driver::{check, driver, entry, lock, put};
+
+/// A stream the program created (or a thread's per-thread default stream).
+#[derive(Debug)]
+pub(crate) struct StreamObj {
+    pub(crate) ctx: usize,
+    pub(crate) stream: Stream,
+    pub(crate) flags: u32,
+    pub(crate) priority: i32,
+}
+
+/// An event the program created.
+#[derive(Debug)]
+pub(crate) struct EventObj {
+    pub(crate) ctx: usize,
+    pub(crate) event: Event,
+    pub(crate) flags: u32,
+}
+
+/// Where the legacy default stream and a context's blocking streams stand with each other.
+#[derive(Debug, Default)]
+pub(crate) struct LegacyOrder {
+    /// How many times work has been put in the legacy stream.
+    epoch: u64,
+    /// An event recorded in the legacy stream, at legacy work number `event_epoch`.
+    event: Option<Event>,
+    event_epoch: u64,
+    /// The context's blocking streams, by handle.
+    blocking: HashMap<usize, Blocking>,
+}
+
+#[derive(Debug)]
+struct Blocking {
+    stream: Stream,
+    /// It has work the legacy stream has not waited for.
+    dirty: bool,
+    /// The legacy work number it has waited for.
+    seen: u64,
+    /// An event for the legacy stream to wait on.
+    event: Option<Event>,
+}
+
+impl LegacyOrder {
+    /// The events it made, for the context's teardown.
+    pub(crate) fn events(self) -> Vec<Event> {
+        let own = self.blocking.into_values().filter_map(|b| b.event);
+        self.event.into_iter().chain(own).collect()
+    }
+}
+
+enum Kind {
+    Legacy,
+    Blocking(usize),
+    Independent,
+}
+
+/// A stream argument resolved: its context, its mps stream and how it orders.
+struct Target {
+    ctx: Arc<Context>,
+    stream: Stream,
+    kind: Kind,
+}
+
+thread_local! {
+    /// The calling thread's per-thread default stream in each context: context → stream handle.
+    static PER_THREAD: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
+}
+
+fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
+    let d = driver()?;
+    let stream = d.conn.stream_create(priority)?;
+    let (handle, _) = d.streams.insert_with(|_| StreamObj {
+        ctx: ctx.handle,
+        stream,
+        flags,
+        priority,
+    });
+    if flags & STREAM_NON_BLOCKING == 0 {
+        lock(&ctx.state).order.blocking.insert(
+            handle,
+            Blocking {
+                stream,
+                dirty: false,
+                seen: 0,
+                event: None,
+            },
+        );
+    }
+    Ok(handle)
+}
+
+fn per_thread_stream(ctx: &Context) -> Res<usize> {
+    let d = driver()?;
+    let known = PER_THREAD.with(|p| p.borrow().get(&ctx.handle).copied());
+    if let Some(h) = known.filter(|h| d.streams.get(*h).is_some_and(|s| s.ctx == ctx.handle)) {
+        return Ok(h);
+    }
+    let h = register(ctx, 0, 0)?;
+    PER_THREAD.with(|p| p.borrow_mut().insert(ctx.handle, h));
+    Ok(h)
+}
+
+/// Resolves `h` as a function whose NULL stream is the per-thread one (`per_thread`) or the
+/// legacy one sees it.
+fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
+    let raw = h as usize;
+    let d = driver()?;
+    let own = if raw == STREAM_LEGACY || (raw == 0 && !per_thread) {
+        let ctx = current()?;
+        let stream = ctx.legacy_stream();
+        return Ok(Target {
+            ctx,
+            stream,
+            kind: Kind::Legacy,
+        });
+    } else if raw == STREAM_PER_THREAD || raw == 0 {
+        per_thread_stream(&*current()?)?
+    } else {
+        raw
+    };
+    let s = d
+        .streams
+        .get(own)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    Ok(Target {
+        ctx: context(s.ctx)?,
+        stream: s.stream,
+        kind: if s.flags & STREAM_NON_BLOCKING == 0 {
+            Kind::Blocking(own)
+        } else {
+            Kind::Independent
+        },
+    })
+}
+
+fn ensure_event(slot: &mut Option<Event>) -> Res<Event> {
+    match *slot {
+        Some(e) => Ok(e),
+        None => {
+            let e = driver()?.conn.event_create()?;
+            *slot = Some(e);
+            Ok(e)
+        }
+    }
+}
+
+impl Target {
+    /// Inserts the waits that work about to go into this stream needs (see the module's
+    /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
+    /// blocking streams' work as work would, but nothing new is counted as submitted.
+    fn order(&self, work: bool) -> Res<()> {
+        let conn = &driver()?.conn;
+        let mut st = lock(&self.ctx.state);
+        let legacy = st.legacy;
+        let o = &mut st.order;
+        match self.kind {
+            Kind::Independent => {}
+            Kind::Blocking(_) if !work => {}
+            Kind::Legacy => {
+                for b in o.blocking.values_mut().filter(|b| b.dirty) {
+                    let e = ensure_event(&mut b.event)?;
+                    conn.event_record(e, b.stream)?;
+                    conn.stream_wait_event(legacy, e)?;
+                    b.dirty = false;
+                }
+                if work {
+                    o.epoch += 1;
+                }
+            }
+            Kind::Blocking(h) => {
+                let epoch = o.epoch;
+                let seen = o.blocking.get(&h).map_or(epoch, |b| b.seen);
+                if seen < epoch {
+                    let e = ensure_event(&mut o.event)?;
+                    if o.event_epoch < epoch {
+                        conn.event_record(e, legacy)?;
+                        o.event_epoch = epoch;
+                    }
+                    conn.stream_wait_event(self.stream, e)?;
+                }
+                if let Some(b) = o.blocking.get_mut(&h) {
+                    b.seen = epoch;
+                    b.dirty = true;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The mps stream that work for `h` goes into, after the waits CUDA's default-stream semantics
+/// call for.
+pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<Stream> {
+    let t = resolve(h, per_thread)?;
+    t.order(true)?;
+    Ok(t.stream)
+}
+
+// ----- streams -----
+
+fn create(ph: *mut CUstream, flags: u32, priority: i32) -> Res<()> {
+    check(!ph.is_null() && flags & !STREAM_NON_BLOCKING == 0)?;
+    let h = register(&*current()?, flags, priority)?;
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(ph, std::ptr::without_provenance_mut(h)) }
+}
+
+/// # Safety
+/// `ph` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: u32) -> CUresult {
+    entry("cuStreamCreate", || create(ph, flags, 0))
+}
+
+/// # Safety
+/// `ph` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: u32,
+    priority: i32,
+) -> CUresult {
+    entry("cuStreamCreateWithPriority", || create(ph, flags, priority))
+}
+
+/// Destroys a stream; its work still completes.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
+    entry("cuStreamDestroy_v2", || {
+        let d = driver()?;
+        let s = d
+            .streams
+            .remove(h as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let ordering_event = d
+            .contexts
+            .get(s.ctx)
+            .and_then(|c| lock(&c.state).order.blocking.remove(&(h as usize)))
+            .and_then(|b| b.event);
+        d.conn.stream_destroy(s.stream)?;
+        match ordering_event {
+            Some(e) => d.conn.event_destroy(e),
+            None => Ok(()),
+        }
+    })
+}
+
+/// Waits for the stream; the legacy stream's wait covers the blocking streams' work before it,
+/// as work put in it then would.
+fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
+    let t = resolve(h, per_thread)?;
+    t.order(false)?;
+    driver()?.conn.stream_synchronize(t.stream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
+    entry("cuStreamSynchronize", || synchronize(h, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
+    entry("cuStreamSynchronize_ptsz", || synchronize(h, true))
+}
+
+fn query(h: CUstream, per_thread: bool) -> Res<()> {
+    let t = resolve(h, per_thread)?;
+    if driver()?.conn.stream_query(t.stream)? {
+        Ok(())
+    } else {
+        Err(CUresult::CUDA_ERROR_NOT_READY)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
+    entry("cuStreamQuery", || query(h, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
+    entry("cuStreamQuery_ptsz", || query(h, true))
+}
+
+fn event(h: CUevent) -> Res<Arc<EventObj>> {
+    driver()?
+        .events
+        .get(h as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()> {
+    check(flags == 0)?;
+    let e = event(ev)?;
+    let s = for_work(h, per_thread)?;
+    driver()?.conn.stream_wait_event(s, e.event)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
+    entry("cuStreamWaitEvent", || wait_event(h, ev, flags, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
+    entry("cuStreamWaitEvent_ptsz", || wait_event(h, ev, flags, true))
+}
+
+/// The flags and priority of a stream (the default streams: blocking, priority 0).
+fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
+    let t = resolve(h, per_thread)?;
+    if let Kind::Legacy = t.kind {
+        return Ok((0, 0));
+    }
+    let d = driver()?;
+    let raw = h as usize;
+    let s = if raw == 0 || raw == STREAM_PER_THREAD {
+        d.streams.get(per_thread_stream(&t.ctx)?)
+    } else {
+        d.streams.get(raw)
+    };
+    let s = s.ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    Ok((s.flags, s.priority))
+}
+
+/// # Safety
+/// `flags` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut u32) -> CUresult {
+    // SAFETY: the caller guarantees a non-null `flags` is writable.
+    entry("cuStreamGetFlags", || unsafe {
+        put(flags, properties(h, false)?.0)
+    })
+}
+
+/// # Safety
+/// `flags` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut u32) -> CUresult {
+    // SAFETY: the caller guarantees a non-null `flags` is writable.
+    entry("cuStreamGetFlags_ptsz", || unsafe {
+        put(flags, properties(h, true)?.0)
+    })
+}
+
+/// # Safety
+/// `priority` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, priority: *mut i32) -> CUresult {
+    // SAFETY: the caller guarantees a non-null `priority` is writable.
+    entry("cuStreamGetPriority", || unsafe {
+        put(priority, properties(h, false)?.1)
+    })
+}
+
+/// # Safety
+/// `priority` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut i32) -> CUresult {
+    // SAFETY: the caller guarantees a non-null `priority` is writable.
+    entry("cuStreamGetPriority_ptsz", || unsafe {
+        put(priority, properties(h, true)?.1)
+    })
+}
+
+// ----- events -----
+
+/// # Safety
+/// `ph` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult {
+    entry("cuEventCreate", || {
+        check(!ph.is_null() && flags & !(0x1 | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) == 0)?;
+        if flags & EVENT_INTERPROCESS != 0 {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let ctx = current()?;
+        let d = driver()?;
+        let event = d.conn.event_create()?;
+        let (h, _) = d.events.insert_with(|_| EventObj {
+            ctx: ctx.handle,
+            event,
+            flags,
+        });
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(ph, std::ptr::without_provenance_mut(h)) }
+    })
+}
+
+fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
+    let e = event(ev)?;
+    let s = for_work(h, per_thread)?;
+    driver()?.conn.event_record(e.event, s)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
+    entry("cuEventRecord", || record(ev, h, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord_ptsz(ev: CUevent, h: CUstream) -> CUresult {
+    entry("cuEventRecord_ptsz", || record(ev, h, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
+    entry("cuEventSynchronize", || {
+        let e = event(ev)?;
+        driver()?.conn.event_synchronize(e.event)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
+    entry("cuEventQuery", || {
+        let e = event(ev)?;
+        if driver()?.conn.event_query(e.event)? {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_NOT_READY)
+        }
+    })
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res<()> {
+    check(!ms.is_null())?;
+    let (s, e) = (event(start)?, event(end)?);
+    if (s.flags | e.flags) & EVENT_DISABLE_TIMING != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let conn = &driver()?.conn;
+    if !conn.event_query(s.event)? || !conn.event_query(e.event)? {
+        return Err(CUresult::CUDA_ERROR_NOT_READY);
+    }
+    let v = conn.event_elapsed_ms(s.event, e.event)?;
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(ms, v) }
+}
+
+/// # Safety
+/// `ms` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry("cuEventElapsedTime", || elapsed(ms, start, end))
+}
+
+/// CUDA 12.8's form, with the same arguments.
+///
+/// # Safety
+/// `ms` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry("cuEventElapsedTime_v2", || elapsed(ms, start, end))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
+    entry("cuEventDestroy_v2", || {
+        let d = driver()?;
+        let e = d
+            .events
+            .remove(ev as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        d.conn.event_destroy(e.event)
+    })
+}

@@ -1,0 +1,206 @@
+/* The part of the CUDA driver API (cuda.h, CUDA 13) that the test programs use, declared here
+ * because the tests build without the CUDA toolkit. The symbol names are those cuda.h maps the
+ * API names to (cuMemAlloc is cuMemAlloc_v2, ...). Also: CHECK, EXPECT and a file reader. */
+#ifndef MPS_CUDA_TEST_API_H
+#define MPS_CUDA_TEST_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct { char bytes[16]; } CUuuid;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_DEFAULT 0x0
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DEFAULT 0x0
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_MEMHOSTALLOC_PORTABLE 0x1
+#define CU_LAUNCH_PARAM_END ((void *)0x00)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+#define CU_DEVICE_ATTRIBUTE_WARP_SIZE 10
+#define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+
+typedef struct {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        struct {
+            unsigned int x, y, z;
+        } clusterDim;
+    } value;
+} CUlaunchAttribute;
+#define CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
+
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+typedef enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+} CUdriverProcAddressQueryResult;
+
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
+CUresult cuMemFreeHost(void *p);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n);
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n);
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s);
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
+CUresult cuModuleUnload(CUmodule module);
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jitOptions,
+                           void **jitOptionsValues, unsigned int numJitOptions,
+                           void *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions);
+CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name);
+CUresult cuLibraryUnload(CUlibrary library);
+CUresult cuKernelGetFunction(CUfunction *f, CUkernel kernel);
+CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                        CUstream s, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                          void **extra);
+CUresult cuStreamCreate(CUstream *s, unsigned int flags);
+CUresult cuStreamDestroy_v2(CUstream s);
+CUresult cuStreamSynchronize(CUstream s);
+CUresult cuStreamQuery(CUstream s);
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags);
+CUresult cuEventCreate(CUevent *e, unsigned int flags);
+CUresult cuEventRecord(CUevent e, CUstream s);
+CUresult cuEventSynchronize(CUevent e);
+CUresult cuEventQuery(CUevent e);
+CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
+CUresult cuEventDestroy_v2(CUevent e);
+CUresult cuGetErrorName(CUresult error, const char **str);
+CUresult cuGetErrorString(CUresult error, const char **str);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                             unsigned long long flags, CUdriverProcAddressQueryResult *status);
+CUresult cuGetExportTable(const void **table, const CUuuid *id);
+CUresult cuGraphCreate(void **graph, unsigned int flags);
+
+static int failures = 0;
+
+/* Checks that `call` returns `want`, naming both on a mismatch. */
+#define EXPECT(call, want)                                                                  \
+    do {                                                                                    \
+        CUresult got_ = (call);                                                             \
+        if (got_ != (want)) {                                                               \
+            const char *name_ = NULL;                                                       \
+            cuGetErrorName(got_, &name_);                                                   \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d\n", __FILE__, __LINE__, \
+                    #call, got_, name_ ? name_ : "?", (int)(want));                         \
+            failures++;                                                                     \
+        }                                                                                   \
+    } while (0)
+
+#define CHECK(call) EXPECT(call, CUDA_SUCCESS)
+
+/* Fails the program unless `cond`. */
+#define ASSERT(cond, ...)                                                            \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);                \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fprintf(stderr, "\n");                                                   \
+            failures++;                                                              \
+        }                                                                            \
+    } while (0)
+
+/* The whole file at `path`, NUL-terminated (as cuModuleLoadData takes PTX). */
+static inline char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) exit(2);
+    buf[len] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* Ends the program: 0 and "all checks passed" when nothing failed. */
+static inline int finish(const char *what) {
+    if (failures) {
+        fprintf(stderr, "%s: %d checks failed\n", what, failures);
+        return 1;
+    }
+    printf("%s: all checks passed\n", what);
+    return 0;
+}
+
+#endif

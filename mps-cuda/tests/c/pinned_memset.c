@@ -1,0 +1,72 @@
+/* Page-locked host memory (cuMemAllocHost, cuMemHostAlloc) with asynchronous copies in a
+ * stream, and memsets of bytes and words, synchronous and asynchronous.
+ * Usage: pinned_memset <test_kernels.ptx> */
+#include <string.h>
+
+#include "cuda_api.h"
+
+#define N (1 << 18)
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    char *ptx = read_file(argv[1]);
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction add;
+    CHECK(cuInit(0));
+    CHECK(cuCtxCreate_v2(&ctx, 0, 0));
+    CHECK(cuModuleLoadData(&mod, ptx));
+    CHECK(cuModuleGetFunction(&add, mod, "add_f32"));
+
+    float *ha = NULL, *hc = NULL;
+    CHECK(cuMemAllocHost_v2((void **)&ha, N * sizeof(float)));
+    CHECK(cuMemHostAlloc((void **)&hc, N * sizeof(float), CU_MEMHOSTALLOC_PORTABLE));
+    EXPECT(cuMemHostAlloc((void **)&hc, 16, 0x80), CUDA_ERROR_INVALID_VALUE);
+    ASSERT(ha != NULL && hc != NULL, "no host memory");
+    for (int i = 0; i < N; i++) ha[i] = (float)i;
+
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr da, dc;
+    CHECK(cuMemAlloc_v2(&da, N * sizeof(float)));
+    CHECK(cuMemAlloc_v2(&dc, N * sizeof(float)));
+    uint64_t n = N;
+    void *params[] = {&da, &da, &dc, &n};
+    CHECK(cuMemcpyHtoDAsync_v2(da, ha, N * sizeof(float), s));
+    CHECK(cuLaunchKernel(add, 128, 1, 1, 256, 1, 1, 0, s, params, NULL));
+    CHECK(cuMemcpyDtoHAsync_v2(hc, dc, N * sizeof(float), s));
+    CHECK(cuStreamSynchronize(s));
+    int wrong = 0;
+    for (int i = 0; i < N; i++) wrong += hc[i] != 2.0f * (float)i;
+    ASSERT(wrong == 0, "%d of %d doubled values wrong after async copies", wrong, N);
+
+    /* Synchronous copies with page-locked memory return when they are done. */
+    memset(hc, 0, N * sizeof(float));
+    CHECK(cuMemcpyDtoH_v2(hc, dc, N * sizeof(float)));
+    ASSERT(hc[N - 1] == 2.0f * (float)(N - 1), "synchronous copy to pinned memory: %f", hc[N - 1]);
+
+    /* Memsets: bytes, then words over part of them, asynchronously in a stream. */
+    unsigned char bytes[64];
+    CHECK(cuMemsetD8_v2(dc, 0x5a, 64));
+    CHECK(cuMemcpyDtoH_v2(bytes, dc, 64));
+    ASSERT(bytes[0] == 0x5a && bytes[63] == 0x5a, "cuMemsetD8 wrote %#x", bytes[0]);
+    CHECK(cuMemsetD32Async(dc, 0x01020304u, 8, s));
+    CHECK(cuMemsetD8Async(dc + 32, 0x77, 4, s));
+    CHECK(cuMemcpyDtoHAsync_v2(hc, dc, 64, s));
+    CHECK(cuStreamSynchronize(s));
+    uint32_t words[16];
+    memcpy(words, hc, 64);
+    ASSERT(words[0] == 0x01020304u && words[7] == 0x01020304u, "cuMemsetD32Async: %#x",
+           words[7]);
+    ASSERT(words[8] == 0x77777777u, "cuMemsetD8Async: %#x", words[8]);
+    ASSERT(words[9] == 0x5a5a5a5au, "memset past its end: %#x", words[9]);
+    EXPECT(cuMemsetD32_v2(dc + 2, 0, 4), CUDA_ERROR_INVALID_VALUE); /* misaligned */
+    CHECK(cuMemsetD8_v2(dc, 0, 0));                                 /* nothing to do */
+
+    CHECK(cuMemFreeHost(ha));
+    CHECK(cuMemFreeHost(hc));
+    EXPECT(cuMemFreeHost(ha), CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuStreamDestroy_v2(s));
+    CHECK(cuCtxDestroy_v2(ctx));
+    return finish("pinned_memset");
+}
