@@ -4,10 +4,10 @@
 //! Every failure is logged (with `MPS_CUDA_LOG`) with the client's message and returned as the
 //! CUDA result of its status.
 
-use mps_core::protocol::{Dim3, ParamInfo};
-use mps_client::Error;
 use mps_client::Client;
+use mps_client::Error;
 pub(crate) use mps_client::{Event, Function, Module, Stream};
+use mps_core::protocol::{Dim3, ParamInfo};
 
 use crate::abi::CUresult;
 use crate::{errors, log};
