@@ -192,6 +192,7 @@ mod tests {
             group: group.into(),
             routed: 1,
             uptime: Duration::ZERO,
+            state: super::super::routing::ServerState::Active,
         }
     }
 

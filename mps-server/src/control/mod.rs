@@ -74,6 +74,8 @@ pub struct Daemon {
     /// Reservation ceiling of new servers, percent.
     default_max_reserve: AtomicU32,
     servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
+    /// Servers whose device context failed, draining their clients.
+    failed: Mutex<Vec<ServerProc>>,
     stop: AtomicBool,
     client_listener: UnixListener,
     control_listener: UnixListener,
@@ -126,6 +128,7 @@ impl Daemon {
             default_share: AtomicU32::new(d.sm_share),
             default_max_reserve: AtomicU32::new(d.max_sm_reserve),
             servers: Mutex::new(BTreeMap::new()),
+            failed: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             client_listener,
             control_listener,

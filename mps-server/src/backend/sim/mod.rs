@@ -3,13 +3,18 @@
 //! Device memory is host memory ([`memory`]); each stream is a worker thread that runs its work
 //! in order, so different streams (of one client or of many) run concurrently; kernels are CPU
 //! implementations bound by PTX entry name (`kernels`); events carry completion timestamps.
+//!
+//! A kernel fault costs the faulting client its work ([`FaultScope::Client`], the default), or,
+//! modelling a GPU, the whole context ([`FaultScope::Context`]): every client of the server is
+//! told, and every later call fails, as on a GPU (whose kernel fault ends the context of the
+//! process); this is what lets the server's recovery be tested without one.
 
 mod kernels;
 pub mod memory;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,7 +23,7 @@ use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
 
-use super::{Backend, ClientContext, DeviceInfo, Op, Publish};
+use super::{Backend, ClientContext, DeviceInfo, FaultSink, Op, Publish};
 use crate::sm::Assignment;
 use kernels::{Builtin, KernelEnv};
 use memory::DeviceMemory;
@@ -30,6 +35,84 @@ pub struct SimConfig {
     pub memory_bytes: u64,
     /// Simulated SMs: a kernel's blocks run in waves of this many.
     pub sm_count: u32,
+    /// What a kernel fault ends.
+    pub fault_scope: FaultScope,
+}
+
+/// What a faulting kernel takes down in the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultScope {
+    /// The faulting client's work only: the other clients of the server run on.
+    #[default]
+    Client,
+    /// The whole context, as on a GPU: every client of the server gets the fault, and every
+    /// later call fails with it.
+    Context,
+}
+
+/// The simulated context and, under [`FaultScope::Context`], its death.
+#[derive(Debug)]
+struct SimContext {
+    scope: FaultScope,
+    /// Set once `dead` holds the failure; read on every submission without a lock.
+    is_dead: AtomicBool,
+    dead: Mutex<Option<Error>>,
+    /// Every client with a stream, to be told when the context dies.
+    clients: Mutex<Vec<Weak<dyn FaultSink>>>,
+}
+
+impl SimContext {
+    fn alive(&self) -> Result<()> {
+        if !self.is_dead.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match &*self.dead.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn watch(&self, faults: &Arc<dyn FaultSink>) {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.retain(|w| w.strong_count() > 0);
+        clients.push(Arc::downgrade(faults));
+    }
+
+    /// Command `seq` of the client whose faults go to `victim`, a kernel, failed with `cause`.
+    /// Under [`FaultScope::Context`] the context dies: every client is told, the victim of its
+    /// own command.
+    fn kernel_failed(&self, cause: Error, victim: &dyn FaultSink, seq: u64) {
+        if self.scope == FaultScope::Client {
+            return victim.fault(seq, cause);
+        }
+        let mut dead = self.dead.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = &*dead {
+            return victim.fault(seq, e.clone());
+        }
+        let err = Error::new(
+            cause.status,
+            format!(
+                "the server's simulated context failed ({}); a kernel of a client of this server \
+                 faulted, and the simulator, modelling a GPU (--sim-fault-scope context), ends the \
+                 context for every client: reconnect to a new server",
+                cause.message
+            ),
+        );
+        tracing::error!("{}", err.message);
+        *dead = Some(err.clone());
+        self.is_dead.store(true, Ordering::Release);
+        drop(dead);
+        // The others first, in the order they came (the server's own watch first, so that it
+        // takes no new client before the victim can hear of the fault and reconnect).
+        let clients = std::mem::take(&mut *self.clients.lock().unwrap_or_else(|p| p.into_inner()));
+        let victim_at: *const dyn FaultSink = victim;
+        for c in clients.iter().filter_map(Weak::upgrade) {
+            if !std::ptr::addr_eq(Arc::as_ptr(&c), victim_at) {
+                c.fault(0, err.clone());
+            }
+        }
+        victim.fault(seq, err);
+    }
 }
 
 /// The simulator.
@@ -38,6 +121,7 @@ pub struct SimBackend {
     info: DeviceInfo,
     memory: Arc<DeviceMemory>,
     epoch: Instant,
+    context: Arc<SimContext>,
 }
 
 impl SimBackend {
@@ -58,6 +142,12 @@ impl SimBackend {
             },
             memory: Arc::new(DeviceMemory::new(cfg.memory_bytes)?),
             epoch: Instant::now(),
+            context: Arc::new(SimContext {
+                scope: cfg.fault_scope,
+                is_dead: AtomicBool::new(false),
+                dead: Mutex::new(None),
+                clients: Mutex::new(Vec::new()),
+            }),
         })
     }
 }
@@ -137,6 +227,7 @@ impl std::fmt::Debug for Job {
 
 struct Worker {
     memory: Arc<DeviceMemory>,
+    context: Arc<SimContext>,
     client: ClientContext,
     sm_count: u32,
     epoch: Instant,
@@ -150,7 +241,10 @@ impl Worker {
                 let _ = done.send(());
                 continue;
             }
-            if self.client.closing.load(Ordering::Relaxed) || self.client.faults.has_faulted() {
+            if self.client.closing.load(Ordering::Relaxed)
+                || self.client.faults.has_faulted()
+                || self.context.is_dead.load(Ordering::Acquire)
+            {
                 // A closing or faulted client's queued work is dropped, as a GPU context's is.
                 continue;
             }
@@ -173,6 +267,9 @@ impl Worker {
                     if let Some(p) = &job.publish {
                         p.publish();
                     }
+                }
+                Err(e) if matches!(job.op, Op::Launch { .. }) => {
+                    self.context.kernel_failed(e, &*self.client.faults, job.seq)
                 }
                 Err(e) => self.client.faults.fault(job.seq, e),
             }
@@ -298,6 +395,7 @@ impl Backend for SimBackend {
     }
 
     fn mem_alloc(&self, size: u64) -> Result<u64> {
+        self.context.alive()?;
         self.memory.alloc(size)
     }
 
@@ -316,6 +414,7 @@ impl Backend for SimBackend {
     fn host_unregister(&self, _segment: &Segment) {}
 
     fn module_load(&self, image: &[u8]) -> Result<SimModule> {
+        self.context.alive()?;
         match ImageFormat::detect(image)? {
             ImageFormat::Ptx => Ok(SimModule {
                 entries: ptx::parse_entries(image)?,
@@ -356,9 +455,11 @@ impl Backend for SimBackend {
     }
 
     fn stream_create(&self, _priority: i32, client: &ClientContext) -> Result<SimStream> {
+        self.context.alive()?;
         let (tx, rx) = mpsc::channel();
         let worker = Worker {
             memory: self.memory.clone(),
+            context: self.context.clone(),
             client: client.clone(),
             sm_count: self.info.sm_count,
             epoch: self.epoch,
@@ -372,6 +473,7 @@ impl Backend for SimBackend {
                     format!("cannot start a simulator stream thread: {e}"),
                 )
             })?;
+        self.context.watch(&client.faults);
         Ok(SimStream { jobs: tx, worker })
     }
 
@@ -382,6 +484,7 @@ impl Backend for SimBackend {
         op: Op<SimBackend>,
         publish: Option<Publish>,
     ) -> Result<()> {
+        self.context.alive()?;
         let event_no = match &op {
             Op::Record(ev) => ev.queued.fetch_add(1, Ordering::AcqRel) + 1,
             Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
@@ -424,6 +527,7 @@ impl Backend for SimBackend {
     }
 
     fn event_create(&self) -> Result<SimEvent> {
+        self.context.alive()?;
         Ok(SimEvent::default())
     }
 
