@@ -107,6 +107,8 @@ pub struct Recovery {
     /// Set once the socket's path belongs to the fresh server (or to no one): this server must
     /// not remove it when it stops.
     path_given_up: AtomicBool,
+    /// Whether the daemon was told of the failure (once, before any client is given back).
+    told_daemon: Mutex<bool>,
     /// The stream the backend reports the context's death on; never used otherwise.
     _stream: Mutex<Box<dyn Send>>,
 }
@@ -153,6 +155,7 @@ impl Recovery {
             socket_path,
             listener,
             path_given_up: AtomicBool::new(false),
+            told_daemon: Mutex::new(false),
             _stream: Mutex::new(Box::new(stream)),
         }))
     }
@@ -204,20 +207,7 @@ impl Recovery {
             why.message
         );
         match successor {
-            Successor::Daemon(daemon) => {
-                // The path is free for the fresh server before the daemon can start it.
-                let _ = std::fs::remove_file(&self.socket_path);
-                self.path_given_up.store(true, Ordering::Release);
-                match wire::send_to_daemon(&daemon, wire::FAILED, why.message.as_bytes(), None) {
-                    Ok(()) => tracing::info!(
-                        "told the control daemon, which starts a fresh server for new clients"
-                    ),
-                    Err(e) => tracing::error!(
-                        "cannot tell the control daemon that the context failed ({e}); it \
-                         starts a fresh server once this one has exited"
-                    ),
-                }
-            }
+            Successor::Daemon(daemon) => self.tell_daemon(&daemon, why),
             Successor::Process { program, args } => match self.spawn(&program, args) {
                 Ok(pid) => tracing::info!(
                     "a fresh server (pid {pid}) serves {} from now on",
@@ -229,6 +219,44 @@ impl Recovery {
                     e.message
                 ),
             },
+        }
+    }
+
+    /// Tells the daemon on `daemon` that the context failed with `why`, once: the daemon then
+    /// starts a fresh server for this user and group.
+    fn tell_daemon(&self, daemon: &UnixStream, why: &Error) {
+        let mut told = self.told_daemon.lock().unwrap_or_else(|p| p.into_inner());
+        if *told {
+            return;
+        }
+        *told = true;
+        // The path is free for the fresh server before the daemon can start it.
+        let _ = std::fs::remove_file(&self.socket_path);
+        self.path_given_up.store(true, Ordering::Release);
+        match wire::send_to_daemon(daemon, wire::FAILED, why.message.as_bytes(), None) {
+            Ok(()) => {
+                tracing::info!(
+                    "told the control daemon, which starts a fresh server for new clients"
+                )
+            }
+            Err(e) => tracing::error!(
+                "cannot tell the control daemon that the context failed ({e}); it starts a fresh \
+                 server once this one has exited"
+            ),
+        }
+    }
+
+    /// Gives a client the daemon handed over after the context failed back to the daemon on
+    /// `daemon`, to be routed to the fresh server. The daemon hears of the failure first, so
+    /// that it does not hand the client here again.
+    pub(crate) fn give_back(&self, daemon: &UnixStream, hello: &[u8], client: OwnedFd) {
+        if let Some(why) = self.failure() {
+            self.tell_daemon(daemon, &why);
+        }
+        if let Err(e) = wire::send_to_daemon(daemon, wire::RETURN, hello, Some(client.as_fd())) {
+            tracing::warn!(
+                "cannot give a client back to the daemon ({e}); it sees its connection close"
+            );
         }
     }
 
@@ -286,16 +314,6 @@ impl Recovery {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-}
-
-/// Gives a client the daemon handed over after the context failed back to the daemon, to be
-/// routed to the fresh server.
-pub(crate) fn give_back(daemon: &UnixStream, hello: &[u8], client: OwnedFd) {
-    if let Err(e) = wire::send_to_daemon(daemon, wire::RETURN, hello, Some(client.as_fd())) {
-        tracing::warn!(
-            "cannot give a client back to the daemon ({e}); it sees its connection close"
-        );
     }
 }
 

@@ -19,7 +19,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
 use crate::control::wire;
-use crate::recovery::{self, Recovery};
+use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
 use crate::session::{ServerEnv, Session, check_hello, hello_group};
 
@@ -145,7 +145,7 @@ impl<B: Backend> Server<B> {
             match wire::recv(&handoff) {
                 Ok((wire::HANDOFF, payload, Some(fd))) if payload.len() == size_of::<Hello>() => {
                     if self.recovery.failed() {
-                        recovery::give_back(&handoff, &payload, fd);
+                        self.recovery.give_back(&handoff, &payload, fd);
                         continue;
                     }
                     let hello: Hello = bytemuck::pod_read_unaligned(&payload);

@@ -552,3 +552,106 @@ impl Backend for SimBackend {
         Ok((e as f64 - s as f64) as f32 / 1e6)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mps_core::protocol::Dim3;
+
+    /// Every fault a client was told of.
+    #[derive(Debug, Default)]
+    struct Heard(Mutex<Vec<(u64, Error)>>);
+
+    impl FaultSink for Heard {
+        fn fault(&self, seq: u64, err: Error) {
+            self.0.lock().unwrap().push((seq, err));
+        }
+
+        fn has_faulted(&self) -> bool {
+            !self.0.lock().unwrap().is_empty()
+        }
+    }
+
+    impl Heard {
+        fn all(&self) -> Told {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn client(id: u32, heard: &Arc<Heard>) -> ClientContext {
+        ClientContext {
+            id,
+            allocations: Arc::default(),
+            closing: Arc::default(),
+            faults: heard.clone(),
+            sm: Arc::default(),
+            busy_ns: Arc::default(),
+        }
+    }
+
+    /// What one client was told: (command, error) for each fault.
+    type Told = Vec<(u64, Error)>;
+
+    /// Client 1 launches `fault_write` at an address it does not hold (command 7) beside client
+    /// 2; returns the backend and what each client was told.
+    fn fault_under(scope: FaultScope) -> (SimBackend, Told, Told) {
+        let sim = SimBackend::new(SimConfig {
+            memory_bytes: 1 << 20,
+            sm_count: 2,
+            fault_scope: scope,
+        })
+        .unwrap();
+        let (victim, other) = (Arc::new(Heard::default()), Arc::new(Heard::default()));
+        let stream = sim.stream_create(0, &client(1, &victim)).unwrap();
+        let _bystander = sim.stream_create(0, &client(2, &other)).unwrap();
+        let ptx = include_bytes!("../../../../kernels/test_kernels.ptx");
+        let module = sim.module_load(ptx).unwrap();
+        let (function, _) = sim.module_function(&module, "fault_write").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let launch = Op::Launch {
+            function: Arc::new(function),
+            grid: one,
+            block: one,
+            shared_mem: 0,
+            params: 0x10u64.to_le_bytes().to_vec().into(),
+        };
+        sim.submit(&stream, 7, launch, None).unwrap();
+        // Returns once the stream's work has run, and so once the fault was reported.
+        sim.stream_destroy(stream);
+        (sim, victim.all(), other.all())
+    }
+
+    #[test]
+    fn by_default_a_kernel_fault_costs_only_its_client() {
+        let (sim, victim, other) = fault_under(FaultScope::Client);
+        let [(7, e)] = &victim[..] else {
+            panic!("the victim heard {victim:?}");
+        };
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        assert!(e.message.contains("fault_write"), "{e}");
+        assert!(other.is_empty(), "the other client heard {other:?}");
+        assert!(sim.mem_alloc(16).is_ok());
+    }
+
+    #[test]
+    fn modelling_a_gpu_a_kernel_fault_ends_the_context_for_every_client() {
+        let (sim, victim, other) = fault_under(FaultScope::Context);
+        let [(7, e)] = &victim[..] else {
+            panic!("the victim heard {victim:?}");
+        };
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        assert!(
+            e.message.contains("context failed") && e.message.contains("fault_write"),
+            "{e}"
+        );
+        // The other client is told too, of the same failure.
+        let [(0, o)] = &other[..] else {
+            panic!("the other client heard {other:?}");
+        };
+        assert_eq!(o, e);
+        // And every later call fails with it, as a dead CUDA context's do.
+        assert_eq!(sim.mem_alloc(16).unwrap_err(), *e);
+        let heard = Arc::new(Heard::default());
+        assert_eq!(sim.stream_create(0, &client(3, &heard)).unwrap_err(), *e);
+    }
+}
