@@ -9,9 +9,10 @@
 //! - takes no new client: its accept loop stops, and clients the daemon hands over are given
 //!   back to it;
 //! - has a fresh server take new clients at once: under `mps-control` it tells the daemon over
-//!   their socket ([`wire::FAILED`]), and the daemon starts a fresh server for the user and group;
-//!   a standalone server starts a fresh `mps-server` process itself and hands it the listening
-//!   socket, so connections waiting on it, and those still to come, go to the fresh context;
+//!   their socket (a `FAILED` message), and the daemon starts a fresh server for the user and
+//!   group; a standalone server starts a fresh `mps-server` process itself and hands it the
+//!   listening socket, so connections waiting on it, and those still to come, go to the fresh
+//!   context;
 //! - keeps answering its own clients with the fault's status and message (the backend told each
 //!   of them), and exits once they are gone, or after a bound ([`Recovery::drain`]).
 
@@ -109,7 +110,8 @@ pub struct Recovery {
     path_given_up: AtomicBool,
     /// Whether the daemon was told of the failure (once, before any client is given back).
     told_daemon: Mutex<bool>,
-    /// The stream the backend reports the context's death on; never used otherwise.
+    /// The stream the backend reports the context's death on; never used otherwise (in a
+    /// mutex only so that a stream that is not `Sync` may be kept here).
     _stream: Mutex<Box<dyn Send>>,
 }
 

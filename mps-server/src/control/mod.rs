@@ -7,6 +7,10 @@
 //! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
 //! each user's server as that user.
 //!
+//! A server whose device context fails (on a GPU, any kernel fault of any of its clients) says
+//! so at once; its user and group then go to a fresh server while the old one drains its
+//! clients, listed as `FAULT` meanwhile (see [`crate::recovery`] for the server's side).
+//!
 //! `routing` finds or starts the server of a (user, group) and hands clients to it; `command` is
 //! the operators' command language ([`Command`]); `metrics` serves Prometheus; `wire` is what the
 //! daemon and its servers say to each other.

@@ -190,7 +190,8 @@ impl Daemon {
             uid,
             group,
             pid,
-            "the server's device context failed ({why}); it takes no new clients and exits once              its clients are gone; new clients go to a fresh server"
+            "the server's device context failed; it takes no new clients and exits once its \
+             clients are gone; new clients go to a fresh server: {why}"
         );
         self.failed().push(old);
         match self.start_server(uid, group) {
