@@ -323,12 +323,25 @@ impl Daemon {
     }
 }
 
-/// Kills the fresh server a standalone server started, whatever the test's outcome.
-struct Fresh(Option<i32>);
+/// The fresh server a standalone server started, as its log names it; killed on drop, whatever
+/// the test's outcome.
+struct Fresh(std::path::PathBuf);
+
+impl Fresh {
+    fn pid(&self) -> Option<i32> {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        log.split("a fresh server (pid ")
+            .nth(1)?
+            .split(')')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
 
 impl Drop for Fresh {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
+        if let Some(pid) = self.pid() {
             let pid = nix::unistd::Pid::from_raw(pid);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
@@ -338,7 +351,7 @@ impl Drop for Fresh {
 #[test]
 fn a_standalone_server_hands_its_socket_to_a_fresh_server_after_a_fault() {
     let mut server = TestServer::start_with(&GPU_FAULTS);
-    let mut fresh_pid = Fresh(None);
+    let fresh_server = Fresh(server.dir.join("server.log"));
     let victim = server.client();
     let other = server.client();
     served(&victim, 3);
@@ -358,13 +371,7 @@ fn a_standalone_server_hands_its_socket_to_a_fresh_server_after_a_fault() {
     assert!(took < DEADLINE, "recovery took {took:?}");
 
     let log = server.wait_for_log("a fresh server (pid ");
-    let pid: i32 = log
-        .split("a fresh server (pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no fresh server's pid in the log:\n{log}"));
-    fresh_pid.0 = Some(pid);
+    assert!(fresh_server.pid().is_some(), "{log}");
     assert!(log.contains("device context failed"), "{log}");
 
     // Every client of the failed context hears what happened, on every call.
