@@ -8,6 +8,7 @@ pub mod control;
 pub mod fs_trust;
 mod outbox;
 pub mod process;
+pub mod recovery;
 pub mod registry;
 pub mod server;
 mod session;

@@ -9,8 +9,9 @@ use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
-use mps_server::backend::sim::{SimBackend, SimConfig};
+use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
 use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
+use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -21,6 +22,14 @@ enum BackendChoice {
     Cuda,
     /// The CPU simulator.
     Sim,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum FaultScopeChoice {
+    /// The faulting client's work only.
+    Client,
+    /// Every client of the server, as on a GPU.
+    Context,
 }
 
 /// Serves mps clients in the foreground: one device context shared by every client process.
@@ -42,6 +51,18 @@ struct Args {
     /// Simulated SMs (simulator only).
     #[arg(long, default_value_t = 16)]
     sim_sm_count: u32,
+    /// What a faulting kernel ends in the simulator (simulator only): the faulting client's work,
+    /// or, modelling a GPU, the whole context and so every client of the server, which is then
+    /// replaced by a fresh one.
+    #[arg(long, value_enum, default_value = "client")]
+    sim_fault_scope: FaultScopeChoice,
+    /// Seconds a server whose device context failed waits for its clients to leave before it
+    /// exits (a fresh server takes new clients meanwhile).
+    #[arg(long, default_value_t = 60)]
+    drain_timeout_s: u64,
+    /// A listening socket handed over by a server whose context failed (set by that server).
+    #[arg(long)]
+    listen_fd: Option<i32>,
     /// Microseconds a client's session thread spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
@@ -78,15 +99,38 @@ struct Args {
     staging: u64,
 }
 
-fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Result<(), String> {
-    let server = Server::bind(Arc::new(backend), cfg).map_err(|e| e.to_string())?;
-    tracing::info!("listening on {}", server.socket_path().display());
-    let handoff = handoff.map(|fd| {
+fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
+    let backend = Arc::new(backend);
+    let server = match args.listen_fd {
+        Some(fd) => recovery::inherited_listener(fd).and_then(|l| Server::adopt(backend, cfg, l)),
+        None => Server::bind(backend, cfg),
+    }
+    .map_err(|e| e.to_string())?;
+    match args.listen_fd {
+        Some(_) => tracing::info!(
+            "listening on {} (handed over by the server whose context failed)",
+            server.socket_path().display()
+        ),
+        None => tracing::info!("listening on {}", server.socket_path().display()),
+    }
+    let handoff = args.handoff_fd.map(|fd| {
         use std::os::fd::FromRawFd;
         // SAFETY: the control daemon started us with this descriptor open for us alone (see
         // mps-control); nothing else in this process owns it.
         unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }
     });
+    // After a fault, the daemon starts the fresh server; without one, this program does.
+    let successor = match &handoff {
+        Some(h) => h
+            .try_clone()
+            .map(Successor::Daemon)
+            .map_err(|e| format!("cannot keep the daemon's socket: {e}"))?,
+        None => Successor::this_process().map_err(|e| e.to_string())?,
+    };
+    server
+        .recovery()
+        .start(successor)
+        .map_err(|e| e.to_string())?;
     std::thread::scope(|s| {
         let mut unblock = None;
         if let Some(h) = handoff {
@@ -99,6 +143,10 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Res
             });
         }
         let result = server.run(&STOP).map_err(|e| e.to_string());
+        // After a fault: the clients of the failed context are told until they leave.
+        server
+            .recovery()
+            .drain(&STOP, std::time::Duration::from_secs(args.drain_timeout_s));
         // Stopped by a signal: wake the handoff thread from its read.
         if let Some(u) = unblock {
             let _ = u.shutdown(std::net::Shutdown::Both);
@@ -121,21 +169,29 @@ fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
         info.cc.1,
         info.total_mem
     );
-    serve(backend, cfg, args.handoff_fd)
+    serve(backend, cfg, args)
 }
 
 fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
     let sim = SimConfig {
         memory_bytes: args.sim_memory,
         sm_count: args.sim_sm_count,
+        fault_scope: match args.sim_fault_scope {
+            FaultScopeChoice::Client => FaultScope::Client,
+            FaultScopeChoice::Context => FaultScope::Context,
+        },
     };
     let backend = SimBackend::new(sim).map_err(|e| e.to_string())?;
     tracing::info!(
-        "backend: simulator, {} bytes of device memory, {} SMs",
+        "backend: simulator, {} bytes of device memory, {} SMs, a kernel fault ends {}",
         sim.memory_bytes,
-        sim.sm_count
+        sim.sm_count,
+        match sim.fault_scope {
+            FaultScope::Client => "the faulting client's work",
+            FaultScope::Context => "the context (as on a GPU)",
+        }
     );
-    serve(backend, cfg, args.handoff_fd)
+    serve(backend, cfg, args)
 }
 
 /// Streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with fewer queues

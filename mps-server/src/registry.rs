@@ -264,6 +264,11 @@ impl Registry {
         self.default_mem_limit.load(Ordering::Relaxed)
     }
 
+    /// How many clients are connected.
+    pub(crate) fn connected(&self) -> usize {
+        self.clients().len()
+    }
+
     pub(crate) fn add(&self, id: u32, entry: ClientEntry) {
         let mut clients = self.clients();
         clients.insert(id, entry);

@@ -18,6 +18,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
 use crate::control::wire;
+use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
 use crate::session::{HandleIssuer, Limits, ServerEnv, Session, check_hello, hello_group};
 
@@ -52,6 +53,7 @@ pub struct Server<B: Backend> {
     handles: Arc<HandleIssuer>,
     next_client: AtomicU32,
     registry: Arc<Registry>,
+    recovery: Arc<Recovery>,
 }
 
 impl<B: Backend> Server<B> {
@@ -68,6 +70,13 @@ impl<B: Backend> Server<B> {
         let path = dir.join(SOCKET_NAME);
         // Only this user (and root) may connect; the handshake checks the uid again.
         let listener = listen(&path, 0o600)?;
+        Self::adopt(backend, cfg, listener)
+    }
+
+    /// Serves on `listener`, already listening at the pipe directory's socket path (handed
+    /// over by a server whose context failed, see [`crate::recovery`]).
+    pub fn adopt(backend: Arc<B>, cfg: ServerConfig, listener: UnixListener) -> Result<Server<B>> {
+        let path = cfg.pipe_dir.join(SOCKET_NAME);
         let defaults = Defaults {
             mem_limit: cfg.mem_limit,
             priority: cfg.client_priority,
@@ -78,10 +87,16 @@ impl<B: Backend> Server<B> {
             let backend = backend.clone();
             Box::new(move |a: &[crate::sm::Assignment]| backend.place(a))
         };
-        let registry = Registry::new(defaults, backend.info().sm_units.clone(), placer);
+        let registry = Arc::new(Registry::new(
+            defaults,
+            backend.info().sm_units.clone(),
+            placer,
+        ));
+        let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
         Ok(Server {
             backend,
-            registry: Arc::new(registry),
+            registry,
+            recovery,
             cfg,
             listener,
             socket_path: path,
@@ -95,13 +110,23 @@ impl<B: Backend> Server<B> {
         &self.socket_path
     }
 
-    /// Accepts clients until `stop` is set, each served by a thread of its own.
+    /// The watch over the device context, and what happens when it fails.
+    pub fn recovery(&self) -> &Arc<Recovery> {
+        &self.recovery
+    }
+
+    /// Accepts clients until `stop` is set or the device context failed, each served by a
+    /// thread of its own.
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) && !self.recovery.failed() {
             match wait_readable(&self.listener) {
                 Ok(false) => continue,
                 Ok(true) => {}
                 Err(e) => return Err(Error::internal(format!("poll on the listener: {e}"))),
+            }
+            // A failed context takes no client: waiting connections are the fresh server's.
+            if self.recovery.failed() {
+                break;
             }
             match self.listener.accept() {
                 Ok((stream, _)) => self.spawn_client(stream, None),
@@ -118,12 +143,16 @@ impl<B: Backend> Server<B> {
         while !stop.load(Ordering::Relaxed) {
             match wire::recv(&handoff) {
                 Ok((wire::HANDOFF, payload, Some(fd))) if payload.len() == size_of::<Hello>() => {
+                    if self.recovery.failed() {
+                        self.recovery.give_back(&handoff, &payload, fd);
+                        continue;
+                    }
                     let hello: Hello = bytemuck::pod_read_unaligned(&payload);
                     self.spawn_client(UnixStream::from(fd), Some(hello));
                 }
                 Ok((wire::REQUEST, payload, None)) => {
                     let reply = wire::answer(&self.registry, &payload);
-                    if let Err(e) = wire::send(&handoff, wire::REPLY, &reply, None) {
+                    if let Err(e) = wire::send_to_daemon(&handoff, wire::REPLY, &reply, None) {
                         tracing::warn!("cannot answer the control daemon: {e}");
                     }
                 }
@@ -174,7 +203,10 @@ impl<B: Backend> Server<B> {
 
 impl<B: Backend> Drop for Server<B> {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket_path);
+        // After a fault the path leads to the fresh server.
+        if !self.recovery.path_given_up() {
+            let _ = std::fs::remove_file(&self.socket_path);
+        }
     }
 }
 

@@ -47,6 +47,10 @@ struct Args {
     /// Simulated device memory of each server (simulator only).
     #[arg(long)]
     sim_memory: Option<String>,
+    /// What a faulting kernel ends in the simulator (simulator only): `client`, its work, or
+    /// `context`, as on a GPU, every client of its server (which a fresh server then replaces).
+    #[arg(long, value_parser = ["client", "context"])]
+    sim_fault_scope: Option<String>,
     /// Device memory each client may hold, e.g. 2GiB (0: no limit); the daemon's
     /// set_default_device_pinned_mem_limit changes it later.
     #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
@@ -92,6 +96,9 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     let mut server_args = vec!["--backend".to_string(), args.backend.clone()];
     if let Some(m) = &args.sim_memory {
         server_args.extend(["--sim-memory".to_string(), m.clone()]);
+    }
+    if let Some(scope) = &args.sim_fault_scope {
+        server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),

@@ -11,7 +11,7 @@ use mps_core::units::{parse_percent, parse_size};
 use mps_core::{Error, Result};
 
 use super::Daemon;
-use super::routing::{no_server, unexpected};
+use super::routing::{ServerState, no_server, unexpected};
 use super::wire::{ServerAnswer, ServerRequest};
 
 /// Where a per-server setting applies: one running server, or the servers started from now on.
@@ -26,9 +26,10 @@ pub enum Target {
 /// One operator command, as parsed from its line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// The pids of the running servers.
+    /// The pids of the running servers; one whose device context failed is marked `FAULT`.
     GetServerList,
-    /// `ACTIVE` if a server with this pid runs.
+    /// `ACTIVE` if a server with this pid serves, `FAULT` if its device context failed and it
+    /// drains its clients.
     GetServerStatus {
         /// The server's pid.
         server: u32,
@@ -272,13 +273,16 @@ impl Daemon {
             GetServerList => Ok(self
                 .server_list()
                 .iter()
-                .map(|s| format!("{}\n", s.pid))
+                .map(|s| match s.state {
+                    ServerState::Active => format!("{}\n", s.pid),
+                    ServerState::Fault => format!("{} {}\n", s.pid, s.state),
+                })
                 .collect()),
             GetServerStatus { server } => self
                 .server_list()
                 .iter()
                 .find(|s| s.pid == server)
-                .map(|_| "ACTIVE\n".to_string())
+                .map(|s| format!("{}\n", s.state))
                 .ok_or_else(|| no_server(server)),
             ShutdownServer { server, force } => {
                 let grace = if force {
@@ -410,7 +414,8 @@ impl Daemon {
 
     /// Servers and their clients, with what each client holds and did.
     fn status(&self) -> String {
-        let mut out = String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S\n");
+        let mut out =
+            String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S  STATE\n");
         let mut clients = String::from(
             "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  SMS  SHARE%  \
              RESERVED%  LAUNCHES    COPIES      BYTES-COPIED  GPU-MS\n",
@@ -418,7 +423,10 @@ impl Daemon {
         for s in self.server_list() {
             let (pid, uid, group, routed) = (s.pid, s.uid, &s.group, s.routed);
             let up = s.uptime.as_secs();
-            out += &format!("{pid:<11} {uid:<7} {group:<17} {routed:<7} {up}\n");
+            out += &format!(
+                "{pid:<11} {uid:<7} {group:<17} {routed:<7} {up:<9} {}\n",
+                s.state
+            );
             // A server that does not answer still has its row above.
             for c in self.clients_of(pid).unwrap_or_default() {
                 clients += &format!(

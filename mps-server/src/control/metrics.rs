@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::Daemon;
-use super::routing::ServerInfo;
+use super::routing::{ServerInfo, ServerState};
 use crate::registry::ClientStats;
 
 /// Who a client's samples are about.
@@ -77,6 +77,18 @@ fn exposition(servers: &[(ServerInfo, Vec<ClientStats>)]) -> String {
     let running: Gauge<u64, AtomicU64> = Gauge::default();
     running.set(servers.len() as u64);
     registry.register("mps_servers", "Running servers", running);
+    let faulted: Gauge<u64, AtomicU64> = Gauge::default();
+    faulted.set(
+        servers
+            .iter()
+            .filter(|(s, _)| s.state == ServerState::Fault)
+            .count() as u64,
+    );
+    registry.register(
+        "mps_servers_faulted",
+        "Running servers whose device context failed, draining their clients",
+        faulted,
+    );
     let samples = || {
         servers.iter().flat_map(|(s, clients)| {
             clients.iter().map(move |c| {
@@ -192,6 +204,7 @@ mod tests {
             group: group.into(),
             routed: 1,
             uptime: Duration::ZERO,
+            state: ServerState::Active,
         }
     }
 
@@ -209,6 +222,7 @@ mod tests {
             text.contains("# TYPE mps_servers gauge\nmps_servers 2\n"),
             "{text}"
         );
+        assert!(text.contains("mps_servers_faulted 0\n"), "{text}");
         for (name, help, _) in GAUGES {
             assert!(text.contains(&format!("# HELP {name} {help}.\n")), "{text}");
             assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{text}");
@@ -243,6 +257,18 @@ mod tests {
                 .all(|l| l.starts_with('#') || l.starts_with("mps_")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_server_whose_context_failed_counts_as_faulted_while_it_drains() {
+        let mut failed = server(10, "default");
+        failed.state = ServerState::Fault;
+        let text = exposition(&[
+            (failed, vec![client(1, 500)]),
+            (server(11, "default"), vec![client(1, 501)]),
+        ]);
+        assert!(text.contains("mps_servers 2\n"), "{text}");
+        assert!(text.contains("mps_servers_faulted 1\n"), "{text}");
     }
 
     #[test]

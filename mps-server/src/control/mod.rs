@@ -7,6 +7,10 @@
 //! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
 //! each user's server as that user.
 //!
+//! A server whose device context fails (on a GPU, any kernel fault of any of its clients) says
+//! so at once; its user and group then go to a fresh server while the old one drains its
+//! clients, listed as `FAULT` meanwhile (see [`crate::recovery`] for the server's side).
+//!
 //! `routing` finds or starts the server of a (user, group) and hands clients to it; `command` is
 //! the operators' command language ([`Command`]); `metrics` serves Prometheus; `wire` is what the
 //! daemon and its servers say to each other.
@@ -74,6 +78,8 @@ pub struct Daemon {
     /// Reservation ceiling of new servers, percent.
     default_max_reserve: AtomicU32,
     servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
+    /// Servers whose device context failed, draining their clients.
+    failed: Mutex<Vec<ServerProc>>,
     stop: AtomicBool,
     client_listener: UnixListener,
     control_listener: UnixListener,
@@ -126,6 +132,7 @@ impl Daemon {
             default_share: AtomicU32::new(d.sm_share),
             default_max_reserve: AtomicU32::new(d.max_sm_reserve),
             servers: Mutex::new(BTreeMap::new()),
+            failed: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             client_listener,
             control_listener,

@@ -1,14 +1,20 @@
 //! Which server serves a client: the daemon reads each client's hello, finds the server of its
 //! (user, group), starts it (again) if there is none or it died, and hands the connection over
 //! on the server's inherited socket; requests to a server travel the same way.
+//!
+//! A thread per server reads what the server says: answers to requests, and, unasked, that its
+//! device context failed ([`wire::FAILED`]). The daemon then routes that user and group to a
+//! fresh server at once, and lists the failed one as `FAULT` until it has drained its clients
+//! and exited; clients handed to it in the meantime come back ([`wire::RETURN`]) and go to the
+//! fresh one.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use mps_core::protocol::Hello;
@@ -21,14 +27,77 @@ use super::{Daemon, is_root};
 use crate::registry::ClientStats;
 use crate::server::{read_hello, wait_readable};
 
+/// How long the daemon waits for a server's answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
 /// A server the daemon started, and the socket it hands clients and requests over.
 pub(super) struct ServerProc {
     uid: u32,
     group: String,
     child: Child,
-    handoff: UnixStream,
+    link: Arc<Link>,
     started: Instant,
     clients: u64,
+}
+
+/// The socket to a server, and the answers that come back on it.
+struct Link {
+    socket: UnixStream,
+    /// One message at a time: handoffs and requests come from several threads.
+    sending: Mutex<()>,
+    /// Answers, from the thread that reads the socket; one request at a time waits here.
+    replies: Mutex<mpsc::Receiver<Vec<u8>>>,
+}
+
+impl Link {
+    fn send(
+        &self,
+        kind: u32,
+        payload: &[u8],
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> std::io::Result<()> {
+        let _turn = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+        wire::send(&self.socket, kind, payload, fd)
+    }
+
+    fn ask(&self, request: &ServerRequest) -> Result<ServerAnswer> {
+        let replies = self.replies.lock().unwrap_or_else(|p| p.into_inner());
+        // An answer that came after its request gave up is not this request's.
+        while replies.try_recv().is_ok() {}
+        {
+            let _turn = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+            wire::send_request(&self.socket, request)?;
+        }
+        let payload = replies.recv_timeout(ANSWER_WITHIN).map_err(|e| {
+            let why = match e {
+                mpsc::RecvTimeoutError::Timeout => {
+                    format!("no answer within {} s", ANSWER_WITHIN.as_secs())
+                }
+                mpsc::RecvTimeoutError::Disconnected => "it has exited".to_string(),
+            };
+            Error::new(Status::Connection, why)
+        })?;
+        wire::decode_reply(&payload)
+    }
+}
+
+/// Whether a server takes clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ServerState {
+    /// It serves its user and group.
+    Active,
+    /// Its device context failed: a fresh server took its user and group; it tells its clients
+    /// what happened and exits once they are gone.
+    Fault,
+}
+
+impl std::fmt::Display for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ServerState::Active => "ACTIVE",
+            ServerState::Fault => "FAULT",
+        })
+    }
 }
 
 /// A running server, as operators see it.
@@ -40,6 +109,20 @@ pub(super) struct ServerInfo {
     /// Clients routed to it.
     pub(super) routed: u64,
     pub(super) uptime: Duration,
+    pub(super) state: ServerState,
+}
+
+impl ServerProc {
+    fn info(&self, state: ServerState) -> ServerInfo {
+        ServerInfo {
+            pid: self.child.id(),
+            uid: self.uid,
+            group: self.group.clone(),
+            routed: self.clients,
+            uptime: self.started.elapsed(),
+            state,
+        }
+    }
 }
 
 impl Daemon {
@@ -47,20 +130,24 @@ impl Daemon {
         self.servers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The servers running now.
+    /// Servers whose context failed, until they have exited.
+    fn failed(&self) -> std::sync::MutexGuard<'_, Vec<ServerProc>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The servers running now: those serving, then those draining after a fault.
     pub(super) fn server_list(&self) -> Vec<ServerInfo> {
         let mut servers = self.servers();
         prune(&mut servers);
-        servers
+        let mut list: Vec<ServerInfo> = servers
             .values()
-            .map(|s| ServerInfo {
-                pid: s.child.id(),
-                uid: s.uid,
-                group: s.group.clone(),
-                routed: s.clients,
-                uptime: s.started.elapsed(),
-            })
-            .collect()
+            .map(|s| s.info(ServerState::Active))
+            .collect();
+        drop(servers);
+        let mut failed = self.failed();
+        prune_failed(&mut failed);
+        list.extend(failed.iter().map(|s| s.info(ServerState::Fault)));
+        list
     }
 
     /// Stops the server with this pid: SIGTERM, then SIGKILL after `grace`.
@@ -69,12 +156,54 @@ impl Daemon {
         let key = servers
             .iter()
             .find(|(_, s)| s.child.id() == pid)
-            .map(|(k, _)| k.clone())
-            .ok_or_else(|| no_server(pid))?;
-        let mut s = servers.remove(&key).expect("found above");
-        drop(servers);
+            .map(|(k, _)| k.clone());
+        let mut s = match key {
+            Some(key) => servers.remove(&key).expect("found above"),
+            None => {
+                drop(servers);
+                let mut failed = self.failed();
+                let at = failed
+                    .iter()
+                    .position(|s| s.child.id() == pid)
+                    .ok_or_else(|| no_server(pid))?;
+                failed.remove(at)
+            }
+        };
         stop_server(&mut s, grace);
         Ok(())
+    }
+
+    /// The server with this pid said its device context failed: its user and group go to a
+    /// fresh server from now on, started at once so that the next client need not wait for it.
+    fn server_failed(self: &Arc<Self>, pid: u32, why: &str) {
+        let mut servers = self.servers();
+        let Some(key) = servers
+            .iter()
+            .find(|(_, s)| s.child.id() == pid)
+            .map(|(k, _)| k.clone())
+        else {
+            return;
+        };
+        let old = servers.remove(&key).expect("found above");
+        let (uid, group) = (key.0, key.1.as_str());
+        tracing::error!(
+            uid,
+            group,
+            pid,
+            "the server's device context failed; it takes no new clients and exits once its \
+             clients are gone; new clients go to a fresh server: {why}"
+        );
+        self.failed().push(old);
+        match self.start_server(uid, group) {
+            Ok(fresh) => {
+                servers.insert(key, fresh);
+            }
+            Err(e) => tracing::error!(
+                uid,
+                group,
+                "cannot start a fresh server ({e}); the next client tries again"
+            ),
+        }
     }
     /// Accepts clients until the daemon stops, each routed by a thread of its own.
     pub(super) fn accept_clients(self: &Arc<Self>) {
@@ -93,7 +222,7 @@ impl Daemon {
         }
     }
 
-    fn route(&self, stream: UnixStream) {
+    fn route(self: &Arc<Self>, stream: UnixStream) {
         let peer = match socket::peer(&stream) {
             Ok(p) => p,
             Err(e) => return tracing::warn!("SO_PEERCRED failed: {e}"),
@@ -102,7 +231,12 @@ impl Daemon {
             Ok(h) => h,
             Err(e) => return tracing::warn!(pid = peer.pid, "client refused: {e}"),
         };
-        let group = match crate::session::hello_group(&hello) {
+        self.route_hello(stream, peer, &hello);
+    }
+
+    /// Routes a client whose hello has been read.
+    fn route_hello(self: &Arc<Self>, stream: UnixStream, peer: socket::Peer, hello: &Hello) {
+        let group = match crate::session::hello_group(hello) {
             Ok(g) => g,
             Err(e) => return crate::server::refuse(&stream, &e),
         };
@@ -116,14 +250,20 @@ impl Daemon {
             );
             return crate::server::refuse(&stream, &e);
         }
-        if let Err(e) = self.hand_over(peer.uid, &group, &hello, &stream) {
+        if let Err(e) = self.hand_over(peer.uid, &group, hello, &stream) {
             tracing::error!(uid = peer.uid, group, "cannot serve client: {e}");
             crate::server::refuse(&stream, &e);
         }
     }
 
     /// Gives the connection to the (uid, group) server, starting it (again) if needed.
-    fn hand_over(&self, uid: u32, group: &str, hello: &Hello, stream: &UnixStream) -> Result<()> {
+    fn hand_over(
+        self: &Arc<Self>,
+        uid: u32,
+        group: &str,
+        hello: &Hello,
+        stream: &UnixStream,
+    ) -> Result<()> {
         let mut servers = self.servers();
         let key = (uid, group.to_string());
         for attempt in 0..2 {
@@ -139,8 +279,7 @@ impl Daemon {
                 servers.insert(key.clone(), s);
             }
             let s = servers.get_mut(&key).expect("inserted above");
-            match wire::send(
-                &s.handoff,
+            match s.link.send(
                 wire::HANDOFF,
                 bytemuck::bytes_of(hello),
                 Some(stream.as_fd()),
@@ -166,7 +305,7 @@ impl Daemon {
         unreachable!("the loop returns on its second attempt")
     }
 
-    fn start_server(&self, uid: u32, group: &str) -> Result<ServerProc> {
+    fn start_server(self: &Arc<Self>, uid: u32, group: &str) -> Result<ServerProc> {
         let name = format!("{uid}-{group}");
         let fail = |what: String| Error::new(Status::Internal, what);
         // Run as root, the daemon starts another user's server as that user, who must own its
@@ -228,32 +367,55 @@ impl Daemon {
             ))
         })?;
         drop(theirs);
-        tracing::info!(uid, group, pid = child.id(), "started a server");
+        let pid = child.id();
+        tracing::info!(uid, group, pid, "started a server");
+        let socket = UnixStream::from(ours);
+        let reading = socket
+            .try_clone()
+            .map_err(|e| fail(format!("cannot read server {pid}'s socket: {e}")))?;
+        let (replies, answers) = mpsc::channel();
+        let daemon = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name(format!("server-{pid}"))
+            .spawn(move || listen_to(daemon, pid, reading, replies))
+            .map_err(|e| fail(format!("cannot start a thread for server {pid}: {e}")))?;
         Ok(ServerProc {
             uid,
             group: group.to_string(),
             child,
-            handoff: UnixStream::from(ours),
+            link: Arc::new(Link {
+                socket,
+                sending: Mutex::new(()),
+                replies: Mutex::new(answers),
+            }),
             started: Instant::now(),
             clients: 0,
         })
     }
 
-    /// Sends a request to the server with this pid and returns its answer.
+    /// Sends a request to the server with this pid (serving, or draining after a fault) and
+    /// returns its answer.
     pub(super) fn ask(&self, pid: u32, request: &ServerRequest) -> Result<ServerAnswer> {
         let mut servers = self.servers();
         prune(&mut servers);
-        let s = servers
-            .values_mut()
-            .find(|s| s.child.id() == pid)
-            .ok_or_else(|| no_server(pid))?;
-        let _ = s.handoff.set_read_timeout(Some(Duration::from_secs(5)));
-        let answer = wire::ask(&s.handoff, request).map_err(|e| {
+        let link = match servers.values().find(|s| s.child.id() == pid) {
+            Some(s) => s.link.clone(),
+            None => {
+                drop(servers);
+                let mut failed = self.failed();
+                prune_failed(&mut failed);
+                failed
+                    .iter()
+                    .find(|s| s.child.id() == pid)
+                    .map(|s| s.link.clone())
+                    .ok_or_else(|| no_server(pid))?
+            }
+        };
+        // Routing goes on while a slow server answers.
+        link.ask(request).map_err(|e| {
             let message = format!("server {pid}: {}", e.message);
             Error::new(e.status, message)
-        });
-        let _ = s.handoff.set_read_timeout(None);
-        answer
+        })
     }
 
     /// The clients of the server with this pid.
@@ -275,7 +437,8 @@ impl Daemon {
     /// Stops every server, each given `grace` to finish.
     pub(super) fn shutdown_all(&self, grace: Duration) {
         let servers = std::mem::take(&mut *self.servers());
-        for (_, mut s) in servers {
+        let failed = std::mem::take(&mut *self.failed());
+        for mut s in servers.into_values().chain(failed) {
             stop_server(&mut s, grace);
         }
     }
@@ -299,6 +462,85 @@ pub(super) fn no_server(pid: u32) -> Error {
 /// Forgets servers that have exited (and reaps them).
 fn prune(servers: &mut BTreeMap<(u32, String), ServerProc>) {
     servers.retain(|_, s| s.child.try_wait().ok().flatten().is_none());
+}
+
+/// Forgets failed servers that have exited (and reaps them).
+fn prune_failed(failed: &mut Vec<ServerProc>) {
+    failed.retain_mut(|s| {
+        let running = s.child.try_wait().ok().flatten().is_none();
+        if !running {
+            tracing::info!(
+                uid = s.uid,
+                group = s.group,
+                pid = s.child.id(),
+                "the server whose context failed has exited"
+            );
+        }
+        running
+    });
+}
+
+/// Reads what server `pid` says on `socket` until it goes away: answers go to `replies`, news of
+/// a failed context and clients given back to the daemon.
+fn listen_to(daemon: Weak<Daemon>, pid: u32, socket: UnixStream, replies: mpsc::Sender<Vec<u8>>) {
+    loop {
+        match wire::recv(&socket) {
+            Ok((wire::REPLY, payload, _)) => {
+                let _ = replies.send(payload);
+            }
+            Ok((wire::FAILED, payload, _)) => {
+                let Some(d) = daemon.upgrade() else { return };
+                d.server_failed(pid, &String::from_utf8_lossy(&payload));
+            }
+            Ok((wire::RETURN, payload, Some(fd))) if payload.len() == size_of::<Hello>() => {
+                let Some(d) = daemon.upgrade() else { return };
+                let hello: Hello = bytemuck::pod_read_unaligned(&payload);
+                let stream = UnixStream::from(fd);
+                // Routed on a thread of its own: this one must keep reading, or the failed
+                // server could block giving back more.
+                let _ = std::thread::Builder::new()
+                    .name("route".into())
+                    .spawn(move || match socket::peer(&stream) {
+                        Ok(peer) => d.route_hello(stream, peer, &hello),
+                        Err(e) => tracing::warn!("SO_PEERCRED of a client given back failed: {e}"),
+                    });
+            }
+            Ok((kind, ..)) => {
+                tracing::warn!(pid, "malformed message of kind {kind} from a server")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // The server has exited: forget it now if its context had failed.
+                if let Some(d) = daemon.upgrade() {
+                    reap_failed(&d, pid);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Reaps failed server `pid`, whose socket just closed as it exits, and forgets it.
+fn reap_failed(daemon: &Daemon, pid: u32) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        let mut failed = daemon.failed();
+        let Some(at) = failed.iter().position(|s| s.child.id() == pid) else {
+            return;
+        };
+        if failed[at].child.try_wait().ok().flatten().is_some() {
+            let s = failed.remove(at);
+            tracing::info!(
+                uid = s.uid,
+                group = s.group,
+                pid,
+                "the server whose context failed has exited"
+            );
+            return;
+        }
+        drop(failed);
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// SIGTERM, then SIGKILL after `grace`.

@@ -21,6 +21,11 @@ pub(crate) const HANDOFF: u32 = 1;
 pub(crate) const REQUEST: u32 = 2;
 /// The answer to a request (server to daemon).
 pub(crate) const REPLY: u32 = 3;
+/// The server's device context failed: its payload says why (server to daemon, unasked).
+pub(crate) const FAILED: u32 = 4;
+/// A client handed over after the context failed, given back with its hello to be routed to a
+/// fresh server (server to daemon).
+pub(crate) const RETURN: u32 = 5;
 const MAX_PAYLOAD: usize = 1 << 20;
 
 /// What the daemon asks of a server.
@@ -102,22 +107,35 @@ pub(crate) fn recv(s: &UnixStream) -> io::Result<(u32, Vec<u8>, Option<OwnedFd>)
     Ok((h.kind, payload, fd))
 }
 
+/// What a server sends its daemon goes through here: the answers of the thread serving the
+/// daemon and the unasked news of a failed context must not interleave on the one socket (a
+/// large answer may cross in several pieces).
+pub(crate) fn send_to_daemon(
+    s: &UnixStream,
+    kind: u32,
+    payload: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    send(s, kind, payload, fd)
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // These types hold only numbers, strings and lists: serializing them cannot fail.
     serde_json::to_vec(value).expect("a wire message serializes")
 }
 
-/// Sends `request` on `s` and waits for its answer.
-pub(crate) fn ask(s: &UnixStream, request: &ServerRequest) -> Result<ServerAnswer> {
-    let lost = |e: io::Error| Error::new(Status::Connection, format!("no answer: {e}"));
-    send(s, REQUEST, &encode(request), None).map_err(lost)?;
-    let (kind, payload, _) = recv(s).map_err(lost)?;
-    if kind != REPLY {
-        return Err(Error::internal(format!(
-            "answered with message kind {kind}, not a reply"
-        )));
-    }
-    match serde_json::from_slice::<Reply>(&payload) {
+/// Sends `request` on `s`; its answer comes back as a [`REPLY`] to be read with
+/// [`decode_reply`].
+pub(crate) fn send_request(s: &UnixStream, request: &ServerRequest) -> Result<()> {
+    send(s, REQUEST, &encode(request), None)
+        .map_err(|e| Error::new(Status::Connection, format!("cannot send a request: {e}")))
+}
+
+/// The answer a [`REPLY`]'s payload carries.
+pub(crate) fn decode_reply(payload: &[u8]) -> Result<ServerAnswer> {
+    match serde_json::from_slice::<Reply>(payload) {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err((status, message))) => Err(Error::new(
             Status::from_u32(status).unwrap_or(Status::Internal),

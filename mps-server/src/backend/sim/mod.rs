@@ -3,13 +3,18 @@
 //! Device memory is host memory ([`memory`]); each stream is a worker thread that runs its work
 //! in order, so different streams (of one client or of many) run concurrently; kernels are CPU
 //! implementations bound by PTX entry name (`kernels`); events carry completion timestamps.
+//!
+//! A kernel fault costs the faulting client its work ([`FaultScope::Client`], the default), or,
+//! modelling a GPU, the whole context ([`FaultScope::Context`]): every client of the server is
+//! told, and every later call fails, as on a GPU (whose kernel fault ends the context of the
+//! process); this is what lets the server's recovery be tested without one.
 
 mod kernels;
 pub mod memory;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,7 +24,7 @@ use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
 
-use super::{Backend, ClientContext, DeviceInfo, Op, Publish};
+use super::{Backend, ClientContext, DeviceInfo, FaultSink, Op, Publish};
 use crate::sm::Assignment;
 use kernels::{Builtin, KernelEnv};
 use memory::DeviceMemory;
@@ -31,6 +36,84 @@ pub struct SimConfig {
     pub memory_bytes: u64,
     /// Simulated SMs: a kernel's blocks run in waves of this many.
     pub sm_count: u32,
+    /// What a kernel fault ends.
+    pub fault_scope: FaultScope,
+}
+
+/// What a faulting kernel takes down in the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultScope {
+    /// The faulting client's work only: the other clients of the server run on.
+    #[default]
+    Client,
+    /// The whole context, as on a GPU: every client of the server gets the fault, and every
+    /// later call fails with it.
+    Context,
+}
+
+/// The simulated context and, under [`FaultScope::Context`], its death.
+#[derive(Debug)]
+struct SimContext {
+    scope: FaultScope,
+    /// Set once `dead` holds the failure; read on every submission without a lock.
+    is_dead: AtomicBool,
+    dead: Mutex<Option<Error>>,
+    /// Every client with a stream, to be told when the context dies.
+    clients: Mutex<Vec<Weak<dyn FaultSink>>>,
+}
+
+impl SimContext {
+    fn alive(&self) -> Result<()> {
+        if !self.is_dead.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match &*self.dead.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn watch(&self, faults: &Arc<dyn FaultSink>) {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.retain(|w| w.strong_count() > 0);
+        clients.push(Arc::downgrade(faults));
+    }
+
+    /// Command `seq` of the client whose faults go to `victim`, a kernel, failed with `cause`.
+    /// Under [`FaultScope::Context`] the context dies: every client is told, the victim of its
+    /// own command.
+    fn kernel_failed(&self, cause: Error, victim: &dyn FaultSink, seq: u64) {
+        if self.scope == FaultScope::Client {
+            return victim.fault(seq, cause);
+        }
+        let mut dead = self.dead.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = &*dead {
+            return victim.fault(seq, e.clone());
+        }
+        let err = Error::new(
+            cause.status,
+            format!(
+                "the server's simulated context failed ({}); a kernel of a client of this server \
+                 faulted, and the simulator, modelling a GPU (--sim-fault-scope context), ends the \
+                 context for every client: reconnect to a new server",
+                cause.message
+            ),
+        );
+        tracing::error!("{}", err.message);
+        *dead = Some(err.clone());
+        self.is_dead.store(true, Ordering::Release);
+        drop(dead);
+        // The others first, in the order they came (the server's own watch first, so that it
+        // takes no new client before the victim can hear of the fault and reconnect).
+        let clients = std::mem::take(&mut *self.clients.lock().unwrap_or_else(|p| p.into_inner()));
+        let victim_at: *const dyn FaultSink = victim;
+        for c in clients.iter().filter_map(Weak::upgrade) {
+            if !std::ptr::addr_eq(Arc::as_ptr(&c), victim_at) {
+                c.fault(0, err.clone());
+            }
+        }
+        victim.fault(seq, err);
+    }
 }
 
 /// The simulator.
@@ -39,6 +122,7 @@ pub struct SimBackend {
     info: DeviceInfo,
     memory: Arc<DeviceMemory>,
     epoch: Instant,
+    context: Arc<SimContext>,
 }
 
 impl SimBackend {
@@ -62,6 +146,12 @@ impl SimBackend {
             },
             memory: Arc::new(DeviceMemory::new(cfg.memory_bytes)?),
             epoch: Instant::now(),
+            context: Arc::new(SimContext {
+                scope: cfg.fault_scope,
+                is_dead: AtomicBool::new(false),
+                dead: Mutex::new(None),
+                clients: Mutex::new(Vec::new()),
+            }),
         })
     }
 }
@@ -141,6 +231,7 @@ impl std::fmt::Debug for Job {
 
 struct Worker {
     memory: Arc<DeviceMemory>,
+    context: Arc<SimContext>,
     client: ClientContext,
     sm_count: u32,
     epoch: Instant,
@@ -154,7 +245,10 @@ impl Worker {
                 let _ = done.send(());
                 continue;
             }
-            if self.client.closing.load(Ordering::Relaxed) || self.client.faults.has_faulted() {
+            if self.client.closing.load(Ordering::Relaxed)
+                || self.client.faults.has_faulted()
+                || self.context.is_dead.load(Ordering::Acquire)
+            {
                 // A closing or faulted client's queued work is dropped, as a GPU context's is.
                 continue;
             }
@@ -177,6 +271,9 @@ impl Worker {
                     if let Some(p) = &job.publish {
                         p.publish();
                     }
+                }
+                Err(e) if matches!(job.op, Op::Launch { .. }) => {
+                    self.context.kernel_failed(e, &*self.client.faults, job.seq)
                 }
                 Err(e) => self.client.faults.fault(job.seq, e),
             }
@@ -302,6 +399,7 @@ impl Backend for SimBackend {
     }
 
     fn mem_alloc(&self, size: u64) -> Result<u64> {
+        self.context.alive()?;
         self.memory.alloc(size)
     }
 
@@ -320,6 +418,7 @@ impl Backend for SimBackend {
     fn host_unregister(&self, _segment: &Segment) {}
 
     fn module_load(&self, image: &[u8]) -> Result<SimModule> {
+        self.context.alive()?;
         match ImageFormat::detect(image)? {
             ImageFormat::Ptx => Ok(SimModule {
                 entries: ptx::parse_entries(image)?,
@@ -360,9 +459,11 @@ impl Backend for SimBackend {
     }
 
     fn stream_create(&self, _priority: i32, client: &ClientContext) -> Result<SimStream> {
+        self.context.alive()?;
         let (tx, rx) = mpsc::channel();
         let worker = Worker {
             memory: self.memory.clone(),
+            context: self.context.clone(),
             client: client.clone(),
             sm_count: self.info.sm_count,
             epoch: self.epoch,
@@ -376,6 +477,7 @@ impl Backend for SimBackend {
                     format!("cannot start a simulator stream thread: {e}"),
                 )
             })?;
+        self.context.watch(&client.faults);
         Ok(SimStream { jobs: tx, worker })
     }
 
@@ -386,6 +488,7 @@ impl Backend for SimBackend {
         op: Op<'_, SimBackend>,
         publish: Option<Publish>,
     ) -> Result<()> {
+        self.context.alive()?;
         let event_no = match &op {
             Op::Record(ev) => ev.queued.fetch_add(1, Ordering::AcqRel) + 1,
             Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
@@ -429,6 +532,7 @@ impl Backend for SimBackend {
     }
 
     fn event_create(&self) -> Result<SimEvent> {
+        self.context.alive()?;
         Ok(SimEvent::default())
     }
 
@@ -451,5 +555,108 @@ impl Backend for SimBackend {
         };
         let (s, e) = (read(start, "start")?, read(end, "end")?);
         Ok((e as f64 - s as f64) as f32 / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mps_core::protocol::Dim3;
+
+    /// Every fault a client was told of.
+    #[derive(Debug, Default)]
+    struct Heard(Mutex<Vec<(u64, Error)>>);
+
+    impl FaultSink for Heard {
+        fn fault(&self, seq: u64, err: Error) {
+            self.0.lock().unwrap().push((seq, err));
+        }
+
+        fn has_faulted(&self) -> bool {
+            !self.0.lock().unwrap().is_empty()
+        }
+    }
+
+    impl Heard {
+        fn all(&self) -> Told {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn client(id: u32, heard: &Arc<Heard>) -> ClientContext {
+        ClientContext {
+            id,
+            allocations: Arc::default(),
+            closing: Arc::default(),
+            faults: heard.clone(),
+            sm: Arc::default(),
+            busy_ns: Arc::default(),
+        }
+    }
+
+    /// What one client was told: (command, error) for each fault.
+    type Told = Vec<(u64, Error)>;
+
+    /// Client 1 launches `fault_write` at an address it does not hold (command 7) beside client
+    /// 2; returns the backend and what each client was told.
+    fn fault_under(scope: FaultScope) -> (SimBackend, Told, Told) {
+        let sim = SimBackend::new(SimConfig {
+            memory_bytes: 1 << 20,
+            sm_count: 2,
+            fault_scope: scope,
+        })
+        .unwrap();
+        let (victim, other) = (Arc::new(Heard::default()), Arc::new(Heard::default()));
+        let stream = sim.stream_create(0, &client(1, &victim)).unwrap();
+        let _bystander = sim.stream_create(0, &client(2, &other)).unwrap();
+        let ptx = include_bytes!("../../../../kernels/test_kernels.ptx");
+        let module = sim.module_load(ptx).unwrap();
+        let (function, _) = sim.module_function(&module, "fault_write").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let launch = Op::Launch {
+            function: Arc::new(function),
+            grid: one,
+            block: one,
+            shared_mem: 0,
+            params: 0x10u64.to_le_bytes().to_vec().into(),
+        };
+        sim.submit(&stream, 7, launch, None).unwrap();
+        // Returns once the stream's work has run, and so once the fault was reported.
+        sim.stream_destroy(stream);
+        (sim, victim.all(), other.all())
+    }
+
+    #[test]
+    fn by_default_a_kernel_fault_costs_only_its_client() {
+        let (sim, victim, other) = fault_under(FaultScope::Client);
+        let [(7, e)] = &victim[..] else {
+            panic!("the victim heard {victim:?}");
+        };
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        assert!(e.message.contains("fault_write"), "{e}");
+        assert!(other.is_empty(), "the other client heard {other:?}");
+        assert!(sim.mem_alloc(16).is_ok());
+    }
+
+    #[test]
+    fn modelling_a_gpu_a_kernel_fault_ends_the_context_for_every_client() {
+        let (sim, victim, other) = fault_under(FaultScope::Context);
+        let [(7, e)] = &victim[..] else {
+            panic!("the victim heard {victim:?}");
+        };
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        assert!(
+            e.message.contains("context failed") && e.message.contains("fault_write"),
+            "{e}"
+        );
+        // The other client is told too, of the same failure.
+        let [(0, o)] = &other[..] else {
+            panic!("the other client heard {other:?}");
+        };
+        assert_eq!(o, e);
+        // And every later call fails with it, as a dead CUDA context's do.
+        assert_eq!(sim.mem_alloc(16).unwrap_err(), *e);
+        let heard = Arc::new(Heard::default());
+        assert_eq!(sim.stream_create(0, &client(3, &heard)).unwrap_err(), *e);
     }
 }

@@ -1,0 +1,348 @@
+//! Back in service after the device context fails.
+//!
+//! On a GPU a kernel fault ends the context of the whole server process, so every client of the
+//! server is done (the simulator models this with `--sim-fault-scope context`). The server
+//! learns of it as a client would: it holds a stream of its own on which it never runs work, and
+//! both backends tell every stream's owner when the context dies, so a failure reported to that
+//! stream can only be the context's. From that moment the server
+//!
+//! - takes no new client: its accept loop stops, and clients the daemon hands over are given
+//!   back to it;
+//! - has a fresh server take new clients at once: under `mps-control` it tells the daemon over
+//!   their socket (a `FAILED` message), and the daemon starts a fresh server for the user and
+//!   group; a standalone server starts a fresh `mps-server` process itself and hands it the
+//!   listening socket, so connections waiting on it, and those still to come, go to the fresh
+//!   context;
+//! - keeps answering its own clients with the fault's status and message (the backend told each
+//!   of them), and exits once they are gone, or after a bound ([`Recovery::drain`]).
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use mps_core::{Error, Result, Status};
+
+use crate::backend::{Backend, ClientContext, FaultSink};
+use crate::control::wire;
+use crate::registry::Registry;
+
+/// Who serves new clients once this server's context failed.
+#[derive(Debug)]
+pub enum Successor {
+    /// The control daemon, told over this socket (the one the server inherited from it).
+    Daemon(UnixStream),
+    /// A fresh process of this program, started with these arguments and the listening socket.
+    Process {
+        /// The program.
+        program: PathBuf,
+        /// Its arguments, without the socket's (`--listen-fd` is added).
+        args: Vec<OsString>,
+    },
+}
+
+impl Successor {
+    /// This very process started again: `/proc/self/exe` with this process's arguments, less a
+    /// `--listen-fd` it was given.
+    pub fn this_process() -> Result<Successor> {
+        let program = std::env::current_exe().map_err(|e| {
+            Error::internal(format!(
+                "cannot find this program to start a fresh server after a fault: {e}"
+            ))
+        })?;
+        let mut args = Vec::new();
+        let mut given = std::env::args_os().skip(1);
+        while let Some(a) = given.next() {
+            if a == LISTEN_FD {
+                given.next();
+            } else if !a.to_string_lossy().starts_with(&format!("{LISTEN_FD}=")) {
+                args.push(a);
+            }
+        }
+        Ok(Successor::Process { program, args })
+    }
+}
+
+/// The option that gives a fresh server the socket to serve.
+pub const LISTEN_FD: &str = "--listen-fd";
+
+/// What the context's failure is, once known: written by the backend's report, read by the
+/// accept loops and by the thread that acts on it.
+#[derive(Debug, Default)]
+struct Failure {
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+    known: Condvar,
+}
+
+/// The fault sink of the server's own stream: any report to it is the context's death.
+#[derive(Debug)]
+struct Watch(Arc<Failure>);
+
+impl FaultSink for Watch {
+    fn fault(&self, _seq: u64, err: Error) {
+        let mut e = self.0.error.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_none() {
+            *e = Some(err);
+            self.0.failed.store(true, Ordering::Release);
+            self.0.known.notify_all();
+        }
+    }
+
+    fn has_faulted(&self) -> bool {
+        self.0.failed.load(Ordering::Acquire)
+    }
+}
+
+/// One server's watch over its device context, and what it does when the context fails.
+pub struct Recovery {
+    failure: Arc<Failure>,
+    registry: Arc<Registry>,
+    socket_path: PathBuf,
+    /// The listening socket, to hand to a fresh server process.
+    listener: OwnedFd,
+    /// Set once the socket's path belongs to the fresh server (or to no one): this server must
+    /// not remove it when it stops.
+    path_given_up: AtomicBool,
+    /// Whether the daemon was told of the failure (once, before any client is given back).
+    told_daemon: Mutex<bool>,
+    /// The stream the backend reports the context's death on; never used otherwise (in a
+    /// mutex only so that a stream that is not `Sync` may be kept here).
+    _stream: Mutex<Box<dyn Send>>,
+}
+
+impl std::fmt::Debug for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovery")
+            .field("failed", &self.failed())
+            .field("socket_path", &self.socket_path)
+            .finish()
+    }
+}
+
+impl Recovery {
+    /// Watches `backend`'s context for the server listening on `listener` at `socket_path`,
+    /// whose clients `registry` holds. Nothing is done on a failure until [`Recovery::start`].
+    pub(crate) fn watch<B: Backend>(
+        backend: &B,
+        listener: &UnixListener,
+        socket_path: PathBuf,
+        registry: Arc<Registry>,
+    ) -> Result<Arc<Recovery>> {
+        let failure = Arc::new(Failure::default());
+        let sink: Arc<dyn FaultSink> = Arc::new(Watch(failure.clone()));
+        let ctx = ClientContext {
+            // Clients are numbered from 1.
+            id: 0,
+            allocations: Arc::default(),
+            closing: Arc::new(AtomicBool::new(false)),
+            faults: sink,
+            sm: Arc::default(),
+            busy_ns: Arc::default(),
+        };
+        let stream = backend.stream_create(0, &ctx)?;
+        let listener = listener.as_fd().try_clone_to_owned().map_err(|e| {
+            Error::internal(format!(
+                "cannot keep the listening socket {} for a fresh server: {e}",
+                socket_path.display()
+            ))
+        })?;
+        Ok(Arc::new(Recovery {
+            failure,
+            registry,
+            socket_path,
+            listener,
+            path_given_up: AtomicBool::new(false),
+            told_daemon: Mutex::new(false),
+            _stream: Mutex::new(Box::new(stream)),
+        }))
+    }
+
+    /// Whether the context failed: the server then takes no new client.
+    pub fn failed(&self) -> bool {
+        self.failure.failed.load(Ordering::Acquire)
+    }
+
+    /// Why the context failed, once it did.
+    pub fn failure(&self) -> Option<Error> {
+        self.failure
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether the socket's path now belongs to a fresh server (or to no one).
+    pub fn path_given_up(&self) -> bool {
+        self.path_given_up.load(Ordering::Acquire)
+    }
+
+    /// Starts the thread that, once the context fails, has `successor` take new clients.
+    pub fn start(self: &Arc<Self>, successor: Successor) -> Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("recovery".into())
+            .spawn(move || {
+                let mut e = me.failure.error.lock().unwrap_or_else(|p| p.into_inner());
+                while e.is_none() {
+                    e = me.failure.known.wait(e).unwrap_or_else(|p| p.into_inner());
+                }
+                let why = e.clone().expect("set before the wait ended");
+                drop(e);
+                me.hand_over(&why, successor);
+            })
+            .map(drop)
+            .map_err(|e| Error::internal(format!("cannot start the recovery thread: {e}")))
+    }
+
+    fn hand_over(&self, why: &Error, successor: Successor) {
+        let clients = self.registry.connected();
+        tracing::error!(
+            pid = std::process::id(),
+            "the device context failed; this server takes no new clients, its {clients} \
+             client(s) get the fault's status on their next call, and it exits once they are \
+             gone: {}",
+            why.message
+        );
+        match successor {
+            Successor::Daemon(daemon) => self.tell_daemon(&daemon, why),
+            Successor::Process { program, args } => match self.spawn(&program, args) {
+                Ok(pid) => tracing::info!(
+                    "a fresh server (pid {pid}) serves {} from now on",
+                    self.socket_path.display()
+                ),
+                Err(e) => tracing::error!(
+                    "cannot start a fresh server after the fault: {}; start mps-server again \
+                     once this one has exited",
+                    e.message
+                ),
+            },
+        }
+    }
+
+    /// Tells the daemon on `daemon` that the context failed with `why`, once: the daemon then
+    /// starts a fresh server for this user and group.
+    fn tell_daemon(&self, daemon: &UnixStream, why: &Error) {
+        let mut told = self.told_daemon.lock().unwrap_or_else(|p| p.into_inner());
+        if *told {
+            return;
+        }
+        *told = true;
+        // The path is free for the fresh server before the daemon can start it.
+        let _ = std::fs::remove_file(&self.socket_path);
+        self.path_given_up.store(true, Ordering::Release);
+        match wire::send_to_daemon(daemon, wire::FAILED, why.message.as_bytes(), None) {
+            Ok(()) => {
+                tracing::info!(
+                    "told the control daemon, which starts a fresh server for new clients"
+                )
+            }
+            Err(e) => tracing::error!(
+                "cannot tell the control daemon that the context failed ({e}); it starts a fresh \
+                 server once this one has exited"
+            ),
+        }
+    }
+
+    /// Gives a client the daemon handed over after the context failed back to the daemon on
+    /// `daemon`, to be routed to the fresh server. The daemon hears of the failure first, so
+    /// that it does not hand the client here again.
+    pub(crate) fn give_back(&self, daemon: &UnixStream, hello: &[u8], client: OwnedFd) {
+        if let Some(why) = self.failure() {
+            self.tell_daemon(daemon, &why);
+        }
+        if let Err(e) = wire::send_to_daemon(daemon, wire::RETURN, hello, Some(client.as_fd())) {
+            tracing::warn!(
+                "cannot give a client back to the daemon ({e}); it sees its connection close"
+            );
+        }
+    }
+
+    /// Starts `program` with `args` and the listening socket; returns its pid.
+    fn spawn(&self, program: &PathBuf, args: Vec<OsString>) -> Result<u32> {
+        let fd = self.listener.as_raw_fd();
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args).arg(LISTEN_FD).arg(fd.to_string());
+        // SAFETY: between fork and exec the child only calls fcntl, which is
+        // async-signal-safe, on a descriptor this process owns (`self.listener`).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Descriptors are opened close-on-exec; this one must reach the fresh server.
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::internal(format!("cannot start {}: {e}", program.display())))?;
+        // The socket's path now leads to the fresh server.
+        self.path_given_up.store(true, Ordering::Release);
+        Ok(child.id())
+    }
+
+    /// Once the context failed and the accept loop stopped: waits until every client is gone,
+    /// `bound` passed, or `stop` is raised. Returns at once if the context did not fail.
+    pub fn drain(&self, stop: &AtomicBool, bound: Duration) {
+        if !self.failed() {
+            return;
+        }
+        let until = Instant::now() + bound;
+        loop {
+            let left = self.registry.connected();
+            if left == 0 {
+                tracing::info!(
+                    pid = std::process::id(),
+                    "every client of the failed context has gone; stopping"
+                );
+                return;
+            }
+            if stop.load(Ordering::Relaxed) {
+                tracing::info!("stopping with {left} client(s) of the failed context connected");
+                return;
+            }
+            if Instant::now() >= until {
+                tracing::warn!(
+                    "{left} client(s) of the failed context still connected after {} s; \
+                     stopping (they see the connection close)",
+                    bound.as_secs()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The listening socket a server whose context failed handed to this process at `fd`.
+pub fn inherited_listener(fd: i32) -> Result<UnixListener> {
+    use std::os::fd::FromRawFd;
+    let bad = |what: String| Error::new(Status::InvalidValue, what);
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open; nothing is assumed of it yet.
+    if unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } == -1 {
+        return Err(bad(format!(
+            "{LISTEN_FD} {fd}: no such descriptor (it is given by a server whose context \
+             failed; do not pass it by hand)"
+        )));
+    }
+    // SAFETY: `fd` is open (checked above) and was handed to this process alone, by the server
+    // it succeeds; nothing else in this process owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        &owned,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|e| bad(format!("{LISTEN_FD} {fd}: {e}")))?;
+    let listener = UnixListener::from(owned);
+    match listener.local_addr() {
+        Ok(_) => Ok(listener),
+        Err(e) => Err(bad(format!(
+            "{LISTEN_FD} {fd} is not a listening Unix socket: {e}"
+        ))),
+    }
+}

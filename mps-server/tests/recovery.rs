@@ -1,0 +1,400 @@
+//! Back in service after a kernel fault ends a server's context: with the control daemon (a
+//! fresh server for the faulted group, the other group untouched) and with a standalone server
+//! (a fresh process on the same socket). On the simulator the servers run with
+//! `--sim-fault-scope context`, which models a GPU's fault; `MPS_TEST_BACKEND=cuda` runs the
+//! same on a GPU. Each test prints the time from the fault to the first fresh client served.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mpsclient::{Client, Dim3, Status, Stream};
+
+/// How long recovery may take before a test fails (the figure itself is printed).
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn grid(x: u32) -> Dim3 {
+    Dim3 { x, y: 1, z: 1 }
+}
+
+/// The simulator's fault model of a GPU (ignored by the CUDA backend).
+const GPU_FAULTS: [&str; 2] = ["--sim-fault-scope", "context"];
+
+/// Launches `fault_write` at an address no one holds and returns the error the client gets.
+fn fault(c: &Client) -> mpsclient::Error {
+    let m = c.module_load(&ptx()).unwrap();
+    let f = c.module_get_function(m, "fault_write").unwrap();
+    let launched = c.launch(
+        f,
+        grid(1),
+        grid(1),
+        0,
+        Stream::DEFAULT,
+        &[&0x10u64.to_le_bytes()],
+    );
+    match launched {
+        Err(e) => e,
+        Ok(()) => c.synchronize().unwrap_err(),
+    }
+}
+
+/// Asserts that `e` is the context's failure, as every client of a failed context gets it.
+fn assert_context_failed(e: &mpsclient::Error, who: &str) {
+    assert_eq!(e.status, Status::IllegalAddress, "{who}: {e}");
+    assert!(e.message.contains("context failed"), "{who}: {e}");
+}
+
+/// Real work with checked results, on one client.
+struct Work<'c> {
+    client: &'c Client,
+    fill: mpsclient::Function,
+}
+
+impl<'c> Work<'c> {
+    fn on(client: &'c Client) -> Work<'c> {
+        let m = client.module_load(&ptx()).unwrap();
+        let fill = client.module_get_function(m, "fill_u32").unwrap();
+        Work { client, fill }
+    }
+
+    /// Fills 1024 words with `value` and reads them back.
+    fn round(&self, value: u32) {
+        let (c, n) = (self.client, 1024u64);
+        let p = c.mem_alloc(n * 4).unwrap();
+        c.launch(
+            self.fill,
+            grid(4),
+            grid(256),
+            0,
+            Stream::DEFAULT,
+            &[&p.0.to_le_bytes(), &value.to_le_bytes(), &n.to_le_bytes()],
+        )
+        .unwrap();
+        let mut out = vec![0u8; (n * 4) as usize];
+        c.memcpy_dtoh(&mut out, p, Stream::DEFAULT).unwrap();
+        c.stream_synchronize(Stream::DEFAULT).unwrap();
+        assert!(
+            out.chunks(4)
+                .all(|w| u32::from_le_bytes(w.try_into().unwrap()) == value),
+            "fill_u32 wrote something else"
+        );
+        c.mem_free(p).unwrap();
+    }
+}
+
+/// A client served: it loads a module, runs a kernel and reads back what it wrote.
+fn served(c: &Client, value: u32) {
+    Work::on(c).round(value);
+}
+
+/// Polls `probe` until it gives a value, failing after [`DEADLINE`] with `what` and `context`.
+fn wait_for<T>(
+    what: &str,
+    mut probe: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what} did not happen:\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A client process of group `group` that works, checking every result, until a line arrives on
+/// its standard input; it then prints how many rounds it did and exits (non-zero on any error).
+struct Bystander {
+    child: Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Bystander {
+    fn start(test: &str, pipe_dir: &std::path::Path, group: &str) -> Bystander {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("MPS_TEST_ROLE", "bystander")
+            .env("MPS_PIPE_DIRECTORY", pipe_dir)
+            .env("MPS_GROUP", group)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // The test harness may start the line with the test's name.
+        lines
+            .find(|l| l.as_ref().is_ok_and(|l| l.ends_with("working")))
+            .expect("the bystander ended before it worked")
+            .unwrap();
+        Bystander { child, lines }
+    }
+
+    /// Tells it to stop; returns the rounds it did.
+    fn finish(mut self) -> u64 {
+        writeln!(self.child.stdin.take().unwrap(), "stop").unwrap();
+        let rounds = self
+            .lines
+            .find_map(|l| l.ok()?.split("rounds ").nth(1)?.trim().parse().ok())
+            .expect("the bystander did not say how many rounds it did");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the bystander failed: {status}");
+        rounds
+    }
+
+    /// The bystander's body, in the child process.
+    fn play() {
+        let c = Client::connect(None).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::stdin().read_line(&mut String::new());
+            s.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let work = Work::on(&c);
+        work.round(1);
+        println!("working");
+        let mut rounds = 1u64;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            work.round(rounds as u32);
+            rounds += 1;
+        }
+        println!("rounds {rounds}");
+    }
+}
+
+/// The control daemon in a temporary pipe directory, stopped on drop.
+struct Daemon {
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = temp_dir("recovery");
+        let child = Command::new(control_bin())
+            .arg("-f")
+            .args(["--backend", &backend(), "--sim-memory", "256MiB"])
+            .args(GPU_FAULTS)
+            .arg("--server")
+            .arg(server_bin())
+            .arg("--pipe-dir")
+            .arg(&dir)
+            .arg("--log-dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon { dir, child };
+        wait_for(
+            "the daemon's start",
+            || std::os::unix::net::UnixStream::connect(d.dir.join("control.sock")).ok(),
+            || d.log(),
+        );
+        d
+    }
+
+    fn ctl(&self, line: &str) -> String {
+        let out = Command::new(control_bin())
+            .arg("--pipe-dir")
+            .arg(&self.dir)
+            .args(line.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// (pid, state) of each server of `group`, from `status`.
+    fn servers_of(&self, group: &str) -> Vec<(u32, String)> {
+        let status = self.ctl("status");
+        let servers = status.split("\n\n").next().unwrap_or_default();
+        servers
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w.get(2) == Some(&group)).then(|| (w[0].parse().unwrap(), w[5].to_string()))
+            })
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("control.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new(control_bin())
+            .arg("--pipe-dir")
+            .arg(&self.dir)
+            .args(["quit", "-t", "1"])
+            .output();
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn with_the_daemon_a_faulted_group_is_served_by_a_fresh_server_and_others_never_notice() {
+    const TEST: &str =
+        "with_the_daemon_a_faulted_group_is_served_by_a_fresh_server_and_others_never_notice";
+    if role().is_some() {
+        return Bystander::play();
+    }
+    let d = Daemon::start();
+    // Group a is this process's (the default group); group b's client is another process.
+    let a = "default";
+    let victim = d.client_of_a();
+    served(&victim, 7);
+    let bystander = Bystander::start(TEST, &d.dir, "b");
+    let [(old, ref state)] = d.servers_of(a)[..] else {
+        panic!("not one server for group a:\n{}", d.ctl("status"));
+    };
+    assert_eq!(state, "ACTIVE");
+    let [(b_server, _)] = d.servers_of("b")[..] else {
+        panic!("not one server for group b:\n{}", d.ctl("status"));
+    };
+
+    let faulted = Instant::now();
+    let e = fault(&victim);
+    assert_context_failed(&e, "the client whose kernel faulted");
+    let fresh = d.client_of_a();
+    served(&fresh, 9);
+    let took = faulted.elapsed();
+    println!(
+        "fault to first fresh client served ({} backend, with the daemon): {:.1} ms",
+        backend(),
+        took.as_secs_f64() * 1e3
+    );
+    assert!(took < DEADLINE, "recovery took {took:?}");
+
+    // The victim keeps hearing what happened.
+    assert_context_failed(&victim.mem_alloc(16).unwrap_err(), "the victim, later");
+    // The old server is listed as faulted while it drains, beside the fresh one.
+    let servers = d.servers_of(a);
+    assert!(servers.contains(&(old, "FAULT".into())), "{servers:?}");
+    assert!(
+        servers.iter().any(|(p, s)| *p != old && s == "ACTIVE"),
+        "{servers:?}"
+    );
+    let list = d.ctl("get_server_list");
+    assert!(list.lines().any(|l| l == format!("{old} FAULT")), "{list}");
+    assert_eq!(d.ctl(&format!("get_server_status {old}")), "FAULT\n");
+    assert!(d.log().contains("device context failed"), "{}", d.log());
+
+    // Group b's client worked through all of it, on its own server.
+    assert_eq!(d.servers_of("b"), vec![(b_server, "ACTIVE".to_string())]);
+    let rounds = bystander.finish();
+    assert!(rounds > 1, "the bystander did {rounds} rounds");
+
+    // Once its last client has gone, the faulted server exits and leaves the list.
+    drop(victim);
+    wait_for(
+        "the faulted server's exit",
+        || (!d.servers_of(a).iter().any(|(p, _)| *p == old)).then_some(()),
+        || d.ctl("status"),
+    );
+    served(&fresh, 11);
+}
+
+impl Daemon {
+    /// A client of group a (the default group), through the daemon.
+    fn client_of_a(&self) -> Client {
+        Client::connect(Some(&self.dir)).expect("connect through the daemon")
+    }
+}
+
+/// The fresh server a standalone server started, as its log names it; killed on drop, whatever
+/// the test's outcome.
+struct Fresh(std::path::PathBuf);
+
+impl Fresh {
+    fn pid(&self) -> Option<i32> {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        log.split("a fresh server (pid ")
+            .nth(1)?
+            .split(')')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+#[test]
+fn a_standalone_server_hands_its_socket_to_a_fresh_server_after_a_fault() {
+    let mut server = TestServer::start_with(&GPU_FAULTS);
+    let fresh_server = Fresh(server.dir.join("server.log"));
+    let victim = server.client();
+    let other = server.client();
+    served(&victim, 3);
+    served(&other, 4);
+
+    let faulted = Instant::now();
+    let e = fault(&victim);
+    assert_context_failed(&e, "the client whose kernel faulted");
+    let fresh = server.client();
+    served(&fresh, 5);
+    let took = faulted.elapsed();
+    println!(
+        "fault to first fresh client served ({} backend, standalone): {:.1} ms",
+        backend(),
+        took.as_secs_f64() * 1e3
+    );
+    assert!(took < DEADLINE, "recovery took {took:?}");
+
+    let log = server.wait_for_log("a fresh server (pid ");
+    assert!(fresh_server.pid().is_some(), "{log}");
+    assert!(log.contains("device context failed"), "{log}");
+
+    // Every client of the failed context hears what happened, on every call.
+    assert_context_failed(&other.synchronize().unwrap_err(), "the other client");
+    assert_context_failed(&victim.mem_alloc(16).unwrap_err(), "the victim, later");
+    // The old process takes no new client but stays for those of the failed context...
+    assert!(server.is_alive(), "the old server left its clients");
+    // ...and exits once they are gone; the fresh one serves on.
+    drop(victim);
+    drop(other);
+    let log_dir = server.dir.clone();
+    wait_for(
+        "the old server's exit",
+        || (!server.is_alive()).then_some(()),
+        || std::fs::read_to_string(log_dir.join("server.log")).unwrap_or_default(),
+    );
+    served(&fresh, 6);
+    served(&server.client(), 8);
+    assert!(
+        server
+            .log()
+            .contains("every client of the failed context has gone"),
+        "{}",
+        server.log()
+    );
+}
