@@ -103,6 +103,7 @@ fn sim() -> Server<SimBackend> {
         SimBackend::new(SimConfig {
             memory_bytes: 64 << 20,
             sm_count: 4,
+            fault_scope: Default::default(),
         })
         .unwrap(),
     )

@@ -31,6 +31,7 @@ impl Recorder {
         let sim = SimBackend::new(SimConfig {
             memory_bytes: 1 << 20,
             sm_count: 1,
+            fault_scope: Default::default(),
         })
         .unwrap();
         Recorder {
