@@ -69,6 +69,8 @@ pub(crate) struct Session<B: Backend> {
     /// The continuation slots of the command being handled, copied out of the ring; a launch's
     /// parameters go to the backend from here (the CUDA backend makes no other copy).
     payload: Vec<u8>,
+    /// A command taken from the ring but left for a thread that may wait ([`Step::Waits`]).
+    held: Option<Command>,
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
@@ -121,6 +123,7 @@ impl<B: Backend> Session<B> {
             outbox,
             closing,
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
+            held: None,
             spin,
             yield_for,
             registry,
@@ -172,6 +175,7 @@ impl<B: Backend> Session<B> {
                 Step::Retier => set_thread_nice(self.below_normal()),
                 // A client not draining its completions: look again gently, as posting would.
                 Step::Blocked => std::thread::sleep(Duration::from_millis(1)),
+                Step::Waits => self.handle_held(),
                 Step::More => {}
             }
         }
@@ -202,6 +206,10 @@ impl<B: Backend> Session<B> {
                 return Step::Blocked;
             }
             match self.take_one() {
+                Some(cmd) if may_wait(cmd.opcode) => {
+                    self.held = Some(cmd);
+                    return Step::Waits;
+                }
                 Some(cmd) => {
                     self.handle(&cmd);
                     if cmd.opcode == Opcode::SetPriority as u16 && self.below_normal() != tier {
@@ -213,6 +221,17 @@ impl<B: Backend> Session<B> {
             }
         }
         Step::More
+    }
+
+    /// Handles the command that [`Step::Waits`] held back (its payload is still in
+    /// `payload`). A panic disconnects the client, as in [`Session::step`].
+    pub(crate) fn handle_held(&mut self) {
+        let Some(cmd) = self.held.take() else { return };
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(&cmd)));
+        if handled.is_err() {
+            self.outbox
+                .disconnect("an internal error in the server (a panic, logged above)".into());
+        }
     }
 
     /// Whether the completion ring has room for this command's answer and a fault report.
@@ -374,8 +393,26 @@ pub(crate) enum Step {
     Blocked,
     /// The client changed its priority: it belongs with threads of the other priority.
     Retier,
+    /// The next command may wait for the device (see [`may_wait`]); it was taken but not
+    /// handled: [`Session::handle_held`] handles it, on a thread that may wait.
+    Waits,
     /// The client is gone: tear the session down.
     Closed,
+}
+
+/// Whether a command can wait for the device (for the client's streams to drain, or for a
+/// module to load) rather than only queue work: frees synchronise first, a stream's destruction
+/// waits for its running work, the last chunk of a module loads it, an unload may wait.
+fn may_wait(opcode: u16) -> bool {
+    [
+        Opcode::MemFree,
+        Opcode::HostFree,
+        Opcode::StreamDestroy,
+        Opcode::ModuleData,
+        Opcode::ModuleUnload,
+    ]
+    .iter()
+    .any(|o| *o as u16 == opcode)
 }
 
 /// Gives the calling thread the CPU priority of a client priority: a below-normal client's

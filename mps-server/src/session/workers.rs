@@ -16,15 +16,17 @@
 //!   its own. The client library knows nothing of workers. Each client's words are in its own
 //!   segment, so a hostile client can only make its worker wake for nothing (or leave itself
 //!   unwoken); a new client is announced on a word in server-private memory.
-//! * **Blocking commands.** A command that waits (a free that synchronises the device, a module
-//!   load) holds its worker, and the other clients of that worker wait for it; the wait is
-//!   bounded by the work the client itself queued. Releasing a departed client's resources,
-//!   which can wait for all of it, runs on a thread of its own.
+//! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
+//!   the client's streams first; a stream's destruction; a module load) is not handled by the
+//!   worker: the client leaves the worker with it for one of [`WAITERS`] threads, which handles
+//!   it and hands the client back to the least-loaded worker. The worker's other clients never
+//!   wait for it; the client's own later commands wait, as stream order requires. Releasing a
+//!   departed client's resources, which can wait for all its work, runs on a thread of its own.
 //!
 //! `count` 0 keeps one thread per client (the behaviour before workers), for comparison.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use mps_ipc::doorbell::{Doorbell, MAX_WAIT_ANY, Wake, wait_any};
@@ -37,6 +39,9 @@ pub(crate) const TURN: u32 = 32;
 
 /// Clients one worker serves at most: its sleep covers each client's doorbell and its own.
 pub(crate) const PER_WORKER: usize = MAX_WAIT_ANY - 1;
+
+/// Threads that handle commands that may wait for the device, shared by every worker.
+pub(crate) const WAITERS: usize = 4;
 
 /// How often a worker looks again at a client whose completion ring was full (the client rings
 /// nothing when it drains it).
@@ -69,6 +74,8 @@ struct Pool<B: Backend> {
     /// Normal, then below-normal.
     tiers: [Mutex<Vec<Arc<Worker<B>>>>; 2],
     watcher: Watcher,
+    /// To the threads that handle commands that may wait.
+    waiting: mpsc::Sender<Session<B>>,
     /// Spin, then yield, before sleeping.
     waits: (Duration, Duration),
 }
@@ -113,14 +120,24 @@ impl<B: Backend> Workers<B> {
             }
             Err(_) => 0,
         };
-        Ok(Workers {
-            pool: Arc::new(Pool {
-                count,
-                tiers: Default::default(),
-                watcher: Watcher::start()?,
-                waits,
-            }),
-        })
+        let (waiting, queue) = mpsc::channel();
+        let pool = Arc::new(Pool {
+            count,
+            tiers: Default::default(),
+            watcher: Watcher::start()?,
+            waiting,
+            waits,
+        });
+        if count > 0 {
+            let queue = Arc::new(Mutex::new(queue));
+            for i in 0..WAITERS {
+                let (queue, pool) = (queue.clone(), Arc::downgrade(&pool));
+                std::thread::Builder::new()
+                    .name(format!("session-wait{i}"))
+                    .spawn(move || wait_for_device(&queue, &pool))?;
+            }
+        }
+        Ok(Workers { pool })
     }
 
     /// The default number of workers per tier: one per CPU the server may run on.
@@ -260,6 +277,14 @@ fn work<B: Backend>(pool: &Arc<Pool<B>>, worker: &Worker<B>) {
             lock(&worker.state).load -= 1;
             pool.place(s);
         }
+        for s in outcome.waiting {
+            lock(&worker.state).load -= 1;
+            // The waiting threads live as long as the pool, which outlives this worker.
+            if let Err(mpsc::SendError(mut s)) = pool.waiting.send(s) {
+                s.handle_held();
+                pool.place(s);
+            }
+        }
         if outcome.busy || mine.is_empty() {
             spin_first = true;
             continue;
@@ -288,6 +313,8 @@ pub(crate) struct Turn<B: Backend> {
     pub(crate) closed: Vec<Session<B>>,
     /// Clients that changed tier, to place again.
     pub(crate) moved: Vec<Session<B>>,
+    /// Clients whose next command may wait, for a waiting thread.
+    pub(crate) waiting: Vec<Session<B>>,
 }
 
 /// Visits each client once, taking at most [`TURN`] commands from each.
@@ -297,6 +324,7 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
         blocked: false,
         closed: Vec::new(),
         moved: Vec::new(),
+        waiting: Vec::new(),
     };
     let mut i = 0;
     while i < clients.len() {
@@ -312,10 +340,27 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
                 out.moved.push(clients.remove(i));
                 continue;
             }
+            Step::Waits => {
+                out.waiting.push(clients.remove(i));
+                continue;
+            }
         }
         i += 1;
     }
     out
+}
+
+/// A waiting thread: handles each client's held command, then hands the client back.
+fn wait_for_device<B: Backend>(queue: &Mutex<mpsc::Receiver<Session<B>>>, pool: &Weak<Pool<B>>) {
+    loop {
+        let next = lock(queue).recv();
+        let Ok(mut session) = next else { return };
+        session.handle_held();
+        match pool.upgrade() {
+            Some(pool) => pool.place(session),
+            None => session.teardown(),
+        }
+    }
 }
 
 /// Releases a departed client's resources on a thread of its own: the release can wait for

@@ -92,6 +92,44 @@ fn a_flooding_client_delays_another_of_its_worker_by_at_most_one_turn() {
 }
 
 #[test]
+fn a_command_that_may_wait_leaves_the_worker_with_its_client() {
+    let server = sim();
+    let watcher = Watcher::start().unwrap();
+    let (frees, (frees_ch, _frees_sock)) = session(&server, &watcher, 1);
+    let (other, (other_ch, _other_sock)) = session(&server, &watcher, 2);
+    submit(
+        &frees_ch,
+        &Request::MemAlloc { size: 4096 },
+        1,
+        flags::REPLY,
+    );
+    let mut clients = vec![frees, other];
+    assert!(!turn(&mut clients).busy);
+    let ptr = replies(&frees_ch)[0].result().unwrap()[0];
+    submit(&frees_ch, &Request::MemFree { ptr }, 2, flags::REPLY);
+    submit(&frees_ch, &Request::Mark, 3, flags::REPLY);
+    submit(&other_ch, &Request::Mark, 1, flags::REPLY);
+
+    let mut t = turn(&mut clients);
+    // The free was taken but not handled, and nothing after it; the other client was served.
+    assert_eq!(t.waiting.len(), 1);
+    assert_eq!(clients.len(), 1);
+    assert_eq!(taken(&frees_ch), 2);
+    assert!(replies(&frees_ch).is_empty());
+    assert_eq!(replies(&other_ch).len(), 1);
+    // Whoever handles it answers it, and the client's next command follows in order.
+    let mut frees = t.waiting.pop().unwrap();
+    frees.handle_held();
+    clients.push(frees);
+    turn(&mut clients);
+    let answered: Vec<_> = replies(&frees_ch)
+        .iter()
+        .map(|c| (c.seq, c.result().is_ok()))
+        .collect();
+    assert_eq!(answered, [(2, true), (3, true)]);
+}
+
+#[test]
 fn a_client_that_lowers_its_priority_leaves_its_worker_and_one_that_corrupts_its_ring_is_closed() {
     let server = sim();
     let watcher = Watcher::start().unwrap();
