@@ -153,3 +153,27 @@ fn a_client_scribbling_on_its_wake_up_words_cannot_stall_its_worker() {
     assert!(hostile.call(&Request::Mark, 0).result().is_ok());
     assert!(server.is_alive(), "log:\n{}", server.log());
 }
+
+#[test]
+fn zero_workers_serve_each_client_on_a_thread_of_its_own() {
+    let server = TestServer::start_with(&["--session-workers", "0"]);
+    let pid = server.pid();
+    let mut clients = connect_all(&server, 5);
+    let own = |t: &[String]| {
+        t.iter()
+            .filter(|n| {
+                n.strip_prefix("client-")
+                    .is_some_and(|id| id.parse::<u32>().is_ok())
+            })
+            .count()
+    };
+    let threads = server_threads(pid);
+    assert_eq!(own(&threads), 5, "{threads:?}");
+    for c in &mut clients {
+        assert!(c.call(&Request::Mark, 0).result().is_ok());
+    }
+    drop(clients);
+    eventually("the clients' threads end", || {
+        own(&server_threads(pid)) == 0
+    });
+}
