@@ -44,6 +44,9 @@ pub(crate) use workers::Workers;
 /// client hangs up).
 const NAP: Duration = Duration::from_secs(1);
 
+/// How long sending on a client's socket may take.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// What every session of a server shares.
 pub(crate) struct ServerEnv<B: Backend> {
     pub(crate) backend: Arc<B>,
@@ -92,6 +95,14 @@ impl<B: Backend> Session<B> {
             limits,
             waits: (spin, yield_for),
         } = env;
+        // A client that never reads its socket cannot hold the thread sending it a host
+        // buffer for longer than this: the send fails and the client gets an error.
+        socket.set_write_timeout(Some(SEND_TIMEOUT)).map_err(|e| {
+            Error::new(
+                Status::Connection,
+                format!("cannot set up the client's socket: {e}"),
+            )
+        })?;
         let closing = Arc::new(AtomicBool::new(false));
         let outbox = Arc::new(Outbox::new(
             channel.clone(),
@@ -402,9 +413,12 @@ pub(crate) enum Step {
 
 /// Whether a command can wait for the device (for the client's streams to drain, or for a
 /// module to load) rather than only queue work: frees synchronise first, a stream's destruction
-/// waits for its running work, the last chunk of a module loads it, an unload may wait.
+/// waits for its running work, the last chunk of a module loads it, an unload may wait. A host
+/// buffer's descriptor goes out on the client's socket, which a client that never reads it can
+/// fill.
 fn may_wait(opcode: u16) -> bool {
     [
+        Opcode::HostAlloc,
         Opcode::MemFree,
         Opcode::HostFree,
         Opcode::StreamDestroy,
