@@ -46,7 +46,7 @@ struct Args {
     /// per CPU); 0 serves each client on a thread of its own.
     #[arg(long)]
     session_workers: Option<usize>,
-    /// Microseconds a client's session thread spins for new commands before it yields.
+    /// Microseconds a session worker spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
     /// Microseconds it then keeps looking between yields of the processor before it sleeps.
