@@ -63,7 +63,11 @@ struct Args {
     /// A listening socket handed over by a server whose context failed (set by that server).
     #[arg(long)]
     listen_fd: Option<i32>,
-    /// Microseconds a client's session thread spins for new commands before it yields.
+    /// Session workers per client priority, each serving several clients' rings (default: one
+    /// per CPU); 0 serves each client on a thread of its own.
+    #[arg(long)]
+    session_workers: Option<usize>,
+    /// Microseconds a session worker spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
     /// Microseconds it then keeps looking between yields of the processor before it sleeps.
@@ -227,6 +231,9 @@ fn main() -> std::process::ExitCode {
             .clone()
             .unwrap_or_else(mps_ipc::socket::default_pipe_dir),
         layout,
+        session_workers: args
+            .session_workers
+            .unwrap_or_else(ServerConfig::default_session_workers),
         spin: std::time::Duration::from_micros(args.spin_us),
         yield_for: std::time::Duration::from_micros(args.yield_us),
         mem_limit: args.mem_limit,

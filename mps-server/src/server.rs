@@ -1,4 +1,5 @@
-//! The listening socket in the pipe directory, the handshake, and one session thread per client.
+//! The listening socket in the pipe directory, the handshake, and the hand-over of each client
+//! to the session workers.
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
@@ -20,7 +21,7 @@ use crate::backend::Backend;
 use crate::control::wire;
 use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
-use crate::session::{HandleIssuer, Limits, ServerEnv, Session, check_hello, hello_group};
+use crate::session::{HandleIssuer, Limits, ServerEnv, Session, Workers, check_hello, hello_group};
 
 /// How a server is set up.
 #[derive(Clone, Debug)]
@@ -29,6 +30,9 @@ pub struct ServerConfig {
     pub pipe_dir: PathBuf,
     /// Ring and staging sizes of each client's channel.
     pub layout: Layout,
+    /// Session workers per client priority (0: a thread per client); see
+    /// [`ServerConfig::default_session_workers`].
+    pub session_workers: usize,
     /// How long a session thread spins for new commands before it yields.
     pub spin: Duration,
     /// How long it then keeps looking between yields of the processor before it sleeps.
@@ -54,6 +58,14 @@ pub struct Server<B: Backend> {
     next_client: AtomicU32,
     registry: Arc<Registry>,
     recovery: Arc<Recovery>,
+    workers: Workers<B>,
+}
+
+impl ServerConfig {
+    /// The default number of session workers: one per CPU the server may run on.
+    pub fn default_session_workers() -> usize {
+        Workers::<crate::backend::sim::SimBackend>::default_count()
+    }
 }
 
 impl<B: Backend> Server<B> {
@@ -93,7 +105,10 @@ impl<B: Backend> Server<B> {
             placer,
         ));
         let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
+        let workers = Workers::new(cfg.session_workers, (cfg.spin, cfg.yield_for))
+            .map_err(|e| Error::internal(format!("cannot start the session workers: {e}")))?;
         Ok(Server {
+            workers,
             backend,
             registry,
             recovery,
@@ -115,8 +130,8 @@ impl<B: Backend> Server<B> {
         &self.recovery
     }
 
-    /// Accepts clients until `stop` is set or the device context failed, each served by a
-    /// thread of its own.
+    /// Accepts clients until `stop` is set or the device context failed, each handed to the
+    /// session workers.
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
         while !stop.load(Ordering::Relaxed) && !self.recovery.failed() {
             match wait_readable(&self.listener) {
@@ -175,8 +190,9 @@ impl<B: Backend> Server<B> {
         let layout = self.cfg.layout;
         let waits = (self.cfg.spin, self.cfg.yield_for);
         let registry = self.registry.clone();
+        let workers = self.workers.clone();
         let spawned = std::thread::Builder::new()
-            .name(format!("client-{id}"))
+            .name(format!("intake-{id}"))
             .spawn(
                 move || match handshake(&*backend, stream, hello, id, layout) {
                     Ok((peer, channel, socket)) => {
@@ -188,7 +204,7 @@ impl<B: Backend> Server<B> {
                             waits,
                         };
                         match Session::new(env, id, peer, channel, socket) {
-                            Ok(session) => session.run(),
+                            Ok(session) => workers.adopt(session),
                             Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                         }
                     }

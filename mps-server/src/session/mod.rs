@@ -1,13 +1,17 @@
-//! One client's session. Its thread reads the client's submission ring under the hostile-client
-//! rules and sleeps on the doorbell; what each command means (the client's tables, limits and
-//! checks) is the state machine in `core.rs`, which this shell feeds and whose answers it posts.
-//! When the client goes away, everything it held is released here.
+//! One client's session: the shell that reads the client's submission ring under the
+//! hostile-client rules, a bounded number of commands per call ([`Session::step`]); what each
+//! command means (the client's tables, limits and checks) is the state machine in `core.rs`,
+//! which this shell feeds and whose answers it posts. When the client goes away, everything it
+//! held is released here. Which thread calls `step`, and how it sleeps, is `workers.rs`'s
+//! business (or [`Session::run`]'s, for a thread per client); hang-ups are seen by `watch.rs`.
 
 mod core;
 mod limits;
 mod tables;
 #[cfg(test)]
 mod tests;
+mod watch;
+mod workers;
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -21,7 +25,8 @@ use mps_core::protocol::{
 };
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, ShmRing};
-use mps_ipc::ring::Consumer;
+use mps_ipc::doorbell::Doorbell;
+use mps_ipc::ring::{Consumer, Producer, RingMemory};
 use mps_ipc::socket::{self, Peer};
 
 use self::core::{Output, SessionCore, Shared};
@@ -31,11 +36,16 @@ use crate::registry::{ClientEntry, Registry};
 
 pub use limits::Limits;
 pub(crate) use tables::HandleIssuer;
+pub(crate) use watch::Watcher;
+pub(crate) use workers::Workers;
 
 /// How long it sleeps before looking at its ring and closing flag again (a safety net only:
 /// the client rings the bell when it submits to a sleeping session, and the watcher when the
 /// client hangs up).
 const NAP: Duration = Duration::from_secs(1);
+
+/// How long sending on a client's socket may take.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What every session of a server shares.
 pub(crate) struct ServerEnv<B: Backend> {
@@ -55,11 +65,15 @@ pub(crate) struct Session<B: Backend> {
     channel: Channel,
     socket: Arc<UnixStream>,
     commands: Consumer<Command, ShmRing<Command>>,
+    /// A view of the completion ring, only to see whether it has room (the outbox posts).
+    completions: Producer<Completion, ShmRing<Completion>>,
     outbox: Arc<Outbox>,
     closing: Arc<AtomicBool>,
     /// The continuation slots of the command being handled, copied out of the ring; a launch's
     /// parameters go to the backend from here (the CUDA backend makes no other copy).
     payload: Vec<u8>,
+    /// A command taken from the ring but left for a thread that may wait ([`Step::Waits`]).
+    held: Option<Command>,
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
@@ -81,6 +95,14 @@ impl<B: Backend> Session<B> {
             limits,
             waits: (spin, yield_for),
         } = env;
+        // A client that never reads its socket cannot hold the thread sending it a host
+        // buffer for longer than this: the send fails and the client gets an error.
+        socket.set_write_timeout(Some(SEND_TIMEOUT)).map_err(|e| {
+            Error::new(
+                Status::Connection,
+                format!("cannot set up the client's socket: {e}"),
+            )
+        })?;
         let closing = Arc::new(AtomicBool::new(false));
         let outbox = Arc::new(Outbox::new(
             channel.clone(),
@@ -105,12 +127,14 @@ impl<B: Backend> Session<B> {
         Ok(Session {
             core,
             commands: channel.submit_consumer(),
+            completions: channel.complete_producer(),
             id,
             peer,
             socket,
             outbox,
             closing,
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
+            held: None,
             spin,
             yield_for,
             registry,
@@ -118,36 +142,10 @@ impl<B: Backend> Session<B> {
         })
     }
 
-    /// Watches the socket for the client's hang-up (or for bytes it must not send), on a thread
-    /// of its own so that the session thread can sleep on the submission doorbell alone.
-    fn spawn_watcher(&self) -> std::io::Result<()> {
-        let sock = self.socket.clone();
-        let outbox = self.outbox.clone();
-        std::thread::Builder::new()
-            .name(format!("watch-c{}", self.id))
-            .spawn(move || {
-                let mut buf = [0u8; 64];
-                let reason = match std::io::Read::read(&mut &*sock, &mut buf) {
-                    Ok(0) => "hung up".to_string(),
-                    Ok(_) => "sent bytes on its socket after the handshake".to_string(),
-                    Err(e) => format!("socket error: {e}"),
-                };
-                outbox.disconnect(reason);
-            })
-            .map(drop)
-    }
-
-    /// Serves the client until it goes away, then releases everything it held. A panic while
-    /// serving (a bug) disconnects this client with a logged reason; other clients carry on.
-    pub(crate) fn run(mut self) {
-        if let Err(e) = self.spawn_watcher() {
-            // A hang-up would go unnoticed: the client is turned away, and what it was given
-            // goes back.
-            self.outbox.disconnect(format!(
-                "the server could not start a thread to watch its socket: {e}"
-            ));
-            return self.teardown();
-        }
+    /// Makes the client known to the registry and its socket watched: called once, on the
+    /// thread that will serve it, before its first command.
+    pub(crate) fn start(&self, watcher: &Watcher) {
+        watcher.watch(self.socket.clone(), self.outbox.clone());
         let ctx = self.core.context();
         self.registry.add(
             self.id,
@@ -165,83 +163,152 @@ impl<B: Backend> Session<B> {
                 sm_reserve: std::sync::atomic::AtomicU32::new(0),
             },
         );
-        self.apply_priority();
-        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
-        if served.is_err() {
-            self.outbox
-                .disconnect("an internal error in the server (a panic, logged above)".into());
+    }
+
+    /// The client's id.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Whether the client asked for below-normal priority.
+    pub(crate) fn below_normal(&self) -> bool {
+        self.core.priority().load(Ordering::Relaxed) >= protocol::PRIORITY_BELOW_NORMAL
+    }
+
+    /// Serves the client on a thread of its own until it goes away, then releases everything
+    /// it held (one thread per client: `--session-workers 0`). [`Session::start`] came first.
+    pub(crate) fn run(mut self) {
+        set_thread_nice(self.below_normal());
+        loop {
+            match self.step(u32::MAX) {
+                Step::Closed => break,
+                Step::Idle => self.wait_for_commands(),
+                Step::Retier => set_thread_nice(self.below_normal()),
+                // A client not draining its completions: look again gently, as posting would.
+                Step::Blocked => std::thread::sleep(Duration::from_millis(1)),
+                Step::Waits => self.handle_held(),
+                Step::More => {}
+            }
         }
         self.teardown();
     }
 
-    /// Gives this session thread the CPU priority of the client's priority: a below-normal
-    /// client's commands are taken after normal clients' when the server's CPUs are busy.
-    fn apply_priority(&self) {
-        let level = self.core.priority().load(Ordering::Relaxed);
-        let nice = if level >= protocol::PRIORITY_BELOW_NORMAL {
-            10
-        } else {
-            0
-        };
-        let tid = nix::unistd::gettid().as_raw();
-        // SAFETY: setpriority only reads its arguments; on Linux PRIO_PROCESS with a thread id
-        // sets that thread's nice value. Lowering priority needs no privilege; a failure leaves
-        // the thread as it was, which is only a missed preference.
-        let r = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as u32, nice) };
-        if r != 0 {
-            tracing::debug!(client = self.id, "setpriority({nice}) failed");
+    /// Handles at most `budget` of the client's commands. A panic while serving (a bug)
+    /// disconnects this client with a logged reason; other clients carry on.
+    pub(crate) fn step(&mut self, budget: u32) -> Step {
+        let tier = self.below_normal();
+        let stepped =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.take(budget, tier)));
+        stepped.unwrap_or_else(|_| {
+            self.outbox
+                .disconnect("an internal error in the server (a panic, logged above)".into());
+            Step::Closed
+        })
+    }
+
+    fn take(&mut self, budget: u32, tier: bool) -> Step {
+        for _ in 0..budget {
+            if self.closing.load(Ordering::Relaxed) {
+                return Step::Closed;
+            }
+            // Taking a command whose answer could not be posted would hold the thread (and
+            // every other client it serves) until this client drains its completions.
+            if !self.completion_room() {
+                return Step::Blocked;
+            }
+            match self.take_one() {
+                Some(cmd) if may_wait(cmd.opcode) => {
+                    self.held = Some(cmd);
+                    return Step::Waits;
+                }
+                Some(cmd) => {
+                    self.handle(&cmd);
+                    if cmd.opcode == Opcode::SetPriority as u16 && self.below_normal() != tier {
+                        return Step::Retier;
+                    }
+                }
+                None if self.closing.load(Ordering::Relaxed) => return Step::Closed,
+                None => return Step::Idle,
+            }
+        }
+        Step::More
+    }
+
+    /// Handles the command that [`Step::Waits`] held back (its payload is still in
+    /// `payload`). A panic disconnects the client, as in [`Session::step`].
+    pub(crate) fn handle_held(&mut self) {
+        let Some(cmd) = self.held.take() else { return };
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(&cmd)));
+        if handled.is_err() {
+            self.outbox
+                .disconnect("an internal error in the server (a panic, logged above)".into());
         }
     }
 
-    fn serve(&mut self) {
-        loop {
-            if self.closing.load(Ordering::Relaxed) {
-                return;
+    /// Whether the completion ring has room for this command's answer and a fault report.
+    /// A corrupt ring reads as room: posting then finds the corruption and disconnects.
+    fn completion_room(&self) -> bool {
+        let ring = self.completions.memory();
+        let tail = ring.tail().load(Ordering::Relaxed);
+        let head = ring.head().load(Ordering::Acquire);
+        ring.capacity().wrapping_sub(tail.wrapping_sub(head)) >= 2
+    }
+
+    /// Whether the client has something for its session to look at: a command, or its end.
+    pub(crate) fn has_work(&self) -> bool {
+        self.closing.load(Ordering::Relaxed) || self.commands.available() != Ok(0)
+    }
+
+    /// The doorbell the client rings after submitting.
+    pub(crate) fn bell(&self) -> Doorbell<'_> {
+        self.channel.submit_bell()
+    }
+
+    /// Takes the next command and its payload out of the ring, under the hostile-client rules;
+    /// `None` when there is none, or when the client was disconnected for what it wrote.
+    fn take_one(&mut self) -> Option<Command> {
+        let avail = match self.commands.available() {
+            Ok(0) => return None,
+            Ok(n) => n,
+            Err(e) => {
+                self.outbox
+                    .disconnect(format!("corrupted its submission ring: {e}"));
+                return None;
             }
-            let avail = match self.commands.available() {
-                Ok(n) => n,
-                Err(e) => {
-                    return self
-                        .outbox
-                        .disconnect(format!("corrupted its submission ring: {e}"));
-                }
-            };
-            if avail == 0 {
-                self.wait_for_commands();
-                continue;
-            }
-            let cmd = self.commands.peek(0);
-            let extra = cmd.extra_slots as u32;
-            if extra as usize >= MAX_COMMAND_SLOTS {
-                return self.outbox.disconnect(format!(
-                    "sent command #{} claiming {extra} payload slots (at most {})",
-                    cmd.seq,
-                    MAX_COMMAND_SLOTS - 1
-                ));
-            }
-            if avail < 1 + extra {
-                // Clients publish a command and its payload together.
-                return self.outbox.disconnect(format!(
-                    "published command #{} without its {extra} payload slots",
-                    cmd.seq
-                ));
-            }
-            // Copied out before anything reads it, so that a client rewriting its slots cannot
-            // change a command after it was checked.
-            self.payload.clear();
-            for i in 1..=extra {
-                let slot = self.commands.peek(i);
-                self.payload.extend_from_slice(bytemuck::bytes_of(&slot));
-            }
-            self.commands.advance(1 + extra);
-            // A client that found no room for a command sleeps on the progress bell; it can only
-            // be waiting while the ring is nearly full. Ringing for every command would bounce
-            // the bell's cache line between this thread and a client spinning on it.
-            if avail as usize + MAX_COMMAND_SLOTS > self.channel.layout().submit_slots as usize {
-                self.channel.progress_bell().ring();
-            }
-            self.handle(&cmd);
+        };
+        let cmd = self.commands.peek(0);
+        let extra = cmd.extra_slots as u32;
+        if extra as usize >= MAX_COMMAND_SLOTS {
+            self.outbox.disconnect(format!(
+                "sent command #{} claiming {extra} payload slots (at most {})",
+                cmd.seq,
+                MAX_COMMAND_SLOTS - 1
+            ));
+            return None;
         }
+        if avail < 1 + extra {
+            // Clients publish a command and its payload together.
+            self.outbox.disconnect(format!(
+                "published command #{} without its {extra} payload slots",
+                cmd.seq
+            ));
+            return None;
+        }
+        // Copied out before anything reads it, so that a client rewriting its slots cannot
+        // change a command after it was checked.
+        self.payload.clear();
+        for i in 1..=extra {
+            let slot = self.commands.peek(i);
+            self.payload.extend_from_slice(bytemuck::bytes_of(&slot));
+        }
+        self.commands.advance(1 + extra);
+        // A client that found no room for a command sleeps on the progress bell; it can only
+        // be waiting while the ring is nearly full. Ringing for every command would bounce
+        // the bell's cache line between this thread and a client spinning on it.
+        if avail as usize + MAX_COMMAND_SLOTS > self.channel.layout().submit_slots as usize {
+            self.channel.progress_bell().ring();
+        }
+        Some(cmd)
     }
 
     /// Spins, then looks again after each yield of the processor, then sleeps on the
@@ -250,9 +317,7 @@ impl<B: Backend> Session<B> {
     /// asleep it stays asleep until there is work or the client is closing: an idle client
     /// costs one look per nap, not a spin and a round of yields.
     fn wait_for_commands(&self) {
-        let commands = &self.commands;
-        let closing = &self.closing;
-        let ready = || closing.load(Ordering::Relaxed) || commands.available() != Ok(0);
+        let ready = || self.has_work();
         let bell = self.channel.submit_bell();
         bell.wait(self.spin, self.spin, ready);
         let until = std::time::Instant::now() + self.yield_for;
@@ -301,12 +366,10 @@ impl<B: Backend> Session<B> {
                 }
             }
         }
-        if cmd.opcode == Opcode::SetPriority as u16 {
-            self.apply_priority();
-        }
     }
 
-    fn teardown(self) {
+    /// Releases everything the client held and forgets it.
+    pub(crate) fn teardown(self) {
         self.registry.remove(self.id);
         self.closing.store(true, Ordering::SeqCst);
         let reason = self
@@ -327,6 +390,57 @@ impl<B: Backend> Session<B> {
             r.modules,
             r.host_buffers,
         );
+    }
+}
+
+/// What one [`Session::step`] left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The ring is empty.
+    Idle,
+    /// The budget ran out with commands possibly left.
+    More,
+    /// The client's completion ring is full: nothing is taken until it drains some.
+    Blocked,
+    /// The client changed its priority: it belongs with threads of the other priority.
+    Retier,
+    /// The next command may wait for the device (see [`may_wait`]); it was taken but not
+    /// handled: [`Session::handle_held`] handles it, on a thread that may wait.
+    Waits,
+    /// The client is gone: tear the session down.
+    Closed,
+}
+
+/// Whether a command can wait for the device (for the client's streams to drain, or for a
+/// module to load) rather than only queue work: frees synchronise first, a stream's destruction
+/// waits for its running work, the last chunk of a module loads it, an unload may wait. A host
+/// buffer's descriptor goes out on the client's socket, which a client that never reads it can
+/// fill.
+fn may_wait(opcode: u16) -> bool {
+    [
+        Opcode::HostAlloc,
+        Opcode::MemFree,
+        Opcode::HostFree,
+        Opcode::StreamDestroy,
+        Opcode::ModuleData,
+        Opcode::ModuleUnload,
+    ]
+    .iter()
+    .any(|o| *o as u16 == opcode)
+}
+
+/// Gives the calling thread the CPU priority of a client priority: a below-normal client's
+/// commands are taken after normal clients' when the server's CPUs are busy.
+pub(crate) fn set_thread_nice(below_normal: bool) {
+    let nice = if below_normal { 10 } else { 0 };
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority only reads its arguments; on Linux PRIO_PROCESS with a thread id
+    // sets that thread's nice value. Lowering priority needs no privilege; a failure leaves the
+    // thread as it was, which is only a missed preference (raising it back to 0 needs
+    // CAP_SYS_NICE, which is why threads of the two priorities are kept apart).
+    let r = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as u32, nice) };
+    if r != 0 {
+        tracing::debug!("setpriority({nice}) failed");
     }
 }
 

@@ -137,6 +137,11 @@ impl TestServer {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the server process is still running.
     pub fn is_alive(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

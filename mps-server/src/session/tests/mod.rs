@@ -28,6 +28,7 @@ mod launch;
 mod limits;
 mod recorder;
 mod validation;
+mod workers;
 
 const PTX: &[u8] = include_bytes!("../../../../kernels/test_kernels.ptx");
 

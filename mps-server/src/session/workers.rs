@@ -1,0 +1,443 @@
+//! The threads that serve the clients' rings: a bounded set of workers, each serving several
+//! clients, instead of a spinning thread per client.
+//!
+//! * **Tiers.** Normal and below-normal clients are served by different workers; a
+//!   below-normal worker runs at nice 10, so its clients' commands are taken after normal
+//!   clients' when the server's CPUs are busy. There are at most `count` workers per tier
+//!   (more only when every one already serves [`PER_WORKER`] clients, the most one can sleep
+//!   on), and a worker exists only while it has clients.
+//! * **Assignment.** A new client goes to the least-loaded worker of its tier; a client that
+//!   lowers its priority moves to the other tier; a client leaving frees its place.
+//! * **Turns.** A worker visits its clients in turn and takes at most [`TURN`] commands from
+//!   each, so a client flooding its ring delays another by at most a turn's worth of commands.
+//! * **Sleep.** When none of its clients has a command, a worker spins, yields, then sleeps on
+//!   every client's own submission doorbell at once (`futex_waitv`), having raised each one's
+//!   sleeper count so that the client's library rings it exactly as it would ring a thread of
+//!   its own. The client library knows nothing of workers. Each client's words are in its own
+//!   segment, so a hostile client can only make its worker wake for nothing (or leave itself
+//!   unwoken); a new client is announced on a word in server-private memory.
+//! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
+//!   the client's streams first; a stream's destruction; a module load) is not handled by the
+//!   worker: the client leaves the worker with it for one of [`WAITERS`] threads, which handles
+//!   it and hands the client back to the least-loaded worker. The worker's other clients never
+//!   wait for it; the client's own later commands wait, as stream order requires. Releasing a
+//!   departed client's resources, which can wait for all its work, runs on a thread of its own.
+//!
+//! `count` 0 keeps one thread per client (the behaviour before workers), for comparison.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
+use std::time::{Duration, Instant};
+
+use mps_ipc::doorbell::{Doorbell, MAX_WAIT_ANY, Wake, wait_any};
+
+use super::{NAP, Session, Step, Watcher, set_thread_nice};
+use crate::backend::Backend;
+
+/// Commands a worker takes from one client before it moves to the next.
+pub(crate) const TURN: u32 = 32;
+
+/// Clients one worker serves at most: its sleep covers each client's doorbell and its own.
+pub(crate) const PER_WORKER: usize = MAX_WAIT_ANY - 1;
+
+/// Threads that handle commands that may wait for the device, shared by every worker.
+pub(crate) const WAITERS: usize = 4;
+
+/// How often a worker looks again at a client whose completion ring was full (the client rings
+/// nothing when it drains it).
+const FULL_POLL: Duration = Duration::from_millis(1);
+
+/// The session workers of one server.
+pub(crate) struct Workers<B: Backend> {
+    pool: Arc<Pool<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Workers<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("per_tier", &self.pool.count)
+            .finish()
+    }
+}
+
+impl<B: Backend> Clone for Workers<B> {
+    fn clone(&self) -> Self {
+        Workers {
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+struct Pool<B: Backend> {
+    /// Workers per tier (0: a thread per client).
+    count: usize,
+    /// Normal, then below-normal.
+    tiers: [Mutex<Vec<Arc<Worker<B>>>>; 2],
+    watcher: Watcher,
+    /// To the threads that handle commands that may wait.
+    waiting: mpsc::Sender<Session<B>>,
+    /// Spin, then yield, before sleeping.
+    waits: (Duration, Duration),
+}
+
+struct Worker<B: Backend> {
+    name: String,
+    below_normal: bool,
+    state: Mutex<WorkerState<B>>,
+    /// Rung when a client is handed to this worker.
+    bell: AtomicU32,
+    sleepers: AtomicU32,
+}
+
+impl<B: Backend> Worker<B> {
+    fn bell(&self) -> Doorbell<'_> {
+        Doorbell::new(&self.bell, &self.sleepers)
+    }
+}
+
+struct WorkerState<B: Backend> {
+    /// Clients handed over but not yet taken by the worker thread.
+    inbox: Vec<Session<B>>,
+    /// Clients in the inbox and being served.
+    load: usize,
+    /// Whether the worker's thread is running.
+    running: bool,
+}
+
+impl<B: Backend> Workers<B> {
+    /// Workers for a server: `count` per tier, or a thread per client if `count` is 0 or the
+    /// kernel cannot sleep on several futexes at once (before Linux 5.16).
+    pub(crate) fn new(count: usize, waits: (Duration, Duration)) -> std::io::Result<Self> {
+        let probe = AtomicU32::new(0);
+        let count = match wait_any(&[(&probe, 1)], Duration::ZERO) {
+            Ok(_) => count,
+            Err(e) if count > 0 => {
+                tracing::warn!(
+                    "this kernel cannot sleep on several futexes at once ({e}); serving each \
+                     client on a thread of its own instead of {count} session workers"
+                );
+                0
+            }
+            Err(_) => 0,
+        };
+        let (waiting, queue) = mpsc::channel();
+        let pool = Arc::new(Pool {
+            count,
+            tiers: Default::default(),
+            watcher: Watcher::start()?,
+            waiting,
+            waits,
+        });
+        if count > 0 {
+            let queue = Arc::new(Mutex::new(queue));
+            for i in 0..WAITERS {
+                let (queue, pool) = (queue.clone(), Arc::downgrade(&pool));
+                std::thread::Builder::new()
+                    .name(format!("session-wait{i}"))
+                    .spawn(move || wait_for_device(&queue, &pool))?;
+            }
+        }
+        Ok(Workers { pool })
+    }
+
+    /// The default number of workers per tier: one per CPU the server may run on.
+    pub(crate) fn default_count() -> usize {
+        std::thread::available_parallelism().map_or(4, |n| n.get())
+    }
+
+    /// Starts serving a client whose handshake has completed.
+    pub(crate) fn adopt(&self, session: Session<B>) {
+        session.start(&self.pool.watcher);
+        if self.pool.count == 0 {
+            spawn_own_thread(session);
+        } else {
+            self.pool.place(session);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves `session` on a thread of its own (`count` 0).
+fn spawn_own_thread<B: Backend>(session: Session<B>) {
+    let (tx, rx) = mpsc::channel::<Session<B>>();
+    let spawned = std::thread::Builder::new()
+        .name(format!("client-{}", session.id()))
+        .spawn(move || {
+            if let Ok(s) = rx.recv() {
+                s.run();
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            // The thread waits for exactly this message.
+            let _ = tx.send(session);
+        }
+        Err(e) => refuse(session, &e),
+    }
+}
+
+/// Turns away a client no thread could be started for; what it was given goes back.
+fn refuse<B: Backend>(session: Session<B>, e: &std::io::Error) {
+    session.outbox.disconnect(format!(
+        "the server could not start a thread to serve it: {e}"
+    ));
+    session.teardown();
+}
+
+impl<B: Backend> Pool<B> {
+    /// Hands `session` to the least-loaded worker of its tier, starting one if needed.
+    fn place(self: &Arc<Self>, session: Session<B>) {
+        let tier = usize::from(session.below_normal());
+        let worker = {
+            let mut workers = lock(&self.tiers[tier]);
+            let least = workers
+                .iter()
+                .map(|w| (lock(&w.state).load, w))
+                .min_by_key(|(load, _)| *load)
+                .map(|(load, w)| (load, w.clone()));
+            match least {
+                Some((load, w))
+                    if load == 0 || (workers.len() >= self.count && load < PER_WORKER) =>
+                {
+                    w
+                }
+                _ => {
+                    let w = Arc::new(Worker {
+                        name: format!(
+                            "client-{}w{}",
+                            if tier == 1 { "l" } else { "" },
+                            workers.len()
+                        ),
+                        below_normal: tier == 1,
+                        state: Mutex::new(WorkerState {
+                            inbox: Vec::new(),
+                            load: 0,
+                            running: false,
+                        }),
+                        bell: AtomicU32::new(0),
+                        sleepers: AtomicU32::new(0),
+                    });
+                    workers.push(w.clone());
+                    w
+                }
+            }
+        };
+        let mut state = lock(&worker.state);
+        state.inbox.push(session);
+        state.load += 1;
+        if state.running {
+            drop(state);
+            worker.bell().ring();
+            return;
+        }
+        let (pool, w) = (self.clone(), worker.clone());
+        match std::thread::Builder::new()
+            .name(worker.name.clone())
+            .spawn(move || work(&pool, &w))
+        {
+            Ok(_) => state.running = true,
+            Err(e) => {
+                state.load -= 1;
+                let session = state.inbox.pop();
+                drop(state);
+                if let Some(s) = session {
+                    refuse(s, &e);
+                }
+            }
+        }
+    }
+}
+
+/// One worker's thread: serves its clients in turns until it has none left.
+fn work<B: Backend>(pool: &Arc<Pool<B>>, worker: &Worker<B>) {
+    set_thread_nice(worker.below_normal);
+    let mut mine: Vec<Session<B>> = Vec::new();
+    let mut spin_first = true;
+    loop {
+        // Read before the inbox is looked at, so that a client handed over after this point
+        // moves the word and ends the sleep below.
+        let announced = worker.bell.load(Ordering::SeqCst);
+        {
+            let mut state = lock(&worker.state);
+            mine.append(&mut state.inbox);
+            if mine.is_empty() {
+                state.running = false;
+                return;
+            }
+        }
+        let outcome = turn(&mut mine);
+        for s in outcome.closed {
+            lock(&worker.state).load -= 1;
+            release(s);
+        }
+        for s in outcome.moved {
+            lock(&worker.state).load -= 1;
+            pool.place(s);
+        }
+        for s in outcome.waiting {
+            lock(&worker.state).load -= 1;
+            // The waiting threads live as long as the pool, which outlives this worker.
+            if let Err(mpsc::SendError(mut s)) = pool.waiting.send(s) {
+                s.handle_held();
+                pool.place(s);
+            }
+        }
+        if outcome.busy || mine.is_empty() {
+            spin_first = true;
+            continue;
+        }
+        let waited = sleep(
+            worker,
+            announced,
+            &mine,
+            pool.waits,
+            spin_first,
+            outcome.blocked,
+        );
+        // A wake-up that found nothing (a timeout, or a client ringing for nothing) goes
+        // straight back to sleep: a client ringing in a loop gets no spinning out of it.
+        spin_first = waited == Wake::Ready && mine.iter().any(|s| s.has_work());
+    }
+}
+
+/// What a turn over a worker's clients left.
+pub(crate) struct Turn<B: Backend> {
+    /// Some client may have more commands.
+    pub(crate) busy: bool,
+    /// Some client's completion ring is full.
+    pub(crate) blocked: bool,
+    /// Clients that are gone, to release.
+    pub(crate) closed: Vec<Session<B>>,
+    /// Clients that changed tier, to place again.
+    pub(crate) moved: Vec<Session<B>>,
+    /// Clients whose next command may wait, for a waiting thread.
+    pub(crate) waiting: Vec<Session<B>>,
+}
+
+/// Visits each client once, taking at most [`TURN`] commands from each.
+pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
+    let mut out = Turn {
+        busy: false,
+        blocked: false,
+        closed: Vec::new(),
+        moved: Vec::new(),
+        waiting: Vec::new(),
+    };
+    let mut i = 0;
+    while i < clients.len() {
+        match clients[i].step(TURN) {
+            Step::Idle => {}
+            Step::More => out.busy = true,
+            Step::Blocked => out.blocked = true,
+            Step::Closed => {
+                out.closed.push(clients.remove(i));
+                continue;
+            }
+            Step::Retier => {
+                out.moved.push(clients.remove(i));
+                continue;
+            }
+            Step::Waits => {
+                out.waiting.push(clients.remove(i));
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A waiting thread: handles each client's held command, then hands the client back.
+fn wait_for_device<B: Backend>(queue: &Mutex<mpsc::Receiver<Session<B>>>, pool: &Weak<Pool<B>>) {
+    loop {
+        let next = lock(queue).recv();
+        let Ok(mut session) = next else { return };
+        session.handle_held();
+        match pool.upgrade() {
+            Some(pool) => pool.place(session),
+            None => session.teardown(),
+        }
+    }
+}
+
+/// Releases a departed client's resources on a thread of its own: the release can wait for
+/// every stream the client left busy, and the worker's other clients should not.
+fn release<B: Backend>(session: Session<B>) {
+    let (tx, rx) = mpsc::channel::<Session<B>>();
+    let spawned = std::thread::Builder::new()
+        .name("session-release".into())
+        .spawn(move || {
+            if let Ok(s) = rx.recv() {
+                s.teardown();
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = tx.send(session);
+        }
+        Err(_) => session.teardown(),
+    }
+}
+
+/// Waits until a client of `worker` has work or a client is handed to it: spins and yields
+/// first if `spin_first`, then sleeps on every client's doorbell and the worker's own word.
+fn sleep<B: Backend>(
+    worker: &Worker<B>,
+    announced: u32,
+    clients: &[Session<B>],
+    (spin, yield_for): (Duration, Duration),
+    spin_first: bool,
+    blocked: bool,
+) -> Wake {
+    let ready =
+        || worker.bell.load(Ordering::Relaxed) != announced || clients.iter().any(|s| s.has_work());
+    if spin_first {
+        let start = Instant::now();
+        while start.elapsed() < spin {
+            if ready() {
+                return Wake::Ready;
+            }
+            std::hint::spin_loop();
+        }
+        while start.elapsed() < spin + yield_for {
+            if ready() {
+                return Wake::Ready;
+            }
+            std::thread::yield_now();
+        }
+    }
+    let bells: Vec<_> = std::iter::once(worker.bell())
+        .chain(clients.iter().map(|s| s.bell()))
+        .collect();
+    for b in &bells {
+        b.sleepers().fetch_add(1, Ordering::SeqCst);
+    }
+    // Each word is read after its sleeper count went up and before the last look at the
+    // rings: a client that submits after that look sees the count and rings, which moves the
+    // word, so the sleep below ends at once or is woken.
+    let mut words: Vec<_> = bells.iter().map(|b| (b.word(), b.value())).collect();
+    // The worker's own word is compared with the value read before the inbox was emptied.
+    words[0].1 = announced;
+    let waited = if ready() {
+        Wake::Ready
+    } else {
+        let nap = if blocked { FULL_POLL } else { NAP };
+        wait_any(&words, nap).unwrap_or_else(|e| {
+            // Cannot happen for a worker (the kernel was probed and a worker holds fewer words
+            // than the limit); napping keeps its clients served if it does.
+            tracing::error!(
+                worker = worker.name,
+                "cannot sleep on the clients' doorbells: {e}"
+            );
+            std::thread::sleep(FULL_POLL);
+            Wake::Ready
+        })
+    };
+    for b in &bells {
+        b.sleepers().fetch_sub(1, Ordering::SeqCst);
+    }
+    waited
+}

@@ -1,0 +1,179 @@
+//! The session workers seen from outside: threads bounded with many clients, idle clients
+//! costing no CPU, and a client scribbling on its wake-up words unable to stall its worker.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mps_core::protocol::Request;
+
+/// The server's threads by name, without the simulator's stream threads (the simulator's
+/// stand-in for the GPU, not the server's own cost).
+fn server_threads(pid: u32) -> Vec<String> {
+    let mut names = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim().to_string();
+        if !comm.starts_with("sim-stream") && !comm.is_empty() {
+            names.push(comm);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// CPU time the server process has used (user and system), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    // After the command name: state is field 3, utime 14, stime 15.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn connect_all(server: &TestServer, n: usize) -> Vec<RawClient> {
+    (0..n)
+        .map(|_| {
+            let mut c = RawClient::connect(server);
+            assert!(c.call(&Request::Mark, 0).result().is_ok());
+            c
+        })
+        .collect()
+}
+
+/// Polls until `f` holds, for up to 20 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn threads_stay_bounded_with_many_clients() {
+    let server = TestServer::start_with(&["--session-workers", "2"]);
+    let pid = server.pid();
+    let mut one = connect_all(&server, 1);
+    let workers = |t: &[String]| t.iter().filter(|n| n.starts_with("client-")).count();
+    // The hand-over threads of the handshakes end on their own.
+    eventually("the handshake threads end", || {
+        !server_threads(pid).iter().any(|n| n.starts_with("intake"))
+    });
+    let base = server_threads(pid);
+    assert_eq!(workers(&base), 1, "{base:?}");
+
+    let mut many = connect_all(&server, 60);
+    eventually("the handshake threads end", || {
+        !server_threads(pid).iter().any(|n| n.starts_with("intake"))
+    });
+    let threads = server_threads(pid);
+    assert_eq!(workers(&threads), 2, "{threads:?}");
+    assert_eq!(
+        threads.len(),
+        base.len() + 1,
+        "{threads:?} against {base:?}"
+    );
+    // Every client is served.
+    for c in many.iter_mut().chain(&mut one) {
+        assert!(c.call(&Request::Mark, 0).result().is_ok());
+    }
+    drop(many);
+    drop(one);
+    eventually("a worker without clients ends", || {
+        workers(&server_threads(pid)) == 0
+    });
+}
+
+#[test]
+fn idle_clients_cost_the_server_no_cpu() {
+    let server = TestServer::start_with(&["--session-workers", "2"]);
+    let pid = server.pid();
+    let clients = connect_all(&server, 200);
+    // Workers spin and yield for at most half a millisecond after their last command; give
+    // them (and the last handshakes) a moment, then measure.
+    eventually("the handshake threads end", || {
+        !server_threads(pid).iter().any(|n| n.starts_with("intake"))
+    });
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    // 200 idle clients: a clock tick or two of bookkeeping at most (a spinning thread per
+    // client would use the whole machine).
+    assert!(
+        used <= 5,
+        "the server used {used} ticks of CPU over 2 s with idle clients"
+    );
+    drop(clients);
+}
+
+#[test]
+fn a_client_scribbling_on_its_wake_up_words_cannot_stall_its_worker() {
+    let mut server = TestServer::start_with(&["--session-workers", "1"]);
+    let good = connect_all(&server, 1).pop().unwrap();
+    let hostile = connect_all(&server, 1).pop().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let scribbler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let bell = hostile.channel.submit_bell();
+            let mut x: u32 = 0x9e37_79b9;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                // Its doorbell word and the worker's sleeper count in its segment: garbage,
+                // zero, and rings for nothing.
+                bell.word().store(x, Ordering::SeqCst);
+                bell.sleepers()
+                    .store(if x & 1 == 0 { 0 } else { x }, Ordering::SeqCst);
+                bell.ring();
+            }
+            hostile
+        })
+    };
+    let mut good = good;
+    for _ in 0..300 {
+        assert!(good.call(&Request::Mark, 0).result().is_ok());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut hostile = scribbler.join().unwrap();
+    // The worker sleeps again and wakes for the good client (whose words are its own), and
+    // the scribbler itself is still served.
+    for _ in 0..50 {
+        assert!(good.call(&Request::Mark, 0).result().is_ok());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(hostile.call(&Request::Mark, 0).result().is_ok());
+    assert!(server.is_alive(), "log:\n{}", server.log());
+}
+
+#[test]
+fn zero_workers_serve_each_client_on_a_thread_of_its_own() {
+    let server = TestServer::start_with(&["--session-workers", "0"]);
+    let pid = server.pid();
+    let mut clients = connect_all(&server, 5);
+    let own = |t: &[String]| {
+        t.iter()
+            .filter(|n| {
+                n.strip_prefix("client-")
+                    .is_some_and(|id| id.parse::<u32>().is_ok())
+            })
+            .count()
+    };
+    let threads = server_threads(pid);
+    assert_eq!(own(&threads), 5, "{threads:?}");
+    for c in &mut clients {
+        assert!(c.call(&Request::Mark, 0).result().is_ok());
+    }
+    drop(clients);
+    eventually("the clients' threads end", || {
+        own(&server_threads(pid)) == 0
+    });
+}
