@@ -1,13 +1,11 @@
 //! The Unix socket in the pipe directory: where it is, and messages with file descriptors.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use nix::sys::socket::{
-    ControlMessage, ControlMessageOwned, MsgFlags, getsockopt, recvmsg, sendmsg, sockopt,
-};
+use nix::sys::socket::{ControlMessage, MsgFlags, getsockopt, sendmsg, sockopt};
 
 /// The file name of the server socket inside the pipe directory.
 pub const SOCKET_NAME: &str = "mps.sock";
@@ -72,63 +70,125 @@ pub fn send(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Resu
     Ok(())
 }
 
+/// The most descriptors Linux passes in one message (SCM_MAX_FD). A control buffer with room for
+/// this many is never truncated by SCM_RIGHTS alone.
+const SCM_MAX_FD: usize = 253;
+
 /// Receives exactly `buf.len()` bytes and any descriptors that came with them (at most
-/// `max_fds`; more are closed and reported as an error).
+/// `max_fds`). Every descriptor the kernel installed is owned from the moment it arrives, so on
+/// every error (too many descriptors, truncated control data, a failed read, the peer gone) all
+/// of them are closed, never left open in this process.
 pub fn recv(sock: &UnixStream, buf: &mut [u8], max_fds: usize) -> io::Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
     let mut got = 0;
-    let mut too_many = false;
-    let mut cmsg_space = vec![0u8; cmsg_space(max_fds.max(1))];
     while got < buf.len() {
-        let mut iov = [IoSliceMut::new(&mut buf[got..])];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(io::Error::from)?;
-        if msg.bytes == 0 {
+        let (n, truncated) = recv_some(sock, &mut buf[got..], &mut fds)?;
+        if truncated {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer sent more control data than a message may carry (MSG_CTRUNC); \
+                 the descriptors that arrived were closed",
+            ));
+        }
+        if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the peer closed the connection",
             ));
         }
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(received) = c {
-                for fd in received {
-                    // SAFETY: the kernel just installed this descriptor for us; nobody else owns
-                    // it.
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if fds.len() < max_fds {
-                        fds.push(owned);
-                    } else {
-                        too_many = true;
-                    }
-                }
-            }
-        }
-        got += msg.bytes;
+        got += n;
     }
-    if too_many {
+    if fds.len() > max_fds {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "the peer sent more file descriptors than expected",
+            format!(
+                "the peer sent {} file descriptors where at most {max_fds} belong; they were \
+                 closed",
+                fds.len()
+            ),
         ));
     }
     Ok(fds)
 }
 
-fn cmsg_space(fds: usize) -> usize {
-    // CMSG_SPACE for `fds` descriptors; libc's macro is a const fn on Linux.
-    // SAFETY: CMSG_SPACE only does arithmetic on its argument.
-    unsafe { nix::libc::CMSG_SPACE((fds * size_of::<RawFd>()) as u32) as usize }
+/// One `recvmsg` into `buf`: returns the bytes read and whether the control data was truncated,
+/// and appends every descriptor received to `fds` (which then owns it).
+fn recv_some(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<(usize, bool)> {
+    use nix::libc;
+    // u64 words keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; cmsg_space(SCM_MAX_FD).div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is a plain C struct for which all zeroes is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: msg points at `iov` (which covers `buf`, live and writable for the call) and
+        // at `control`, both of the lengths given; the kernel writes within them only.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            // A failed recvmsg installs no descriptors.
+            return Err(e);
+        }
+    };
+    // Take every descriptor before looking at anything else, so that none can leak.
+    // SAFETY: msg's control fields describe `control`, which the kernel filled.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !c.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return null or a header wholly inside the buffer.
+        let hdr = unsafe { &*c };
+        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN only does arithmetic.
+            let header = unsafe { libc::CMSG_LEN(0) } as usize;
+            let count = (hdr.cmsg_len as usize).saturating_sub(header) / size_of::<RawFd>();
+            // SAFETY: the header lies inside the buffer; its data follows it.
+            let data = unsafe { libc::CMSG_DATA(c) };
+            for i in 0..count {
+                // SAFETY: the kernel wrote `count` descriptors after the header (cmsg_len says
+                // so, and it never exceeds the buffer); the data may be unaligned for an int.
+                let fd = unsafe {
+                    data.add(i * size_of::<RawFd>())
+                        .cast::<RawFd>()
+                        .read_unaligned()
+                };
+                // SAFETY: the kernel just installed this descriptor for us; nobody else owns
+                // it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+        // SAFETY: `c` is a header of msg's control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+    }
+    Ok((n, msg.msg_flags & libc::MSG_CTRUNC != 0))
+}
+
+const fn cmsg_space(fds: usize) -> usize {
+    // CMSG_SPACE for `fds` descriptors, as the C macro computes it (header and data each rounded
+    // up to the alignment of size_t).
+    const fn round(n: usize) -> usize {
+        n.div_ceil(size_of::<usize>()) * size_of::<usize>()
+    }
+    round(size_of::<nix::libc::cmsghdr>()) + round(fds * size_of::<RawFd>())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
 
     #[test]
     fn descriptors_travel_with_messages() {
@@ -152,6 +212,66 @@ mod tests {
             recv(&b, &mut buf, 0).unwrap_err().kind(),
             io::ErrorKind::UnexpectedEof
         );
+    }
+
+    /// A pipe whose read end reports end-of-file once every copy of the write end is closed:
+    /// the way to see that received descriptors were closed, whatever other threads do.
+    fn pipe() -> (std::fs::File, OwnedFd) {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        (std::fs::File::from(r), w)
+    }
+
+    fn all_copies_closed(mut read_end: std::fs::File) -> bool {
+        nix::fcntl::fcntl(
+            &read_end,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        let mut b = [0u8; 1];
+        // 0 bytes: end of file, every write end is gone; WouldBlock: one is still open.
+        matches!(read_end.read(&mut b), Ok(0))
+    }
+
+    #[test]
+    fn surplus_descriptors_are_closed() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r, w) = pipe();
+        send(&a, b"hello", &[w.as_fd(), w.as_fd(), w.as_fd()]).unwrap();
+        drop(w);
+        let mut buf = [0u8; 5];
+        let e = recv(&b, &mut buf, 0).unwrap_err();
+        assert!(e.to_string().contains("3 file descriptors"), "{e}");
+        assert!(all_copies_closed(r), "a received descriptor was left open");
+    }
+
+    #[test]
+    fn descriptors_of_a_truncated_message_are_closed() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // Credentials take room in the control buffer ahead of the descriptors, so the most
+        // descriptors a message may carry no longer fit: the kernel truncates (MSG_CTRUNC).
+        nix::sys::socket::setsockopt(&b, sockopt::PassCred, &true).unwrap();
+        let (r, w) = pipe();
+        let many = vec![w.as_fd(); SCM_MAX_FD];
+        send(&a, b"hello", &many).unwrap();
+        drop(many);
+        drop(w);
+        let mut buf = [0u8; 5];
+        let e = recv(&b, &mut buf, 2).unwrap_err();
+        assert!(e.to_string().contains("MSG_CTRUNC"), "{e}");
+        assert!(all_copies_closed(r), "a received descriptor was left open");
+    }
+
+    #[test]
+    fn descriptors_are_closed_when_the_peer_leaves_mid_message() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r, w) = pipe();
+        send(&a, b"hel", &[w.as_fd()]).unwrap();
+        drop(w);
+        drop(a);
+        let mut buf = [0u8; 5];
+        let e = recv(&b, &mut buf, 1).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(all_copies_closed(r), "a received descriptor was left open");
     }
 
     fn tempfile_in_memory() -> std::fs::File {
