@@ -3,7 +3,7 @@
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{ControlMessage, MsgFlags, getsockopt, sendmsg, sockopt};
 
@@ -37,6 +37,36 @@ pub fn peer(sock: &UnixStream) -> io::Result<Peer> {
         uid: c.uid(),
         gid: c.gid(),
     })
+}
+
+/// Checks, before anything is sent, that the server at the other end of `sock` (connected to
+/// `path`) runs as this user or as root, and returns its credentials. Anyone who could put a
+/// socket at that path (a pipe directory created by another user, say) would otherwise receive
+/// the client's modules and buffers and could forge its results.
+pub fn check_server(sock: &UnixStream, path: &Path) -> mps_core::Result<Peer> {
+    let found = peer(sock).map_err(|e| {
+        mps_core::Error::new(
+            mps_core::Status::Connection,
+            format!(
+                "cannot learn who serves the socket at {} (SO_PEERCRED): {e}",
+                path.display()
+            ),
+        )
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    if found.uid != me && found.uid != 0 {
+        return Err(mps_core::Error::new(
+            mps_core::Status::PermissionDenied,
+            format!(
+                "the socket at {} is served by uid {}, not by you (uid {me}) or root; refusing \
+                 to send anything. Check who owns the pipe directory {}",
+                path.display(),
+                found.uid,
+                path.parent().unwrap_or(path).display()
+            ),
+        ));
+    }
+    Ok(found)
 }
 
 /// Sends `bytes` with `fds` attached (SCM_RIGHTS).
@@ -272,6 +302,60 @@ mod tests {
         let e = recv(&b, &mut buf, 1).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         assert!(all_copies_closed(r), "a received descriptor was left open");
+    }
+
+    #[test]
+    fn a_server_of_this_user_is_trusted() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let p = check_server(&a, Path::new("/x/mps.sock")).unwrap();
+        assert_eq!(p.uid, nix::unistd::geteuid().as_raw());
+    }
+
+    #[test]
+    fn a_server_of_another_user_is_refused() {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, bind, socket};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root, to listen as another user (nobody)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("mps-peer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join(SOCKET_NAME);
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(listener.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        // The listening socket's credentials are those of the process that calls listen(): a
+        // child that became `nobody` does so on the socket bound here.
+        // SAFETY: the child calls only async-signal-safe functions (setgid, setuid, listen,
+        // _exit) before it exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                // SAFETY: plain system calls on values we own; _exit never returns.
+                unsafe {
+                    let ok = nix::libc::setgid(65534) == 0
+                        && nix::libc::setuid(65534) == 0
+                        && nix::libc::listen(listener.as_raw_fd(), 4) == 0;
+                    nix::libc::_exit(if ok { 0 } else { 1 });
+                }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+            }
+        }
+        let sock = UnixStream::connect(&path).unwrap();
+        let e = check_server(&sock, &path).unwrap_err();
+        assert_eq!(e.status, mps_core::Status::PermissionDenied);
+        let expected = format!("the socket at {} is served by uid 65534", path.display());
+        assert!(e.message.contains(&expected), "{}", e.message);
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn tempfile_in_memory() -> std::fs::File {
