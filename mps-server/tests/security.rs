@@ -80,3 +80,41 @@ fn descriptors_sent_with_a_hello_are_closed() {
     let c = server.client();
     c.mem_alloc(4096).unwrap();
 }
+
+/// The process's virtual memory size in bytes (VmSize).
+fn address_space(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn a_host_buffer_costs_its_size_not_a_terabyte_of_address_space() {
+    let server = TestServer::start();
+    let pid = server_pid(&server);
+    let c = server.client();
+    let before = address_space(pid);
+    for _ in 0..4 {
+        let e = c.host_alloc(1 << 40).unwrap_err();
+        assert_eq!(e.status, mps_core::Status::OutOfMemory, "{}", e.message);
+        assert!(
+            e.message.contains("bytes of memory are available"),
+            "{}",
+            e.message
+        );
+    }
+    let grown = address_space(pid).saturating_sub(before);
+    assert!(
+        grown < 1 << 40,
+        "the server's address space grew by {grown} bytes for refused host buffers"
+    );
+    // A buffer the machine can give is still served, and its memory is real.
+    let p = c.host_alloc(1 << 20).unwrap();
+    // SAFETY: the buffer is 1 MiB long and mapped writable in this process.
+    unsafe { p.add((1 << 20) - 1).write(7) };
+}
