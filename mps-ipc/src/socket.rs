@@ -112,7 +112,7 @@ pub fn recv(sock: &UnixStream, buf: &mut [u8], max_fds: usize) -> io::Result<Vec
     let mut fds = Vec::new();
     let mut got = 0;
     while got < buf.len() {
-        let (n, truncated) = recv_some(sock, &mut buf[got..], &mut fds)?;
+        let (n, truncated) = recv_some(sock, &mut buf[got..], &mut fds, 0)?;
         if truncated {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -141,12 +141,32 @@ pub fn recv(sock: &UnixStream, buf: &mut [u8], max_fds: usize) -> io::Result<Vec
     Ok(fds)
 }
 
+/// Reads what has already arrived into `buf` without waiting, where no descriptor belongs (any
+/// that came are closed and reported as an error). `Ok(0)`: the peer closed the connection; an
+/// error of kind `WouldBlock`: nothing has arrived. For loops that watch many sockets at once
+/// and must never block on one.
+pub fn recv_available(sock: &UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    let mut fds = Vec::new();
+    let (n, truncated) = recv_some(sock, buf, &mut fds, nix::libc::MSG_DONTWAIT)?;
+    if truncated || !fds.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the peer sent {} file descriptors where none belong; they were closed",
+                fds.len()
+            ),
+        ));
+    }
+    Ok(n)
+}
+
 /// One `recvmsg` into `buf`: returns the bytes read and whether the control data was truncated,
 /// and appends every descriptor received to `fds` (which then owns it).
 fn recv_some(
     sock: &UnixStream,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
+    flags: nix::libc::c_int,
 ) -> io::Result<(usize, bool)> {
     use nix::libc;
     // u64 words keep the control buffer aligned for cmsghdr.
@@ -164,7 +184,8 @@ fn recv_some(
     let n = loop {
         // SAFETY: msg points at `iov` (which covers `buf`, live and writable for the call) and
         // at `control`, both of the lengths given; the kernel writes within them only.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n =
+            unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if n >= 0 {
             break n as usize;
         }

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod intake;
 mod outbox;
 pub mod process;
 pub mod registry;

@@ -10,6 +10,7 @@ use mps_ipc::channel::Layout;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{SimBackend, SimConfig};
+use mps_server::intake::{DEFAULT_LIMITS, Limits};
 use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
 use mps_server::server::{Server, ServerConfig};
 
@@ -76,6 +77,20 @@ struct Args {
     /// Staging area per client for pageable copies and module images, e.g. 4MiB.
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     staging: u64,
+    /// Connections this server admits in all (waiting for their hello or served); more are
+    /// refused with a message naming this limit.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_clients, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_clients: usize,
+    /// Connections one user (uid) may hold, so that one user cannot take every place.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_clients_per_user, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_clients_per_user: usize,
+    /// Connections that may wait for their hello at once; beyond it the one that has waited
+    /// longest is dropped.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_pending, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_pending_hellos: usize,
+    /// Milliseconds a new connection has for its whole hello before it is dropped.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    hello_timeout_ms: u64,
 }
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Result<(), String> {
@@ -177,6 +192,12 @@ fn main() -> std::process::ExitCode {
         client_priority: args.client_priority,
         sm_share: args.active_thread_percentage,
         max_sm_reserve: args.max_sm_reservation,
+        limits: Limits {
+            max_clients: args.max_clients,
+            max_clients_per_user: args.max_clients_per_user,
+            max_pending: args.max_pending_hellos,
+            hello_timeout: std::time::Duration::from_millis(args.hello_timeout_ms),
+        },
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

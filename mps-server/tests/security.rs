@@ -8,7 +8,7 @@ mod common;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::TestServer;
 use mps_core::protocol::{self, Hello, MAGIC, PROTOCOL_VERSION};
@@ -117,4 +117,154 @@ fn a_host_buffer_costs_its_size_not_a_terabyte_of_address_space() {
     let p = c.host_alloc(1 << 20).unwrap();
     // SAFETY: the buffer is 1 MiB long and mapped writable in this process.
     unsafe { p.add((1 << 20) - 1).write(7) };
+}
+
+/// Whether the server has closed `s` or answered on it (without waiting, and leaving what it
+/// sent to be read).
+fn closed_by_server(s: &UnixStream) -> bool {
+    use nix::sys::socket::{MsgFlags, recv};
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    !matches!(
+        recv(s.as_raw_fd(), &mut b, peek),
+        Err(nix::errno::Errno::EAGAIN)
+    )
+}
+
+/// The message of the refusal the server sent on `s` before closing it.
+fn refusal(s: &UnixStream) -> String {
+    let mut w: protocol::Welcome = bytemuck::Zeroable::zeroed();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    (&*s)
+        .read_exact(bytemuck::bytes_of_mut(&mut w))
+        .expect("a refusal before the server closed the connection");
+    assert_ne!(w.status, 0, "not a refusal");
+    protocol::get_str(&w.message).to_string()
+}
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after 20 s.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_hello_sent_a_byte_a_second_is_dropped_at_the_deadline() {
+    let server = TestServer::start();
+    let s = UnixStream::connect(server.socket()).unwrap();
+    let h = hello();
+    let bytes = bytemuck::bytes_of(&h);
+    let mut sent = 0;
+    // The attack's own pace (a byte a second), not a wait for the server.
+    while sent < bytes.len() && !closed_by_server(&s) {
+        if socket::send(&s, &bytes[sent..sent + 1], &[]).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        sent < bytes.len(),
+        "the server waited for the whole {sent}-byte hello, a byte a second"
+    );
+    let why = refusal(&s);
+    assert!(why.contains("hello was not complete 5000 ms"), "{why}");
+}
+
+#[test]
+fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() {
+    let server =
+        TestServer::start_with(&["--max-pending-hellos", "8", "--hello-timeout-ms", "600000"]);
+    let silent: Vec<UnixStream> = (0..20)
+        .map(|_| UnixStream::connect(server.socket()).unwrap())
+        .collect();
+    let closed = || silent.iter().filter(|s| closed_by_server(s)).count();
+    wait_until(
+        "the server did not drop the connections beyond its cap",
+        || closed() >= 12,
+    );
+    // The 12 that waited longest went; the 8 newest still wait.
+    for (i, s) in silent.iter().enumerate() {
+        assert_eq!(closed_by_server(s), i < 12, "connection {i}");
+    }
+    let why = refusal(&silent[0]);
+    assert!(why.contains("--max-pending-hellos"), "{why}");
+    // A client that sends its hello at once is served although the list is full.
+    let c = server.client();
+    c.mem_alloc(4096).unwrap();
+}
+
+#[test]
+fn connections_beyond_the_per_user_limit_are_refused_with_the_limit_named() {
+    let server = TestServer::start_with(&["--max-clients-per-user", "3"]);
+    let mut clients: Vec<_> = (0..3).map(|_| server.client()).collect();
+    let e = match mpsclient::Client::connect(Some(&server.dir)) {
+        Ok(_) => panic!("a fourth client of one user was admitted"),
+        Err(e) => e,
+    };
+    assert_eq!(
+        e.status,
+        mps_core::Status::PermissionDenied,
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("--max-clients-per-user"),
+        "{}",
+        e.message
+    );
+    // A place given back is a place for the next client.
+    drop(clients.pop());
+    wait_until("no place was freed by a client leaving", || {
+        mpsclient::Client::connect(Some(&server.dir)).is_ok()
+    });
+}
+
+/// Sets the soft descriptor limit of process `pid` (the hard limit stays, so that it can be
+/// raised again without privilege).
+fn set_fd_limit(pid: i32, n: u64) {
+    let mut lim = nix::libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit only writes the old limit into `lim`.
+    let r =
+        unsafe { nix::libc::prlimit(pid, nix::libc::RLIMIT_NOFILE, std::ptr::null(), &mut lim) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    lim.rlim_cur = n.min(lim.rlim_max);
+    // SAFETY: prlimit only reads `lim`.
+    let r =
+        unsafe { nix::libc::prlimit(pid, nix::libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn failing_accepts_back_off_and_are_logged_at_a_bounded_rate() {
+    let server = TestServer::start_with(&[
+        "--max-pending-hellos",
+        "1000",
+        "--hello-timeout-ms",
+        "600000",
+    ]);
+    let pid = server_pid(&server);
+    set_fd_limit(pid, open_fds(pid) as u64 + 10);
+    let mut silent: Vec<UnixStream> = (0..40)
+        .map(|_| UnixStream::connect(server.socket()).unwrap())
+        .collect();
+    server.wait_for_log("accept failed");
+    // Out of descriptors, with connections still queued: a server that retried at once would
+    // log a line per try, hundreds of thousands a second. Give it two seconds to show it.
+    std::thread::sleep(Duration::from_secs(2));
+    let lines = server.log().matches("accept failed").count();
+    assert_eq!(lines, 1, "failed accepts logged {lines} times in 2 s");
+    silent.clear();
+    set_fd_limit(pid, 4096);
+    wait_until(
+        "the server did not serve again after descriptors were freed",
+        || mpsclient::Client::connect(Some(&server.dir)).is_ok(),
+    );
 }
