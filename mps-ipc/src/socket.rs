@@ -10,12 +10,11 @@ use nix::sys::socket::{ControlMessage, MsgFlags, getsockopt, sendmsg, sockopt};
 /// The file name of the server socket inside the pipe directory.
 pub const SOCKET_NAME: &str = "mps.sock";
 
-/// The pipe directory: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`.
+/// The pipe directory: `$MPS_PIPE_DIRECTORY`; else, for a user other than root with
+/// `$XDG_RUNTIME_DIR` set, `$XDG_RUNTIME_DIR/mps` (a directory nobody else can create first);
+/// else `/tmp/mps`.
 pub fn default_pipe_dir() -> PathBuf {
-    std::env::var_os("MPS_PIPE_DIRECTORY")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/mps"))
+    crate::trust::default_dir("MPS_PIPE_DIRECTORY", "mps")
 }
 
 /// Credentials of the process at the other end, from SO_PEERCRED.

@@ -136,6 +136,8 @@ impl Drop for Ticket {
 pub(crate) struct HelloReader {
     hello: Hello,
     got: usize,
+    /// The peer closed the connection.
+    closed: bool,
 }
 
 impl HelloReader {
@@ -143,6 +145,7 @@ impl HelloReader {
         HelloReader {
             hello: bytemuck::Zeroable::zeroed(),
             got: 0,
+            closed: false,
         }
     }
 
@@ -155,6 +158,7 @@ impl HelloReader {
             let buf = &mut bytemuck::bytes_of_mut(&mut self.hello)[self.got..];
             match socket::recv_available(sock, buf) {
                 Ok(0) => {
+                    self.closed = true;
                     return Err(Error::new(
                         Status::Connection,
                         format!(
@@ -250,6 +254,8 @@ pub(crate) enum Outcome {
     Ready(Pending, Hello),
     /// Refused (already answered with the reason where the client can still read it).
     Refused(Peer, Error),
+    /// Closed by the client before it sent a byte (a probe of whether the server is up).
+    Left(Peer),
 }
 
 /// The connections waiting for their hello, oldest first.
@@ -325,6 +331,10 @@ impl Intake {
             Ok(None) => Some(p),
             Ok(Some(hello)) => {
                 out.push(Outcome::Ready(p, hello));
+                None
+            }
+            Err(_) if p.reader.got == 0 && p.reader.closed => {
+                out.push(Outcome::Left(p.peer));
                 None
             }
             Err(e) => {

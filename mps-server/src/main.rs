@@ -1,17 +1,18 @@
 //! `mps-server`: serves clients in the foreground.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
+use mps_ipc::trust;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{SimBackend, SimConfig};
 use mps_server::intake::{DEFAULT_LIMITS, Limits};
-use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
+use mps_server::process::{STOP, install_signal_handlers};
 use mps_server::server::{Server, ServerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -28,10 +29,13 @@ enum BackendChoice {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Directory of the socket clients connect to [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
+    /// Directory of the socket clients connect to, created with mode 0700 if missing; one that
+    /// another user owns or can write is refused [default: $MPS_PIPE_DIRECTORY; else, except
+    /// for root, $XDG_RUNTIME_DIR/mps when set; else /tmp/mps]
     #[arg(long)]
     pipe_dir: Option<PathBuf>,
-    /// Directory of server.log [default: $MPS_LOG_DIRECTORY, else /tmp/mps-log]
+    /// Directory of the log, under the same rules [default: $MPS_LOG_DIRECTORY; else, except
+    /// for root, $XDG_RUNTIME_DIR/mps-log when set; else /tmp/mps-log]
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// Which device to serve.
@@ -65,7 +69,7 @@ struct Args {
     /// (MPS_SM_RESERVE), percent.
     #[arg(long, default_value_t = mps_server::control::DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
     max_sm_reservation: u32,
-    /// Name of the log file in the log directory.
+    /// Name of the log file in the log directory (mode 0600, never opened through a link).
     #[arg(long, default_value = "server.log")]
     log_name: String,
     /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
@@ -107,11 +111,14 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, handoff: Option<i32>) -> Res
         if let Some(h) = handoff {
             unblock = h.try_clone().ok();
             let server = &server;
-            s.spawn(move || {
-                server.serve_handoffs(h, &STOP);
-                // Without its daemon, a server stops: the daemon's quit ends every server.
-                STOP.store(true, Ordering::SeqCst);
-            });
+            std::thread::Builder::new()
+                .name("handoff".into())
+                .spawn_scoped(s, move || {
+                    server.serve_handoffs(h, &STOP);
+                    // Without its daemon, a server stops: the daemon's quit ends every server.
+                    STOP.store(true, Ordering::SeqCst);
+                })
+                .map_err(|e| format!("cannot start the thread that serves the daemon: {e}"))?;
         }
         let result = server.run(&STOP).map_err(|e| e.to_string());
         // Stopped by a signal: wake the handoff thread from its read.
@@ -153,6 +160,29 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
     serve(backend, cfg, args.handoff_fd)
 }
 
+/// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info). The
+/// directory is created with mode 0700 (or refused if another user owns or can write it); the
+/// file is opened without following a link, must be this user's, and is kept at mode 0600:
+/// the log names every client's pid and uid.
+fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
+    use tracing_subscriber::prelude::*;
+    let opened =
+        trust::private_dir(dir, 0o700).map_err(|e| format!("the log directory: {}", e.message))?;
+    let file = trust::open_private_file(&opened, dir, name, 0o600).map_err(|e| e.message)?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file)),
+        )
+        .init();
+    Ok(())
+}
+
 /// Streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with fewer queues
 /// than busy streams, independent streams falsely serialise. It must be set before the context
 /// is created.
@@ -164,10 +194,7 @@ fn main() -> std::process::ExitCode {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS) };
     }
     let args = Args::parse();
-    let log_dir = args
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
+    let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
     if let Err(e) = init_logging(&log_dir, &args.log_name) {
         eprintln!("mps-server: {e}");
         return std::process::ExitCode::FAILURE;

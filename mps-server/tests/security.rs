@@ -268,3 +268,166 @@ fn failing_accepts_back_off_and_are_logged_at_a_bounded_rate() {
         || mpsclient::Client::connect(Some(&server.dir)).is_ok(),
     );
 }
+
+/// Runs `mps-server` with `args` (and `umask` 000 when `open_umask`), expecting it to refuse to
+/// start: returns what it printed. Panics if it is still running after 20 s.
+fn refused_start(args: &[&std::ffi::OsStr]) -> String {
+    let mut child = std::process::Command::new(common::server_bin())
+        .args(["--backend", "sim"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success(), "mps-server exited with success");
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return err;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mps-server started where it should have refused ({args:?})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+#[test]
+fn a_pipe_directory_another_user_made_first_is_refused_and_its_socket_left_alone() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root, to play another user (nobody)");
+        return;
+    }
+    let base = common::temp_dir("squat");
+    let pipe = base.join("pipe");
+    std::fs::create_dir(&pipe).unwrap();
+    // The attacker's listener in the attacker's directory.
+    let attacker = std::os::unix::net::UnixListener::bind(pipe.join(socket::SOCKET_NAME)).unwrap();
+    std::os::unix::fs::chown(&pipe, Some(65534), Some(65534)).unwrap();
+    let log = base.join("log");
+    let err = refused_start(&[
+        "--pipe-dir".as_ref(),
+        pipe.as_os_str(),
+        "--log-dir".as_ref(),
+        log.as_os_str(),
+    ]);
+    assert!(err.contains("is owned by uid 65534"), "{err}");
+    assert!(!err.contains("already served"), "{err}");
+    // Nothing was removed or replaced in the attacker's directory.
+    assert!(pipe.join(socket::SOCKET_NAME).exists());
+    drop(attacker);
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn links_at_the_pipe_directory_and_the_log_are_not_followed() {
+    let base = common::temp_dir("links");
+    let real = base.join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = base.join("pipe");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let log = base.join("log");
+    let err = refused_start(&[
+        "--pipe-dir".as_ref(),
+        link.as_os_str(),
+        "--log-dir".as_ref(),
+        log.as_os_str(),
+    ]);
+    assert!(err.contains("is a symbolic link"), "{err}");
+    assert!(!real.join(socket::SOCKET_NAME).exists());
+
+    // server.log pointing at a file the server's user can write: left untouched.
+    let precious = base.join("precious");
+    std::fs::write(&precious, "keep\n").unwrap();
+    std::fs::set_permissions(
+        &precious,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let log = base.join("log2");
+    std::fs::create_dir(&log).unwrap();
+    std::os::unix::fs::symlink(&precious, log.join("server.log")).unwrap();
+    let pipe = base.join("pipe2");
+    let err = refused_start(&[
+        "--pipe-dir".as_ref(),
+        pipe.as_os_str(),
+        "--log-dir".as_ref(),
+        log.as_os_str(),
+    ]);
+    assert!(err.contains("server.log is a symbolic link"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep\n");
+    assert_eq!(mode_of(&precious), 0o644);
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn a_log_directory_others_can_write_is_refused() {
+    let base = common::temp_dir("open-log");
+    let log = base.join("log");
+    std::fs::create_dir(&log).unwrap();
+    std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let pipe = base.join("pipe");
+    let err = refused_start(&[
+        "--pipe-dir".as_ref(),
+        pipe.as_os_str(),
+        "--log-dir".as_ref(),
+        log.as_os_str(),
+    ]);
+    assert!(
+        err.contains("can be written by its group or by others (mode 0777)"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn directories_log_and_socket_are_private_whatever_the_umask() {
+    use std::os::unix::process::CommandExt;
+    let base = common::temp_dir("umask");
+    let (pipe, log) = (base.join("pipe"), base.join("log"));
+    let mut cmd = std::process::Command::new(common::server_bin());
+    cmd.args(["--backend", "sim", "--pipe-dir"])
+        .arg(&pipe)
+        .arg("--log-dir")
+        .arg(&log)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: umask is async-signal-safe and touches nothing of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+            Ok(())
+        })
+    };
+    let mut child = cmd.spawn().unwrap();
+    let sock = pipe.join(socket::SOCKET_NAME);
+    wait_until("the server did not start", || {
+        UnixStream::connect(&sock).is_ok()
+    });
+    let modes = [
+        (mode_of(&pipe), 0o700, "pipe directory"),
+        (mode_of(&log), 0o700, "log directory"),
+        (mode_of(&log.join("server.log")), 0o600, "server.log"),
+        (mode_of(&sock), 0o600, "mps.sock"),
+    ];
+    let _ = child.kill();
+    let _ = child.wait();
+    for (got, want, what) in modes {
+        assert_eq!(got, want, "{what}: mode {got:04o}, want {want:04o}");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+}
