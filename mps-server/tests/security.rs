@@ -431,3 +431,34 @@ fn directories_log_and_socket_are_private_whatever_the_umask() {
     }
     std::fs::remove_dir_all(&base).unwrap();
 }
+
+/// Sets the soft address-space limit of process `pid` (the hard limit stays).
+fn set_address_space_limit(pid: i32, bytes: u64) {
+    let mut lim = nix::libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit only writes the old limit into `lim`.
+    let r = unsafe { nix::libc::prlimit(pid, nix::libc::RLIMIT_AS, std::ptr::null(), &mut lim) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    lim.rlim_cur = bytes.min(lim.rlim_max);
+    // SAFETY: prlimit only reads `lim`.
+    let r = unsafe { nix::libc::prlimit(pid, nix::libc::RLIMIT_AS, &lim, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_thread_that_cannot_start_is_a_refusal_not_an_abort() {
+    let mut server = TestServer::start();
+    let pid = server_pid(&server);
+    // Room for small allocations, none for a thread's stack.
+    set_address_space_limit(pid, address_space(pid) + (256 << 10));
+    let e = match mpsclient::Client::connect(Some(&server.dir)) {
+        Ok(_) => panic!("a client was served without a thread"),
+        Err(e) => e,
+    };
+    assert!(e.message.contains("cannot start a thread"), "{}", e.message);
+    assert!(server.is_alive(), "the server died; log:\n{}", server.log());
+    set_address_space_limit(pid, u64::MAX);
+    server.client().mem_alloc(4096).unwrap();
+}
