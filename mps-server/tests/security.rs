@@ -179,6 +179,13 @@ fn a_hello_sent_a_byte_a_second_is_dropped_at_the_deadline() {
 fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() {
     let server =
         TestServer::start_with(&["--max-pending-hellos", "8", "--hello-timeout-ms", "600000"]);
+    let pid = server_pid(&server);
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    };
+    let idle = threads();
     let silent: Vec<UnixStream> = (0..20)
         .map(|_| UnixStream::connect(server.socket()).unwrap())
         .collect();
@@ -191,6 +198,11 @@ fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() 
     for (i, s) in silent.iter().enumerate() {
         assert_eq!(closed_by_server(s), i < 12, "connection {i}");
     }
+    assert_eq!(
+        threads(),
+        idle,
+        "connections waiting for their hello cost threads"
+    );
     let why = refusal(&silent[0]);
     assert!(why.contains("--max-pending-hellos"), "{why}");
     // A client that sends its hello at once is served although the list is full.
