@@ -203,7 +203,7 @@ fn parse_params(entry: &str, list: &str) -> Result<Vec<ParamInfo>> {
             return Err(bad());
         }
         let size = elem.checked_mul(count).ok_or_else(bad)?;
-        offset = offset.div_ceil(align) * align;
+        offset = offset.div_ceil(align).checked_mul(align).ok_or_else(bad)?;
         params.push(ParamInfo { offset, size });
         offset = offset.checked_add(size).ok_or_else(bad)?;
     }

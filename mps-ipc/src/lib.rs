@@ -1,7 +1,8 @@
 //! Inter-process plumbing of mps: shared-memory segments ([`segment`]), single-producer
 //! single-consumer rings of fixed-size slots ([`ring`]), process-shared futex doorbells
 //! ([`doorbell`]), the layout of one client's channel ([`channel`]), and the handshake over a Unix
-//! socket ([`socket`]).
+//! socket ([`socket`]), and the rules for trusting the directories and files they live in
+//! ([`trust`]).
 //!
 //! Built with `--cfg loom`, only the ring and its atomics facade are compiled, so that loom can
 //! check the ring protocol exhaustively (`tests/loom_ring.rs`).
@@ -17,3 +18,5 @@ pub mod doorbell;
 pub mod segment;
 #[cfg(not(loom))]
 pub mod socket;
+#[cfg(not(loom))]
+pub mod trust;

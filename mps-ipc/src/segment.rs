@@ -1,5 +1,12 @@
 //! Shared-memory segments: anonymous memory files (memfd) mapped into both processes.
 //!
+//! A segment's memory is allocated when it is created (`fallocate`), after a check that the
+//! system and this process's memory cgroup can give that much. A memfd is otherwise sparse: a
+//! client asking for a terabyte would cost the server a terabyte of address space and no memory
+//! at all, until the address space ran out and the server could no longer start a thread; and a
+//! page first touched under memory pressure would be a SIGBUS in whichever process touched it.
+//! Now a segment costs what its size says, the moment it exists, or is refused.
+//!
 //! The server creates every segment and seals it against shrinking and growing before a client
 //! gets its descriptor, so a client cannot truncate a file under the server's mapping (which would
 //! turn the server's next access into SIGBUS). Segments that only the server writes are also
@@ -10,6 +17,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use mps_core::{Error, Result, Status};
+use nix::fcntl::{FallocateFlags, fallocate};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
@@ -44,12 +52,26 @@ impl Segment {
         let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
             .map_err(|e| os_error("memfd_create failed", e))?;
         let file = File::from(fd);
-        file.set_len(len as u64).map_err(|e| {
+        let refused = |why: String| {
             Error::new(
                 Status::OutOfMemory,
-                format!("cannot size a {len}-byte shared segment: {e}"),
+                format!("cannot create a {len}-byte shared segment: {why}"),
             )
-        })?;
+        };
+        if let Some(available) = memory_available() {
+            if len as u64 > available {
+                return Err(refused(format!(
+                    "only {available} bytes of memory are available to this process"
+                )));
+            }
+        }
+        file.set_len(len as u64)
+            .map_err(|e| refused(format!("sizing the memfd: {e}")))?;
+        if len > 0 {
+            let bytes = i64::try_from(len).map_err(|_| refused("too large for a file".into()))?;
+            fallocate(&file, FallocateFlags::empty(), 0, bytes)
+                .map_err(|e| refused(format!("allocating its memory: {e}")))?;
+        }
         // SAFETY: the file is a memfd we just created and sized; its size is sealed below before
         // anyone else can reach it, so the mapping stays backed for its whole life.
         let map = unsafe { MmapOptions::new().len(len).map_mut(&file) }
@@ -144,6 +166,49 @@ impl Segment {
     }
 }
 
+/// The bytes of memory this process may still take: the system's `MemAvailable`, lowered by the
+/// limit of its memory cgroup (v2 or v1) where one is set and readable. `None` when not even
+/// /proc/meminfo can be read (the allocation itself is then the only check).
+fn memory_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let system = meminfo.lines().find_map(|l| {
+        let kib = l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
+    })?;
+    Some(system.min(cgroup_room().unwrap_or(u64::MAX)))
+}
+
+/// The room left under this process's memory cgroup limit, if it has one.
+fn cgroup_room() -> Option<u64> {
+    let read = |p: std::path::PathBuf| -> Option<u64> {
+        std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    };
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_start_matches('/');
+        // v2 (the unified hierarchy) names no controller; v1 has its own "memory" hierarchy.
+        let (base, limit, usage) = match controllers {
+            "" => ("/sys/fs/cgroup", "memory.max", "memory.current"),
+            "memory" => (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => continue,
+        };
+        // Inside a cgroup namespace the path is not under the mount; the mount's root is then
+        // our own cgroup.
+        for dir in [std::path::Path::new(base).join(path), base.into()] {
+            if let (Some(max), Some(used)) = (read(dir.join(limit)), read(dir.join(usage))) {
+                return Some(max.saturating_sub(used));
+            }
+        }
+    }
+    None
+}
+
 // SAFETY: a Segment only hands out its base address; all accesses through it are raw-pointer or
 // atomic accesses whose soundness the callers argue. The mapping itself may be used from any
 // thread.
@@ -168,6 +233,25 @@ mod tests {
         // The size is sealed: a receiver cannot shrink it.
         let fd = seg.fd().try_clone_to_owned().unwrap();
         assert!(File::from(fd).set_len(10).is_err());
+    }
+
+    #[test]
+    fn a_segment_larger_than_the_memory_is_refused_at_once() {
+        let e = Segment::create("huge", 1 << 40).unwrap_err();
+        assert_eq!(e.status, Status::OutOfMemory);
+        assert!(e.message.contains("1099511627776-byte"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_segment_is_backed_by_memory_from_its_creation() {
+        use std::os::unix::fs::MetadataExt;
+        let len = 1 << 20;
+        let seg = Segment::create("backed", len).unwrap();
+        let blocks = seg.file.metadata().unwrap().blocks();
+        assert!(
+            blocks * 512 >= len as u64,
+            "only {blocks} blocks of 512 bytes back a {len}-byte segment"
+        );
     }
 
     #[test]

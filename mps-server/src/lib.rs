@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod control;
 pub mod fs_trust;
+pub mod intake;
 mod outbox;
 pub mod process;
 pub mod recovery;

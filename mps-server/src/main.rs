@@ -1,16 +1,18 @@
 //! `mps-server`: serves clients in the foreground.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
+use mps_ipc::trust;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
-use mps_server::process::{STOP, env_dir, init_logging, install_signal_handlers};
+use mps_server::intake::{DEFAULT_LIMITS, Limits};
+use mps_server::process::{STOP, install_signal_handlers};
 use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
 
@@ -36,10 +38,13 @@ enum FaultScopeChoice {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Directory of the socket clients connect to [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
+    /// Directory of the socket clients connect to, created with mode 0700 if missing; one that
+    /// another user owns or can write is refused [default: $MPS_PIPE_DIRECTORY; else, except
+    /// for root, $XDG_RUNTIME_DIR/mps when set; else /tmp/mps]
     #[arg(long)]
     pipe_dir: Option<PathBuf>,
-    /// Directory of server.log [default: $MPS_LOG_DIRECTORY, else /tmp/mps-log]
+    /// Directory of the log, under the same rules [default: $MPS_LOG_DIRECTORY; else, except
+    /// for root, $XDG_RUNTIME_DIR/mps-log when set; else /tmp/mps-log]
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// Which device to serve.
@@ -89,7 +94,7 @@ struct Args {
     /// (MPS_SM_RESERVE), percent.
     #[arg(long, default_value_t = mps_server::control::DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
     max_sm_reservation: u32,
-    /// Name of the log file in the log directory.
+    /// Name of the log file in the log directory (mode 0600, never opened through a link).
     #[arg(long, default_value = "server.log")]
     log_name: String,
     /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
@@ -101,6 +106,20 @@ struct Args {
     /// Staging area per client for pageable copies and module images, e.g. 4MiB.
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     staging: u64,
+    /// Connections this server admits in all (waiting for their hello or served); more are
+    /// refused with a message naming this limit.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_clients, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_clients: usize,
+    /// Connections one user (uid) may hold, so that one user cannot take every place.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_clients_per_user, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_clients_per_user: usize,
+    /// Connections that may wait for their hello at once; beyond it the one that has waited
+    /// longest is dropped.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_pending, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_pending_hellos: usize,
+    /// Milliseconds a new connection has for its whole hello before it is dropped.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    hello_timeout_ms: u64,
 }
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
@@ -140,11 +159,14 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
         if let Some(h) = handoff {
             unblock = h.try_clone().ok();
             let server = &server;
-            s.spawn(move || {
-                server.serve_handoffs(h, &STOP);
-                // Without its daemon, a server stops: the daemon's quit ends every server.
-                STOP.store(true, Ordering::SeqCst);
-            });
+            std::thread::Builder::new()
+                .name("handoff".into())
+                .spawn_scoped(s, move || {
+                    server.serve_handoffs(h, &STOP);
+                    // Without its daemon, a server stops: the daemon's quit ends every server.
+                    STOP.store(true, Ordering::SeqCst);
+                })
+                .map_err(|e| format!("cannot start the thread that serves the daemon: {e}"))?;
         }
         let result = server.run(&STOP).map_err(|e| e.to_string());
         // After a fault: the clients of the failed context are told until they leave.
@@ -198,6 +220,29 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
     serve(backend, cfg, args)
 }
 
+/// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info). The
+/// directory is created with mode 0700 (or refused if another user owns or can write it); the
+/// file is opened without following a link, must be this user's, and is kept at mode 0600:
+/// the log names every client's pid and uid.
+fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
+    use tracing_subscriber::prelude::*;
+    let opened =
+        trust::private_dir(dir, 0o700).map_err(|e| format!("the log directory: {}", e.message))?;
+    let file = trust::open_private_file(&opened, dir, name, 0o600).map_err(|e| e.message)?;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file)),
+        )
+        .init();
+    Ok(())
+}
+
 /// Streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default); with fewer queues
 /// than busy streams, independent streams falsely serialise. It must be set before the context
 /// is created.
@@ -209,10 +254,7 @@ fn main() -> std::process::ExitCode {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS) };
     }
     let args = Args::parse();
-    let log_dir = args
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
+    let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
     if let Err(e) = init_logging(&log_dir, &args.log_name) {
         eprintln!("mps-server: {e}");
         return std::process::ExitCode::FAILURE;
@@ -240,6 +282,12 @@ fn main() -> std::process::ExitCode {
         client_priority: args.client_priority,
         sm_share: args.active_thread_percentage,
         max_sm_reserve: args.max_sm_reservation,
+        limits: Limits {
+            max_clients: args.max_clients,
+            max_clients_per_user: args.max_clients_per_user,
+            max_pending: args.max_pending_hellos,
+            hello_timeout: std::time::Duration::from_millis(args.hello_timeout_ms),
+        },
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

@@ -1,24 +1,26 @@
-//! The listening socket in the pipe directory, the handshake, and the hand-over of each client
-//! to the session workers.
+//! The listening socket in the pipe directory, the accept loop (which is also the intake of
+//! hellos, [`crate::intake`]), the handshake, and the hand-over of each client to the session
+//! workers.
 
-use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use mps_core::protocol::{
-    DeviceInfoWire, HELLO_PREFIX, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str,
-};
+use mps_core::protocol::{DeviceInfoWire, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::socket::{self, Peer, SOCKET_NAME};
+use mps_ipc::trust;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
 use crate::control::wire;
+use crate::intake::{
+    DEFAULT_LIMITS, Gate, Intake, Limits as ConnectionLimits, Outcome, Throttle, Ticket,
+};
 use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
 use crate::session::{HandleIssuer, Limits, ServerEnv, Session, Workers, check_hello, hello_group};
@@ -45,6 +47,8 @@ pub struct ServerConfig {
     pub sm_share: u32,
     /// Ceiling on the SMs the clients may reserve in all, percent.
     pub max_sm_reserve: u32,
+    /// Connections admitted and how long a hello may take.
+    pub limits: ConnectionLimits,
 }
 
 /// A server bound to its socket.
@@ -59,6 +63,8 @@ pub struct Server<B: Backend> {
     registry: Arc<Registry>,
     recovery: Arc<Recovery>,
     workers: Workers<B>,
+    gate: Arc<Gate>,
+    refusals: Mutex<Throttle>,
 }
 
 impl ServerConfig {
@@ -69,16 +75,21 @@ impl ServerConfig {
 }
 
 impl<B: Backend> Server<B> {
-    /// Binds the socket `mps.sock` in the pipe directory (creating the directory). Fails if
+    /// Binds the socket `mps.sock` in the pipe directory, creating the directory (mode 0700)
+    /// or refusing one that another user owns or can write ([`mps_ipc::trust`]). Fails if
     /// another server answers on it; a stale socket file from a server that died is replaced.
     pub fn bind(backend: Arc<B>, cfg: ServerConfig) -> Result<Server<B>> {
         let dir = &cfg.pipe_dir;
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::new(
+        let opened = trust::private_dir(dir, 0o700)
+            .map_err(|e| Error::new(e.status, format!("the pipe directory: {}", e.message)))?;
+        // Nobody else can rename the checked directory or one above it (they are this user's
+        // or root's, and sticky where others may write), so the path still leads to it.
+        if !trust::is_same_dir(&opened, dir) {
+            return Err(Error::new(
                 Status::PermissionDenied,
-                format!("cannot create pipe directory {}: {e}", dir.display()),
-            )
-        })?;
+                format!("{} changed while it was being checked", dir.display()),
+            ));
+        }
         let path = dir.join(SOCKET_NAME);
         // Only this user (and root) may connect; the handshake checks the uid again.
         let listener = listen(&path, 0o600)?;
@@ -89,6 +100,10 @@ impl<B: Backend> Server<B> {
     /// over by a server whose context failed, see [`crate::recovery`]).
     pub fn adopt(backend: Arc<B>, cfg: ServerConfig, listener: UnixListener) -> Result<Server<B>> {
         let path = cfg.pipe_dir.join(SOCKET_NAME);
+        // The accept loop also reads hellos: it must never block in accept.
+        listener.set_nonblocking(true).map_err(|e| {
+            Error::internal(format!("cannot make {} non-blocking: {e}", path.display()))
+        })?;
         let defaults = Defaults {
             mem_limit: cfg.mem_limit,
             priority: cfg.client_priority,
@@ -107,6 +122,7 @@ impl<B: Backend> Server<B> {
         let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
         let workers = Workers::new(cfg.session_workers, (cfg.spin, cfg.yield_for))
             .map_err(|e| Error::internal(format!("cannot start the session workers: {e}")))?;
+        let cfg_limits = cfg.limits;
         Ok(Server {
             workers,
             backend,
@@ -117,6 +133,8 @@ impl<B: Backend> Server<B> {
             socket_path: path,
             handles: Arc::default(),
             next_client: AtomicU32::new(1),
+            gate: Gate::new(cfg_limits),
+            refusals: Mutex::new(Throttle::new(LOG_PERIOD)),
         })
     }
 
@@ -130,25 +148,89 @@ impl<B: Backend> Server<B> {
         &self.recovery
     }
 
-    /// Accepts clients until `stop` is set or the device context failed, each handed to the
+    /// Accepts clients until `stop` is set or the device context failed. This one thread also
+    /// reads every hello that is not yet complete; a client whose hello is in is handed to the
     /// session workers.
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
+        let mut intake = Intake::new(self.gate.clone());
+        let mut backoff = Backoff::default();
+        let mut accept_errors = Throttle::new(LOG_PERIOD);
+        let mut outcomes = Vec::new();
         while !stop.load(Ordering::Relaxed) && !self.recovery.failed() {
-            match wait_readable(&self.listener) {
-                Ok(false) => continue,
-                Ok(true) => {}
-                Err(e) => return Err(Error::internal(format!("poll on the listener: {e}"))),
+            let now = Instant::now();
+            // While accept fails for want of descriptors or memory, the listener stays readable:
+            // leave it out of the poll for a while instead of spinning on it.
+            let listen = backoff.until.is_none_or(|t| now >= t);
+            let wait = backoff
+                .until
+                .filter(|_| !listen)
+                .map_or(STOP_CHECK, |t| STOP_CHECK.min(t - now));
+            let listener = [self.listener.as_fd()];
+            let extra: &[_] = if listen { &listener } else { &[] };
+            let ready = intake
+                .poll(extra, wait, &mut outcomes)
+                .map_err(|e| Error::internal(format!("poll on the listener: {e}")))?;
+            self.settle(&mut outcomes);
+            if !ready.first().copied().unwrap_or(false) {
+                continue;
             }
             // A failed context takes no client: waiting connections are the fresh server's.
             if self.recovery.failed() {
                 break;
             }
-            match self.listener.accept() {
-                Ok((stream, _)) => self.spawn_client(stream, None),
-                Err(e) => tracing::warn!("accept failed: {e}"),
+            // Accept everything waiting, so a burst of connections costs one wake-up.
+            loop {
+                match self.listener.accept() {
+                    Ok((stream, _)) => {
+                        backoff.reset();
+                        intake.take(stream, Instant::now(), &mut outcomes);
+                        self.settle(&mut outcomes);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let pause = backoff.fail(Instant::now());
+                        if let Some(left_out) = accept_errors.admit(Instant::now()) {
+                            tracing::warn!(
+                                "accept failed: {e}; pausing accepts for {} ms ({left_out} \
+                                 more failures since the last report; {} connections wait for \
+                                 their hello)",
+                                pause.as_millis(),
+                                intake.len()
+                            );
+                        }
+                        break;
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// Serves the connections whose hello is complete and logs (at a bounded rate) those
+    /// refused.
+    fn settle(&self, outcomes: &mut Vec<Outcome>) {
+        for o in outcomes.drain(..) {
+            match o {
+                Outcome::Ready(p, hello) => self.spawn_client(p.stream, hello, p.peer, p.ticket),
+                Outcome::Refused(peer, e) => self.log_refusal(peer, &e),
+                Outcome::Left(peer) => {
+                    tracing::debug!(pid = peer.pid, "a connection closed before its hello")
+                }
+            }
+        }
+    }
+
+    fn log_refusal(&self, peer: Peer, e: &Error) {
+        let mut t = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(left_out) = t.admit(Instant::now()) {
+            tracing::warn!(
+                pid = peer.pid,
+                uid = peer.uid,
+                "connection refused: {} ({left_out} more refusals since the last report)",
+                e.message
+            );
+        }
     }
 
     /// Serves the control daemon on `handoff` (a socket inherited from it): clients it hands
@@ -163,7 +245,7 @@ impl<B: Backend> Server<B> {
                         continue;
                     }
                     let hello: Hello = bytemuck::pod_read_unaligned(&payload);
-                    self.spawn_client(UnixStream::from(fd), Some(hello));
+                    self.take_handoff(UnixStream::from(fd), hello);
                 }
                 Ok((wire::REQUEST, payload, None)) => {
                     let reply = wire::answer(&self.registry, &payload);
@@ -183,7 +265,24 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    fn spawn_client(&self, stream: UnixStream, hello: Option<Hello>) {
+    /// A client the daemon read the hello of: admitted as any other.
+    fn take_handoff(&self, stream: UnixStream, hello: Hello) {
+        let peer = match socket::peer(&stream) {
+            Ok(p) => p,
+            Err(e) => return tracing::warn!("SO_PEERCRED of a handed-over client failed: {e}"),
+        };
+        match self.gate.admit(peer.uid) {
+            Ok(ticket) => self.spawn_client(stream, hello, peer, ticket),
+            Err(e) => {
+                refuse(&stream, &e);
+                self.log_refusal(peer, &e);
+            }
+        }
+    }
+
+    /// Starts the thread that answers `hello` and serves the client; if no thread can be
+    /// started, the client is refused with the reason.
+    fn spawn_client(&self, stream: UnixStream, hello: Hello, peer: Peer, ticket: Ticket) {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
         let backend = self.backend.clone();
         let handles = self.handles.clone();
@@ -191,11 +290,13 @@ impl<B: Backend> Server<B> {
         let waits = (self.cfg.spin, self.cfg.yield_for);
         let registry = self.registry.clone();
         let workers = self.workers.clone();
+        let stream = Arc::new(stream);
+        let sock = stream.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("intake-{id}"))
-            .spawn(
-                move || match handshake(&*backend, stream, hello, id, layout) {
-                    Ok((peer, channel, socket)) => {
+            .spawn(move || {
+                match handshake(&*backend, sock, hello, peer, id, layout) {
+                    Ok((channel, socket)) => {
                         let env = ServerEnv {
                             backend,
                             handles,
@@ -204,16 +305,60 @@ impl<B: Backend> Server<B> {
                             waits,
                         };
                         match Session::new(env, id, peer, channel, socket) {
-                            Ok(session) => workers.adopt(session),
+                            Ok(mut session) => {
+                                // The connection keeps its place under the limits until its
+                                // session ends.
+                                session.hold(ticket);
+                                workers.adopt(session)
+                            }
                             Err(e) => tracing::error!(client = id, "cannot start a session: {e}"),
                         }
                     }
                     Err(e) => tracing::warn!(client = id, "handshake failed: {e}"),
-                },
-            );
+                }
+            });
         if let Err(e) = spawned {
-            tracing::error!("cannot start a client thread: {e}");
+            let e = Error::new(
+                Status::OutOfMemory,
+                format!("the server cannot start a thread for this client: {e}"),
+            );
+            refuse(&stream, &e);
+            tracing::error!(
+                pid = peer.pid,
+                uid = peer.uid,
+                "client refused: {}",
+                e.message
+            );
         }
+    }
+}
+
+/// How long the accept loop sleeps at most between looks at its stop flag.
+const STOP_CHECK: Duration = Duration::from_millis(200);
+
+/// How often a recurring warning (failed accepts, refused connections) is logged at most.
+const LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Pauses after failed accepts: 10 ms after the first, doubling to 1 s.
+#[derive(Debug, Default)]
+struct Backoff {
+    pause: Option<Duration>,
+    until: Option<Instant>,
+}
+
+impl Backoff {
+    fn fail(&mut self, now: Instant) -> Duration {
+        let pause = self.pause.map_or(Duration::from_millis(10), |p| {
+            (p * 2).min(Duration::from_secs(1))
+        });
+        self.pause = Some(pause);
+        self.until = Some(now + pause);
+        pause
+    }
+
+    fn reset(&mut self) {
+        self.pause = None;
+        self.until = None;
     }
 }
 
@@ -238,9 +383,14 @@ fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
     }
 }
 
-/// Listens on `path` with permissions `mode`. Fails if something already answers there (another
-/// server or daemon); a stale socket file left by one that died is replaced.
+/// Listens on `path` with permissions `mode`, set on the socket before it is bound (the file
+/// `bind` creates takes the socket's mode), never by path afterwards. Fails if something already
+/// answers there (another server or daemon); a stale socket file left by one that died is
+/// replaced. The directory must be one only this user or root can write (see
+/// [`mps_ipc::trust::private_dir`]).
 pub(crate) fn listen(path: &Path, mode: u32) -> Result<UnixListener> {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+    use nix::sys::stat::{Mode, fchmod, umask};
     let denied = |what: String| Error::new(Status::PermissionDenied, what);
     if UnixStream::connect(path).is_ok() {
         return Err(denied(format!(
@@ -250,11 +400,26 @@ pub(crate) fn listen(path: &Path, mode: u32) -> Result<UnixListener> {
         )));
     }
     let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .map_err(|e| denied(format!("cannot listen on {}: {e}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| denied(format!("cannot set the mode of {}: {e}", path.display())))?;
-    Ok(listener)
+    let fail = |what: &str, e: nix::Error| denied(format!("{what} {}: {e}", path.display()));
+    let sock = nix::sys::socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| fail("cannot create a socket for", e))?;
+    fchmod(&sock, Mode::from_bits_truncate(mode))
+        .map_err(|e| fail("cannot set the mode of the socket for", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| fail("cannot bind to", e))?;
+    // The umask would still take bits away (0666 must stay 0666 for the daemon's clients). It
+    // is the process's: this runs at start-up, before any thread that creates files.
+    let old = umask(Mode::empty());
+    let bound = nix::sys::socket::bind(sock.as_raw_fd(), &addr);
+    umask(old);
+    bound.map_err(|e| fail("cannot listen on", e))?;
+    nix::sys::socket::listen(&sock, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
+        .map_err(|e| fail("cannot listen on", e))?;
+    Ok(UnixListener::from(sock))
 }
 
 /// Waits up to 200 ms for a connection on `l`, so accept loops can look at their stop flag;
@@ -280,52 +445,23 @@ pub(crate) fn refuse(stream: &UnixStream, err: &Error) {
     let _ = socket::send(stream, bytemuck::bytes_of(&w), &[]);
 }
 
-/// Reads a client's hello (waiting at most 10 s for it): first the part every protocol version
-/// shares, so that a client of another version is refused with a clear answer rather than left
-/// waiting, then the rest.
+/// Reads a client's hello, waiting at most [`DEFAULT_LIMITS`]`.hello_timeout` for the whole of
+/// it; a hello of another protocol version is answered with a refusal.
 pub fn read_hello(stream: &UnixStream) -> Result<Hello> {
-    let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| io("set_read_timeout", e))?;
-    let mut hello: Hello = bytemuck::Zeroable::zeroed();
-    socket::recv(
-        stream,
-        &mut bytemuck::bytes_of_mut(&mut hello)[..HELLO_PREFIX],
-        0,
-    )
-    .map_err(|e| io("reading the hello", e))?;
-    if let Err(e) = check_hello(&hello) {
-        refuse(stream, &e);
-        return Err(e);
-    }
-    socket::recv(
-        stream,
-        &mut bytemuck::bytes_of_mut(&mut hello)[HELLO_PREFIX..],
-        0,
-    )
-    .map_err(|e| io("reading the hello", e))?;
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| io("set_read_timeout", e))?;
-    Ok(hello)
+    crate::intake::read_hello_within(stream, DEFAULT_LIMITS.hello_timeout)
 }
 
-/// Reads the hello (unless the daemon already did), checks who is calling, creates the channel and sends the welcome with the
-/// two segment descriptors.
+/// Checks the hello and who is calling, creates the channel and sends the welcome with the two
+/// segment descriptors.
 fn handshake<B: Backend>(
     backend: &B,
-    stream: UnixStream,
-    hello: Option<Hello>,
+    stream: Arc<UnixStream>,
+    hello: Hello,
+    peer: Peer,
     id: u32,
     layout: Layout,
-) -> Result<(Peer, Channel, Arc<UnixStream>)> {
+) -> Result<(Channel, Arc<UnixStream>)> {
     let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
-    let peer = socket::peer(&stream).map_err(|e| io("SO_PEERCRED", e))?;
-    let hello = match hello {
-        Some(h) => h,
-        None => read_hello(&stream)?,
-    };
     let checked = check_hello(&hello)
         .and_then(|()| hello_group(&hello))
         .and_then(|_| {
@@ -371,14 +507,11 @@ fn handshake<B: Backend>(
         &[channel.client_segment().fd(), channel.server_segment().fd()],
     )
     .map_err(|e| io("sending the welcome", e))?;
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| io("set_read_timeout", e))?;
     tracing::info!(
         client = id,
         pid = peer.pid,
         uid = peer.uid,
         "client connected"
     );
-    Ok((peer, channel, Arc::new(stream)))
+    Ok((channel, stream))
 }

@@ -215,6 +215,46 @@ mod tests {
         assert_eq!(Status::from_u32(status), Some(Status::InvalidValue));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Whatever bytes arrive, the server answers with a reply that decodes, never a panic.
+        #[test]
+        fn any_payload_gets_a_reply(payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let reply = answer(&registry(), &payload);
+            proptest::prop_assert!(serde_json::from_slice::<Reply>(&reply).is_ok());
+        }
+
+        /// Every request, whatever its numbers, is answered or refused with a status, and a
+        /// share or ceiling that was taken reads back as set.
+        #[test]
+        fn any_request_is_answered_or_refused(kind in 0u8..8, n in proptest::prelude::any::<u64>()) {
+            let r = registry();
+            let p = n as u32;
+            let request = match kind {
+                0 => ServerRequest::Clients,
+                1 => ServerRequest::Terminate { client_pid: n as i32 },
+                2 => ServerRequest::SetPriority(p),
+                3 => ServerRequest::SetShare(p),
+                4 => ServerRequest::GetShare,
+                5 => ServerRequest::SetMaxReserve(p),
+                6 => ServerRequest::GetMaxReserve,
+                _ => ServerRequest::SetMemLimit(n),
+            };
+            let taken = round_trip(&r, &request).is_ok();
+            if taken && let ServerRequest::SetShare(p) = request {
+                proptest::prop_assert_eq!(round_trip(&r, &ServerRequest::GetShare), Ok(ServerAnswer::Percent(p)));
+            }
+            if taken && let ServerRequest::SetMaxReserve(p) = request {
+                proptest::prop_assert_eq!(round_trip(&r, &ServerRequest::GetMaxReserve), Ok(ServerAnswer::Percent(p)));
+            }
+        }
+    }
+
     #[test]
     fn a_request_that_does_not_decode_is_refused() {
         let reply: Reply = serde_json::from_slice(&answer(&registry(), b"clients")).unwrap();

@@ -77,9 +77,16 @@ pub(crate) struct Session<B: Backend> {
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
+    /// The client's place under the server's connection limits, given back at teardown.
+    admission: Option<crate::intake::Ticket>,
 }
 
 impl<B: Backend> Session<B> {
+    /// Keeps the client's place under the connection limits until its session ends.
+    pub(crate) fn hold(&mut self, ticket: crate::intake::Ticket) {
+        self.admission = Some(ticket);
+    }
+
     /// A session over a channel whose handshake has completed.
     pub(crate) fn new(
         env: ServerEnv<B>,
@@ -138,6 +145,7 @@ impl<B: Backend> Session<B> {
             spin,
             yield_for,
             registry,
+            admission: None,
             channel,
         })
     }
