@@ -59,9 +59,15 @@ fn build_c(source: &Path, out: &Path) {
 }
 
 fn run_program(program: &Path, server: &TestServer) -> String {
+    run_program_with(program, server, &[])
+}
+
+/// [`run_program`] with more environment.
+fn run_program_with(program: &Path, server: &TestServer, env: &[(&str, &str)]) -> String {
     let out = Command::new(program)
         .arg(root().join("kernels/test_kernels.ptx"))
         .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -83,6 +89,14 @@ fn the_c_api_test_passes() {
     let server = TestServer::start();
     let out = run_program(&exe, &server);
     assert!(out.contains("all checks passed"), "{out}");
+    // Again with a lower SM share, which mps_sm_get_info must report.
+    let out = run_program_with(&exe, &server, &[("MPS_ACTIVE_THREAD_PERCENTAGE", "25")]);
+    assert!(out.contains("all checks passed"), "{out}");
+    let info = server.client().device_info().sm_count;
+    assert!(
+        !out.contains(&format!("api_test: {info} of {info} SMs")),
+        "{out}"
+    );
 }
 
 #[test]
