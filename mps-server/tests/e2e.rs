@@ -586,11 +586,13 @@ fn a_killed_client_is_cleaned_up_and_others_carry_on() {
         "{released}\nwanted: {want}\n{log}"
     );
     println!("{released}");
-    // And its memory is free again.
+    // And its memory is free again. (A GPU's free memory is the device's: the other client's
+    // work moves it a little.)
+    let slack = if on_gpu() { 64 << 20 } else { 0 };
     wait_until(
         "free device memory after the hog's death",
         || probe.mem_get_info().unwrap().0,
-        |free| *free >= free_before + hog_bytes(),
+        |free| *free + slack >= free_before + hog_bytes(),
     );
     let p = probe.mem_alloc(hog_bytes()).unwrap();
     probe.mem_free(p).unwrap();
