@@ -23,6 +23,11 @@ impl TestDaemon {
     }
 
     fn start_with(extra: &[&str]) -> TestDaemon {
+        Self::start_serving(&server_bin(), extra)
+    }
+
+    /// A daemon that starts `server` as its servers' binary.
+    fn start_serving(server: &std::path::Path, extra: &[&str]) -> TestDaemon {
         let dir = temp_dir("control");
         let child = Command::new(control_bin())
             .arg("-f")
@@ -33,7 +38,7 @@ impl TestDaemon {
                 "256MiB",
                 "--server",
             ])
-            .arg(server_bin())
+            .arg(server)
             .arg("--pipe-dir")
             .arg(&dir)
             .arg("--log-dir")
@@ -46,6 +51,20 @@ impl TestDaemon {
         let d = TestDaemon { dir, child };
         d.wait_for_socket("control.sock");
         d
+    }
+
+    /// The daemon's log directory's file `name`.
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+    }
+
+    /// Waits until the log `name` contains `needle`; returns the log.
+    fn wait_for_log(&self, name: &str, needle: &str) -> String {
+        wait_until(
+            &format!("{name} to say {needle:?}"),
+            || self.log(name),
+            |log| log.contains(needle),
+        )
     }
 
     fn wait_for_socket(&self, name: &str) {
@@ -90,7 +109,18 @@ impl TestDaemon {
     /// This test binary, run again as a client of this daemon to play `role` in `test`, with
     /// `env`.
     fn role(&self, test: &str, role: &str, env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        self.role_of(&std::env::current_exe().unwrap(), test, role, env)
+    }
+
+    /// [`TestDaemon::role`], played by the test binary `exe` (a copy of this one).
+    fn role_of(
+        &self,
+        exe: &std::path::Path,
+        test: &str,
+        role: &str,
+        env: &[(&str, &str)],
+    ) -> Command {
+        let mut cmd = Command::new(exe);
         cmd.args([test, "--exact", "--nocapture"])
             .env("MPS_TEST_ROLE", role)
             .env("MPS_PIPE_DIRECTORY", &self.dir)
@@ -151,6 +181,11 @@ impl Drop for TestDaemon {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The log of this user's server of group `default`.
+fn server_log() -> String {
+    format!("server-{}-default.log", nix::unistd::geteuid().as_raw())
 }
 
 /// Allocates, fills and reads back a little memory: proof that the connection is served.
@@ -272,8 +307,11 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     );
 
     // Shutting a server down ends its clients' connections; the next client gets a new one.
+    // Without -f the server is asked to stop (SIGTERM) and given time to: it stops by itself.
     assert!(d.ctl_ok(&["shutdown_server", &pid]).contains("stopped"));
     assert!(d.servers().is_empty());
+    d.wait_for_log("control.log", &format!("server stopped pid={pid}"));
+    d.wait_for_log(&server_log(), "stopping");
     let e = c.mem_alloc(16).unwrap_err();
     assert_eq!(e.status, Status::Connection, "{e}");
     let fresh = d.client();
@@ -281,19 +319,20 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     let again = d.servers();
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].to_string(), pid);
-    // -f does not wait for the clients.
+    // -f gives it no time: it is killed (SIGKILL) right after it is asked.
     let second = again[0].to_string();
-    let t = Instant::now();
     assert!(
         d.ctl_ok(&["shutdown_server", &second, "-f"])
             .contains("stopped")
     );
-    assert!(
-        t.elapsed() < Duration::from_secs(4),
-        "took {:?}",
-        t.elapsed()
-    );
     assert!(d.servers().is_empty());
+    d.wait_for_log("control.log", &format!("server killed pid={second}"));
+    assert!(
+        !d.log("control.log")
+            .contains(&format!("server stopped pid={second}")),
+        "{}",
+        d.log("control.log")
+    );
     let e = fresh.mem_alloc(16).unwrap_err();
     assert_eq!(e.status, Status::Connection, "{e}");
 
@@ -310,6 +349,138 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     assert!(
         nix::sys::signal::kill(server, None).is_err(),
         "server {server} outlived quit"
+    );
+}
+
+/// `quit -t <seconds>` is how long each server is given to stop by itself once asked (SIGTERM)
+/// before it is killed (SIGKILL): with time, it stops; with 0, it is killed at once.
+#[test]
+fn quit_gives_servers_its_timeout_to_stop() {
+    for (secs, fate) in [("5", "stopped"), ("0", "killed")] {
+        let mut d = TestDaemon::start();
+        touch(&d.client());
+        let pid = d.servers()[0];
+        assert_eq!(d.ctl_ok(&["quit", "-t", secs]), "quitting\n");
+        let log = d.wait_for_log("control.log", &format!("server {fate} pid={pid}"));
+        let other = if fate == "killed" {
+            "stopped"
+        } else {
+            "killed"
+        };
+        assert!(
+            !log.contains(&format!("server {other} pid={pid}")),
+            "quit -t {secs}:\n{log}"
+        );
+        wait_until(
+            "the daemon to exit after quit",
+            || d.child.try_wait().unwrap(),
+            Option::is_some,
+        );
+    }
+}
+
+/// Without --pipe-dir and --log-dir, the daemon and its servers use $MPS_PIPE_DIRECTORY and
+/// $MPS_LOG_DIRECTORY, and the command client finds the daemon through $MPS_PIPE_DIRECTORY.
+#[test]
+fn the_directories_come_from_the_environment() {
+    let (pipe, logs) = (temp_dir("env-pipe"), temp_dir("env-log"));
+    let mut daemon = Command::new(control_bin())
+        .arg("-f")
+        .args(["--backend", "sim", "--sim-memory", "64MiB", "--server"])
+        .arg(server_bin())
+        .env("MPS_PIPE_DIRECTORY", &pipe)
+        .env("MPS_LOG_DIRECTORY", &logs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the daemon's control socket in $MPS_PIPE_DIRECTORY",
+        || std::os::unix::net::UnixStream::connect(pipe.join("control.sock")).is_ok(),
+        |up| *up,
+    );
+    touch(&Client::connect(Some(&pipe)).unwrap());
+    let ctl = |word: &str| {
+        Command::new(control_bin())
+            .arg(word)
+            .env("MPS_PIPE_DIRECTORY", &pipe)
+            .output()
+            .unwrap()
+    };
+    let servers = ctl("get_server_list");
+    assert!(servers.status.success());
+    assert_eq!(String::from_utf8_lossy(&servers.stdout).lines().count(), 1);
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&logs), ["control.log".to_string(), server_log()]);
+    assert!(names(&pipe).is_empty(), "logs in the pipe directory");
+    let log = std::fs::read_to_string(logs.join("control.log")).unwrap();
+    assert!(log.contains("started a server"), "{log}");
+    assert!(ctl("quit").status.success());
+    let status = daemon.wait().unwrap();
+    assert!(status.success(), "{status}");
+    for d in [pipe, logs] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// A kernel fault ends at most its own group's server: a client of another group, with its
+/// own server, keeps its memory, its data and its server and goes on working. (On a GPU the
+/// fault ends the faulting server's context; on the simulator only the faulting client.)
+#[test]
+fn a_fault_in_one_group_leaves_another_group_untouched() {
+    const TEST: &str = "a_fault_in_one_group_leaves_another_group_untouched";
+    if role().is_some() {
+        let c = Client::connect(None).unwrap();
+        let m = c.module_load(&ptx()).unwrap();
+        let fault = c.module_get_function(m, "fault_write").unwrap();
+        let dim = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
+        c.launch(
+            fault,
+            dim,
+            dim,
+            0,
+            Stream::DEFAULT,
+            &[&0x10u64.to_le_bytes()],
+        )
+        .unwrap();
+        let e = c.synchronize().unwrap_err();
+        assert_eq!(e.status, Status::IllegalAddress, "{e}");
+        println!("faulted: {e}");
+        return;
+    }
+    let d = TestDaemon::start();
+    let c = d.client();
+    let n = 4096u64;
+    let p = c.mem_alloc(n * 4).unwrap();
+    c.memset_d32(p, 0x5eed, n, Stream::DEFAULT).unwrap();
+    c.synchronize().unwrap();
+    let mine = d.servers();
+    d.run_role(TEST, "faulter", &[("MPS_GROUP", "faulty")]);
+    // The other group's server stays, its client's data is as it was, and new work runs.
+    assert!(
+        d.servers().contains(&mine[0]),
+        "this group's server {} is gone: {:?}",
+        mine[0],
+        d.servers()
+    );
+    let mut words = vec![0u8; (n * 4) as usize];
+    c.memcpy_dtoh(&mut words, p, Stream::DEFAULT).unwrap();
+    assert!(words.chunks(4).all(|w| w == 0x5eedu32.to_le_bytes()));
+    touch(&c);
+    touch(&d.client());
+    c.mem_free(p).unwrap();
+    let log = d.log(&server_log());
+    assert!(
+        !log.contains("fault_write"),
+        "this group's server saw the fault:\n{log}"
     );
 }
 
@@ -456,7 +627,12 @@ fn clients_are_listed_counted_and_terminated() {
         let e = c.mem_alloc(16).unwrap_err();
         assert_eq!(e.status, Status::Connection, "{e}");
     }
-    assert_eq!(d.ctl_ok(&["get_client_list", &pid]), "");
+    // The server forgets them once their sessions have released what they held.
+    wait_for_value(
+        "the client list after terminate_client",
+        || d.ctl_ok(&["get_client_list", &pid]),
+        String::new(),
+    );
 }
 
 /// The user every uid-routing test runs its second client as (`.ci/run` creates it).
@@ -469,31 +645,35 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
         touch(&Client::connect(None).unwrap());
         return;
     }
-    let user = nix::unistd::User::from_name(TEST_USER).ok().flatten();
-    let (true, Some(user)) = (nix::unistd::geteuid().is_root(), user) else {
-        println!("skipped: needs root and a user named {TEST_USER} (.ci/run creates it)");
+    const TEST: &str = "each_user_gets_a_server_of_their_own_running_as_them";
+    if !nix::unistd::geteuid().is_root() {
+        skip_unless_ci(TEST, "needs root, to start a server as another user");
+        return;
+    }
+    let Some(user) = nix::unistd::User::from_name(TEST_USER).ok().flatten() else {
+        skip_unless_ci(TEST, &format!("needs a user named {TEST_USER}"));
         return;
     };
-    // The other user runs this test binary and the server binary: both must be reachable by
-    // anyone (a checkout under /root is not).
-    let exe = std::env::current_exe().unwrap();
-    for binary in [exe.as_path(), server_bin().as_path()] {
-        if !reachable_by_others(binary) {
-            println!(
-                "skipped: {} is not readable and executable by other users",
-                binary.display()
-            );
-            return;
-        }
+    // The other user runs this test binary and the server binary: copies of both in a directory
+    // anyone may enter (a checkout under /root is not one).
+    let bin = temp_dir("bin");
+    let copy = |from: std::path::PathBuf| {
+        let to = bin.join(from.file_name().unwrap());
+        std::fs::copy(&from, &to).unwrap();
+        to
+    };
+    let (exe, server) = (copy(std::env::current_exe().unwrap()), copy(server_bin()));
+    for binary in [&exe, &server] {
+        assert!(
+            reachable_by_others(binary),
+            "{} is not reachable by other users",
+            binary.display()
+        );
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start_serving(&server, &[]);
     touch(&d.client());
     let out = d
-        .role(
-            "each_user_gets_a_server_of_their_own_running_as_them",
-            "other-user",
-            &[],
-        )
+        .role_of(&exe, TEST, "other-user", &[])
         .uid(user.uid.as_raw())
         .gid(user.gid.as_raw())
         .output()
@@ -523,13 +703,23 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
     let meta = std::fs::metadata(d.dir.join(format!("servers/{}-default", user.uid))).unwrap();
     assert_eq!(meta.uid(), user.uid.as_raw());
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&bin);
 }
 
 #[test]
 fn metrics_are_served_in_prometheus_text_format() {
-    let d = TestDaemon::start_with(&["--metrics-listen", "127.0.0.1:0"]);
+    let d = TestDaemon::start_with(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--device-pinned-mem-limit",
+        "64MiB",
+        "--active-thread-percentage",
+        "50",
+    ]);
     let c = d.client();
     touch(&c);
+    let held = c.mem_alloc(1 << 20).unwrap();
     let addr = std::fs::read_to_string(d.dir.join("metrics.addr")).unwrap();
     let get = |path: &str| {
         let mut s = std::net::TcpStream::connect(addr.trim()).unwrap();
@@ -554,6 +744,30 @@ fn metrics_are_served_in_prometheus_text_format() {
         })
         .unwrap_or_else(|| panic!("no copied-bytes sample for this client:\n{text}"));
     assert!(copied.ends_with(" 8"), "{copied}");
+    // This client's limit, what it holds, and the SMs its share gives it.
+    let sample = |name: &str| -> String {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{")) && l.contains(&format!("client_pid=\"{me}\""))
+            })
+            .unwrap_or_else(|| panic!("no {name} sample for this client:\n{text}"));
+        line.rsplit(' ').next().unwrap().to_string()
+    };
+    assert_eq!(
+        sample("mps_client_device_memory_limit_bytes"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(
+        sample("mps_client_device_memory_bytes"),
+        (1u64 << 20).to_string()
+    );
+    let sms = c.sm_info().unwrap();
+    assert_eq!(sms.share_percent, 50);
+    assert!(sms.sms < sms.device_sms, "{sms:?}");
+    assert_eq!(sample("mps_client_sms"), sms.sms.to_string());
+    assert_eq!(sample("mps_client_sm_reserved_percent"), "0");
+    c.mem_free(held).unwrap();
     assert!(
         text.contains("# TYPE mps_client_launches_total counter"),
         "{text}"
@@ -631,10 +845,11 @@ fn client_priorities_hold() {
 
     let low = spawn("low", "1");
     let server = d.servers()[0];
-    assert_eq!(
-        session_nice_values(server),
-        [0, 10],
-        "normal and below-normal session threads"
+    // (The refused client's session thread, if it had one, may still be ending.)
+    wait_for_value(
+        "nice values of the normal and below-normal session threads",
+        || session_nice_values(server),
+        vec![0, 10],
     );
     let priority_of = |pid: u32| d.status_field(pid, "PRIORITY");
     assert_eq!(priority_of(low.id()).as_deref(), Some("1"));
@@ -722,13 +937,15 @@ fn sms_of(c: &Client) -> String {
     format!("{}/{}", i.sms, i.device_sms)
 }
 
-/// Seconds a client takes to run `blocks` blocks of `threads` threads that each spin for `ms`
-/// milliseconds (the simulator runs one block per SM at a time; an H200 two blocks of 1024).
-fn spin_time(c: &Client, blocks: u32, threads: u32, ms: u64) -> f64 {
+/// Milliseconds, between events recorded around it, of a kernel of `blocks` blocks of `threads`
+/// threads that each spin for `ms` milliseconds (the simulator runs one block per SM at a time;
+/// an H200 two blocks of 1024).
+fn spin_ms(c: &Client, blocks: u32, threads: u32, ms: u64) -> f64 {
     let m = c.module_load(&ptx()).unwrap();
     let spin = c.module_get_function(m, "spin_ns").unwrap();
     let ctr = c.mem_alloc(4).unwrap();
-    let t = Instant::now();
+    let (start, end) = (c.event_create().unwrap(), c.event_create().unwrap());
+    c.event_record(start, Stream::DEFAULT).unwrap();
     c.launch(
         spin,
         mpsclient::Dim3 {
@@ -746,10 +963,15 @@ fn spin_time(c: &Client, blocks: u32, threads: u32, ms: u64) -> f64 {
         &[&(ms * 1_000_000).to_le_bytes(), &ctr.0.to_le_bytes()],
     )
     .unwrap();
-    c.stream_synchronize(Stream::DEFAULT).unwrap();
-    let secs = t.elapsed().as_secs_f64();
+    c.event_record(end, Stream::DEFAULT).unwrap();
+    c.event_synchronize(end).unwrap();
+    let elapsed = c.event_elapsed_ms(start, end).unwrap();
+    for e in [start, end] {
+        c.event_destroy(e).unwrap();
+    }
     c.mem_free(ctr).unwrap();
-    secs
+    c.module_unload(m).unwrap();
+    f64::from(elapsed)
 }
 
 #[test]
@@ -760,7 +982,7 @@ fn sm_shares_and_reservations_hold() {
         match Client::connect(None) {
             Ok(c) => {
                 // Its kernels run where it was placed.
-                spin_time(&c, 1, 32, 1);
+                spin_ms(&c, 1, 32, 1);
                 println!("sms={}", sms_of(&c));
                 let mut line = String::new();
                 std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
@@ -770,8 +992,9 @@ fn sm_shares_and_reservations_hold() {
         return;
     }
     if on_gpu() {
-        println!(
-            "skipped: the simulator's SM model (sm_partitions_hold_on_the_gpu covers the GPU)"
+        skip(
+            "sm_shares_and_reservations_hold",
+            "checks the simulator's SM model; sm_partitions_hold_on_the_gpu covers the GPU",
         );
         return;
     }
@@ -829,33 +1052,42 @@ fn sm_shares_and_reservations_hold() {
         "{status}"
     );
 
-    // Reserved SMs come back when their client leaves.
+    // Reserved SMs come back when their client leaves (its session gives them back as it ends,
+    // after the process has exited).
     release(second);
     release(reserver);
     release(sharer);
-    assert_eq!(sms_of(&c), "16/16");
+    wait_for_value("this client's SMs", || sms_of(&c), "16/16".into());
 
     // The operator's live share applies to running clients at once, in stream order.
     order_holds_across_a_move(&d, &c, &pid, "50");
     d.ctl_ok(&["set_active_thread_percentage", &pid, "100"]);
 
-    // Kernels feel the share.
-    let full = spin_time(&c, 16, 32, 20);
+    // Kernels feel the share: the simulator runs a kernel's blocks in waves of one block per SM
+    // the client has, so 16 blocks of 20 ms on 4 SMs are 4 waves, at least 80 ms between the
+    // kernel's events (a lower bound, which a loaded machine cannot break; on all 16 SMs they
+    // would be one wave of 20 ms).
+    let full = spin_ms(&c, 16, 32, 20);
+    assert!(
+        full >= 20.0,
+        "16 blocks on 16 SMs: one wave of 20 ms, not {full} ms"
+    );
     d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);
     assert_eq!(d.ctl_ok(&["get_active_thread_percentage", &pid]), "25\n");
     assert_eq!(sms_of(&c), "4/16");
-    let quarter = spin_time(&c, 16, 32, 20);
+    let quarter = spin_ms(&c, 16, 32, 20);
     assert!(
-        quarter > 3.0 * full,
-        "16 blocks on 4 SMs took {quarter:.3} s, on 16 SMs {full:.3} s"
+        quarter >= 80.0,
+        "16 blocks on 4 SMs took {quarter:.1} ms: fewer than 4 waves of 20 ms"
     );
-    // GPU busy time counts what the client ran.
+    // GPU busy time counts what the client ran: at least the 20 + 80 ms of kernels (and not,
+    // say, nanoseconds read as milliseconds).
     let gpu_ms: u64 = d
         .status_field(std::process::id(), "GPU-MS")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no GPU-MS for this client in {}", d.ctl_ok(&["status"])));
     assert!(
-        (90..2_000).contains(&gpu_ms),
+        (100..10_000).contains(&gpu_ms),
         "ran 20 + 80 ms of kernels, GPU-MS says {gpu_ms}"
     );
 
@@ -867,20 +1099,61 @@ fn sm_shares_and_reservations_hold() {
     assert_eq!(sms_of(&c), "4/16", "running servers keep their own share");
 }
 
+/// The SMs a kernel of `blocks` blocks ran on, from a kernel (tests/kernels/sm_ids.ptx) whose
+/// blocks each stay resident for 100 us and write down `%smid`: which SMs a partition lets a
+/// client's kernels use, counted rather than timed. GPU only (the simulator has no such kernel).
+fn sms_used(c: &Client, blocks: u32) -> std::collections::BTreeSet<u32> {
+    let image = std::fs::read(root().join("mps-server/tests/kernels/sm_ids.ptx")).unwrap();
+    let m = c.module_load(&image).unwrap();
+    let f = c.module_get_function(m, "sm_ids").unwrap();
+    let out = c.mem_alloc(u64::from(blocks) * 4).unwrap();
+    c.memset_d32(out, u32::MAX, u64::from(blocks), Stream::DEFAULT)
+        .unwrap();
+    let dim = |x| mpsclient::Dim3 { x, y: 1, z: 1 };
+    let ns: u64 = 100_000;
+    c.launch(
+        f,
+        dim(blocks),
+        dim(256),
+        0,
+        Stream::DEFAULT,
+        &[&out.0.to_le_bytes(), &ns.to_le_bytes()],
+    )
+    .unwrap();
+    let mut ids = vec![0u8; blocks as usize * 4];
+    c.memcpy_dtoh(&mut ids, out, Stream::DEFAULT).unwrap();
+    c.mem_free(out).unwrap();
+    c.module_unload(m).unwrap();
+    let ids: Vec<u32> = ids
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert!(
+        !ids.contains(&u32::MAX),
+        "a block of sm_ids wrote nothing: {ids:?}"
+    );
+    ids.into_iter().collect()
+}
+
 #[test]
 fn sm_partitions_hold_on_the_gpu() {
-    if let Some(role) = role() {
+    const TEST: &str = "sm_partitions_hold_on_the_gpu";
+    if role().is_some() {
+        // A client with a reservation: it says its SMs and the ones its kernel ran on, then
+        // holds them until told to go.
         let c = Client::connect(None).unwrap();
-        spin_time(&c, 1, 32, 1);
-        println!("sms={}", sms_of(&c));
-        if role == "client" {
-            let mut line = String::new();
-            std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
-        }
+        let device = c.sm_info().unwrap().device_sms;
+        let used: Vec<String> = sms_used(&c, 4 * device)
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        println!("sms={} used={}", sms_of(&c), used.join(","));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
         return;
     }
     if !on_gpu() {
-        println!("skipped: needs a GPU (MPS_TEST_BACKEND=cuda)");
+        skip(TEST, "needs a GPU (MPS_TEST_BACKEND=cuda)");
         return;
     }
     let d = TestDaemon::start();
@@ -888,70 +1161,102 @@ fn sm_partitions_hold_on_the_gpu() {
     let device = c.sm_info().unwrap().device_sms;
     assert_eq!(sms_of(&c), format!("{device}/{device}"));
     let pid = d.servers()[0].to_string();
-    // Two blocks of 1024 threads fill an SM: 2 x SMs blocks are one wave on the whole device.
-    let blocks = 2 * device;
-    let full = spin_time(&c, blocks, 1024, 10);
+    // Four blocks per SM, each resident for a while: the device spreads them over every SM a
+    // client's partition holds.
+    let blocks = 4 * device;
+    let whole = sms_used(&c, blocks);
+    assert!(
+        whole.len() as u32 > device / 2,
+        "on the whole device {blocks} blocks ran on {} of {device} SMs",
+        whole.len()
+    );
 
     // Moving between partitions keeps stream order, both ways.
     order_holds_across_a_move(&d, &c, &pid, "50");
     order_holds_across_a_move(&d, &c, &pid, "100");
 
-    // A live share: the client's stream moves to a green context of a quarter of the SMs.
+    // A live share: the client's stream moves to a green context of a quarter of the SMs, and
+    // its kernels run on no other SM.
     d.ctl_ok(&["set_active_thread_percentage", &pid, "25"]);
     let quarter_sms = c.sm_info().unwrap().sms;
     assert!(
         quarter_sms >= device / 4 && quarter_sms < device / 2,
         "25% of {device} SMs gave {quarter_sms}"
     );
-    let quarter = spin_time(&c, blocks, 1024, 10);
+    let quarter = sms_used(&c, blocks);
     println!(
-        "share 25%: {quarter_sms} SMs, {blocks} blocks in {:.1} ms (whole device {:.1} ms)",
-        quarter * 1e3,
-        full * 1e3
+        "share 25%: {quarter_sms} SMs; {blocks} blocks ran on {} SMs (whole device: {})",
+        quarter.len(),
+        whole.len()
     );
-    assert!(quarter > 2.5 * full, "{quarter} s vs {full} s");
+    assert!(
+        quarter.len() as u32 <= quarter_sms && quarter.len() as u32 > quarter_sms / 2,
+        "with {quarter_sms} SMs, {blocks} blocks ran on {} SMs: {quarter:?}",
+        quarter.len()
+    );
     d.ctl_ok(&["set_active_thread_percentage", &pid, "100"]);
 
-    // A reservation: its SMs leave everyone else's partition.
-    let (reserver, said) = sm_client(
-        &d,
-        "sm_partitions_hold_on_the_gpu",
-        &[("MPS_SM_RESERVE", "25")],
-    );
-    let reserved: u32 = said
-        .trim_start_matches("sms=")
+    // A reservation: its SMs leave everyone else's partition; the two run on disjoint SMs.
+    let (reserver, said) = spawn_until(d.role(TEST, "client", &[("MPS_SM_RESERVE", "25")]), |l| {
+        l.starts_with("sms=")
+    });
+    let (sms, used) = said
+        .strip_prefix("sms=")
+        .and_then(|r| r.split_once(" used="))
+        .unwrap_or_else(|| panic!("{said}"));
+    let reserved: u32 = sms
         .split('/')
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
+    let reserved_used: std::collections::BTreeSet<u32> =
+        used.split(',').map(|n| n.parse().unwrap()).collect();
     assert!(reserved >= device / 4 && reserved < device / 2, "{said}");
+    assert!(reserved_used.len() as u32 <= reserved, "{said}");
     assert_eq!(c.sm_info().unwrap().sms, device - reserved);
-    let rest = spin_time(&c, blocks, 1024, 10);
+    let rest = sms_used(&c, blocks);
     println!(
-        "reserved {reserved} SMs for another client: {blocks} blocks on the other {} in {:.1} ms",
-        device - reserved,
-        rest * 1e3
+        "reserved {reserved} SMs for another client (its kernel ran on {}); this client's \
+         {blocks} blocks ran on {} of the other {}",
+        reserved_used.len(),
+        rest.len(),
+        device - reserved
     );
-    assert!(rest > 1.5 * full, "{rest} s vs {full} s");
-    release(reserver);
-    assert_eq!(sms_of(&c), format!("{device}/{device}"));
-    let again = spin_time(&c, blocks, 1024, 10);
+    assert!(rest.len() as u32 <= device - reserved, "{rest:?}");
     assert!(
-        again < 1.5 * full,
-        "back on the whole device: {again} s vs {full} s"
+        rest.is_disjoint(&reserved_used),
+        "SMs used by both: {:?}",
+        rest.intersection(&reserved_used).collect::<Vec<_>>()
+    );
+    release(reserver);
+    wait_for_value(
+        "this client's SMs after the reservation ended",
+        || sms_of(&c),
+        format!("{device}/{device}"),
+    );
+    let again = sms_used(&c, blocks);
+    assert!(
+        again.len() as u32 > device - reserved,
+        "back on the whole device, {blocks} blocks ran on only {} SMs",
+        again.len()
     );
 
-    // Busy time was sampled while those kernels ran.
-    let gpu_ms: u64 = d
+    // Busy time is sampled while kernels run: a kernel of 50 ms counts at least half of it.
+    let before: u64 = d
         .status_field(std::process::id(), "GPU-MS")
         .and_then(|v| v.parse().ok())
         .expect("a GPU-MS column");
-    let ran = (full + quarter + rest + again) * 1e3;
-    println!("GPU-MS {gpu_ms} for {ran:.0} ms of kernels");
-    assert!(
-        gpu_ms as f64 >= 0.5 * ran && (gpu_ms as f64) < 3.0 * ran + 50.0,
-        "GPU-MS {gpu_ms} for {ran:.0} ms of kernels"
+    let ran = spin_ms(&c, 2 * device, 1024, 50);
+    let gpu_ms = wait_until(
+        &format!("GPU-MS (from {before}) across a kernel of {ran:.1} ms"),
+        || {
+            d.status_field(std::process::id(), "GPU-MS")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        },
+        |ms| ms.saturating_sub(before) as f64 >= 0.5 * ran,
     );
+    println!("GPU-MS {before} -> {gpu_ms} across a kernel of {ran:.1} ms");
 }
 
 #[test]

@@ -80,6 +80,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mem_get_info: free %zu total %zu\n", free_b, total_b);
         failures++;
     }
+
+    /* Where this client's kernels run: every SM of the device, unless its share is lowered by
+     * MPS_ACTIVE_THREAD_PERCENTAGE (then at least that share, rounded up, and not all). */
+    mps_device_info info;
+    OK(c, mps_device_get_info(c, &info));
+    uint32_t sms = 0, device_sms = 0;
+    EXPECT(c, mps_sm_get_info(c, NULL, &device_sms), MPS_ERROR_INVALID_VALUE, "sms is NULL");
+    OK(c, mps_sm_get_info(c, &sms, &device_sms));
+    const char *share = getenv("MPS_ACTIVE_THREAD_PERCENTAGE");
+    unsigned long percent = share ? strtoul(share, NULL, 10) : 100;
+    if (device_sms != info.sm_count || sms == 0 || sms > device_sms ||
+        (unsigned long)sms * 100 < percent * device_sms || (percent < 100 && sms == device_sms)) {
+        fprintf(stderr, "mps_sm_get_info: %u of %u SMs (device: %u) with a share of %lu%%\n", sms,
+                device_sms, info.sm_count, percent);
+        failures++;
+    }
+    printf("api_test: %u of %u SMs\n", sms, device_sms);
+
     void *host = NULL;
     EXPECT(c, mps_host_alloc(c, 0, &host), MPS_ERROR_INVALID_VALUE, "0-byte");
     EXPECT(c, mps_host_free(c, NULL), MPS_ERROR_INVALID_VALUE, "ptr is NULL");

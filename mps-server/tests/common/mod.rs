@@ -256,6 +256,28 @@ impl RawClient {
         c
     }
 
+    /// Puts `cmd` in the ring with sequence number `seq` and REPLY set, as it is otherwise.
+    pub fn send_with_seq(&mut self, req: &Request<'_>, seq: u64) {
+        let (cmd, payload) = req.encode(seq, 0, protocol::flags::REPLY);
+        self.send_raw(cmd, payload);
+    }
+
+    /// Whether the server has closed this connection, without waiting.
+    pub fn is_closed(&self) -> bool {
+        use nix::sys::socket::{MsgFlags, recv};
+        use std::os::fd::AsRawFd;
+        let mut b = [0u8; 1];
+        match recv(
+            self.sock.as_raw_fd(),
+            &mut b,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e != nix::errno::Errno::EAGAIN,
+        }
+    }
+
     /// Whether the server closed this connection (waits up to 20 s for it).
     pub fn wait_closed(&self) -> bool {
         use std::io::Read;
@@ -265,6 +287,77 @@ impl RawClient {
         let mut b = [0u8; 1];
         matches!((&self.sock).read(&mut b), Ok(0) | Err(_))
     }
+}
+
+/// How long a test waits for a state it expects before it fails.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Looks at `observe` until `done` accepts what it returns, for up to [`WAIT`], and returns that
+/// value; past the deadline it fails with `what` and the last value it saw. State that changes
+/// asynchronously (a client's resources coming back, a server's partitions being re-planned) is
+/// asserted this way, never right after the action that changes it.
+pub fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    mut observe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen = observe();
+        if done(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {seen:?} after {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`wait_until`] `observe` returns `want`.
+pub fn wait_for_value<T: std::fmt::Debug + PartialEq>(
+    what: &str,
+    observe: impl FnMut() -> T,
+    want: T,
+) -> T {
+    wait_until(&format!("{what} (want {want:?})"), observe, |v| *v == want)
+}
+
+/// Says that `test` did not run its checks, and why: on standard error, and as the line
+/// `SKIPPED: <test>: <reason>` appended to the file `$MPS_TEST_SKIP_LOG` names (the test
+/// harness captures a passing test's output, so the file is what `scripts/test` and
+/// `scripts/test-gpu` summarise). The caller returns right after.
+pub fn skip(test: &str, reason: &str) {
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    eprint!("{line}");
+    if let Some(path) = std::env::var_os("MPS_TEST_SKIP_LOG") {
+        use std::io::Write;
+        // One append of one short line: lines of tests running at once do not interleave.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            panic!(
+                "cannot record the skip in {}: {e}",
+                Path::new(&path).display()
+            );
+        }
+    }
+}
+
+/// Whether this is a CI run (`CI` set, as `.ci/run` does), where what a test needs must be
+/// there: a missing tool fails the test instead of skipping it.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
+
+/// Skips `test` for `reason` outside CI; in CI, fails with it.
+pub fn skip_unless_ci(test: &str, reason: &str) {
+    assert!(!in_ci(), "{test}: {reason}; CI must provide it (.ci/run)");
+    skip(test, reason);
 }
 
 /// Bytes of a slice of f32.
