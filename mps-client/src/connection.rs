@@ -78,6 +78,9 @@ impl Client {
                 ),
             )
         })?;
+        // Nothing goes to a socket that neither this user nor root serves: another user could
+        // have put a listener of their own in a shared pipe directory.
+        socket::check_server(&sock, &path)?;
         let group = std::env::var("MPS_GROUP")
             .ok()
             .filter(|g| !g.is_empty())

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use mps_core::protocol::{Command, Completion, MAX_STREAMS, SLOT_BYTES, Welcome};
+use mps_core::handshake::{RingSizes, Welcome};
+use mps_core::protocol::{Command, Completion, MAX_STREAMS, SLOT_BYTES};
 use mps_core::{Error, Result, Status};
 
 use crate::doorbell::Doorbell;
@@ -64,21 +65,31 @@ impl Default for Layout {
 impl Layout {
     /// The layout a server announced, if it is one this client can use.
     pub fn from_welcome(w: &Welcome) -> Result<Layout> {
+        let rings = w.rings();
         let l = Layout {
-            submit_slots: w.submit_slots,
-            complete_slots: w.complete_slots,
-            staging_bytes: usize::try_from(w.staging_bytes).unwrap_or(usize::MAX),
+            submit_slots: rings.submit_slots,
+            complete_slots: rings.complete_slots,
+            staging_bytes: usize::try_from(rings.staging_bytes).unwrap_or(usize::MAX),
         };
         l.validate()?;
-        if l.client_bytes() as u64 != w.client_segment_bytes
-            || l.server_bytes() as u64 != w.server_segment_bytes
-        {
+        if l.rings() != rings {
             return Err(Error::new(
                 Status::ProtocolMismatch,
                 "the server's segment sizes do not match its ring sizes",
             ));
         }
         Ok(l)
+    }
+
+    /// The sizes as the welcome states them.
+    pub fn rings(&self) -> RingSizes {
+        RingSizes {
+            submit_slots: self.submit_slots,
+            complete_slots: self.complete_slots,
+            staging_bytes: self.staging_bytes as u64,
+            client_segment_bytes: self.client_bytes() as u64,
+            server_segment_bytes: self.server_bytes() as u64,
+        }
     }
 
     /// Checks the sizes are usable.

@@ -19,8 +19,6 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::socket::{self, Peer};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::session::check_hello;
-
 /// How many connections a server admits, and how long a hello may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -172,7 +170,7 @@ impl HelloReader {
                     let before = self.got;
                     self.got += n;
                     if before < HELLO_PREFIX && self.got >= HELLO_PREFIX {
-                        check_hello(&self.hello)?;
+                        self.hello.check_version()?;
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),

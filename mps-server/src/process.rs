@@ -1,7 +1,7 @@
 //! What both binaries (`mps-server`, `mps-control`) set up the same way: logging to stderr and a
 //! file, the stop flag that SIGINT and SIGTERM raise, and directories from the environment.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::prelude::*;
@@ -60,12 +60,4 @@ pub fn init_logging_to(file: std::fs::File) {
                 .with_writer(std::sync::Mutex::new(file)),
         )
         .init();
-}
-
-/// The directory `$var` names, else `default`.
-pub fn env_dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default))
 }

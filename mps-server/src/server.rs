@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mps_core::protocol::{DeviceInfoWire, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str};
+use mps_core::handshake::{DeviceInfoWire, Hello, Welcome};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::socket::{self, Peer, SOCKET_NAME};
@@ -23,7 +23,7 @@ use crate::intake::{
 };
 use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
-use crate::session::{HandleIssuer, Limits, ServerEnv, Session, Workers, check_hello, hello_group};
+use crate::session::{HandleIssuer, Limits, ServerEnv, Session, Workers};
 
 /// How a server is set up.
 #[derive(Clone, Debug)]
@@ -373,14 +373,13 @@ impl<B: Backend> Drop for Server<B> {
 
 fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
     let info = backend.info();
-    DeviceInfoWire {
-        name: put_str(&info.name),
-        total_mem: info.total_mem,
-        sm_count: info.sm_count,
-        cc_major: info.cc.0,
-        cc_minor: info.cc.1,
-        backend: info.kind as u32,
-    }
+    DeviceInfoWire::new(
+        &info.name,
+        info.total_mem,
+        info.sm_count,
+        info.cc,
+        info.kind,
+    )
 }
 
 /// Listens on `path` with permissions `mode`, set on the socket before it is bound (the file
@@ -435,14 +434,7 @@ pub(crate) fn wait_readable(l: &UnixListener) -> nix::Result<bool> {
 
 /// Answers a hello with a failed welcome carrying `err`.
 pub(crate) fn refuse(stream: &UnixStream, err: &Error) {
-    let w = Welcome {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        status: err.status as u32,
-        message: put_str(&err.message),
-        ..bytemuck::Zeroable::zeroed()
-    };
-    let _ = socket::send(stream, bytemuck::bytes_of(&w), &[]);
+    let _ = socket::send(stream, bytemuck::bytes_of(&Welcome::refuse(err)), &[]);
 }
 
 /// Reads a client's hello, waiting at most [`DEFAULT_LIMITS`]`.hello_timeout` for the whole of
@@ -462,21 +454,19 @@ fn handshake<B: Backend>(
     layout: Layout,
 ) -> Result<(Channel, Arc<UnixStream>)> {
     let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
-    let checked = check_hello(&hello)
-        .and_then(|()| hello_group(&hello))
-        .and_then(|_| {
-            let me = nix::unistd::geteuid().as_raw();
-            if peer.uid != me && peer.uid != 0 {
-                return Err(Error::new(
-                    Status::PermissionDenied,
-                    format!(
-                        "this server serves uid {me}; uid {} must use its own server",
-                        peer.uid
-                    ),
-                ));
-            }
-            Ok(())
-        });
+    let checked = hello.check().and_then(|_| {
+        let me = nix::unistd::geteuid().as_raw();
+        if peer.uid != me && peer.uid != 0 {
+            return Err(Error::new(
+                Status::PermissionDenied,
+                format!(
+                    "this server serves uid {me}; uid {} must use its own server",
+                    peer.uid
+                ),
+            ));
+        }
+        Ok(())
+    });
     if let Err(e) = checked {
         refuse(&stream, &e);
         return Err(e);
@@ -488,19 +478,7 @@ fn handshake<B: Backend>(
             return Err(e);
         }
     };
-    let w = Welcome {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        status: Status::Success as u32,
-        client_id: id,
-        submit_slots: layout.submit_slots,
-        complete_slots: layout.complete_slots,
-        staging_bytes: layout.staging_bytes as u64,
-        client_segment_bytes: layout.client_bytes() as u64,
-        server_segment_bytes: layout.server_bytes() as u64,
-        device: device_wire(backend),
-        message: [0; 192],
-    };
+    let w = Welcome::accept(id, layout.rings(), device_wire(backend));
     socket::send(
         &stream,
         bytemuck::bytes_of(&w),

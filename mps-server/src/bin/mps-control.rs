@@ -16,7 +16,7 @@ use mps_server::control::{
     CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
 };
 use mps_server::fs_trust::TrustedDir;
-use mps_server::process::{STOP, env_dir, init_logging_to, install_signal_handlers};
+use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
 use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
@@ -32,10 +32,12 @@ struct Args {
     /// Run the daemon in the foreground.
     #[arg(short = 'f')]
     foreground: bool,
-    /// Pipe directory [default: $MPS_PIPE_DIRECTORY, else /tmp/mps]
+    /// Pipe directory [default: $MPS_PIPE_DIRECTORY; else, except for root, $XDG_RUNTIME_DIR/mps
+    /// when set; else /tmp/mps: where clients look by default]
     #[arg(long)]
     pipe_dir: Option<PathBuf>,
-    /// Log directory [default: $MPS_LOG_DIRECTORY, else /tmp/mps-log]
+    /// Log directory [default: $MPS_LOG_DIRECTORY; else, except for root,
+    /// $XDG_RUNTIME_DIR/mps-log when set; else /tmp/mps-log]
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// The mps-server binary [default: next to this one]
@@ -181,11 +183,11 @@ fn main() -> ExitCode {
     let pipe_dir = args
         .pipe_dir
         .clone()
-        .unwrap_or_else(|| env_dir("MPS_PIPE_DIRECTORY", "/tmp/mps"));
+        .unwrap_or_else(mps_ipc::socket::default_pipe_dir);
     let log_dir = args
         .log_dir
         .clone()
-        .unwrap_or_else(|| env_dir("MPS_LOG_DIRECTORY", "/tmp/mps-log"));
+        .unwrap_or_else(mps_ipc::trust::default_log_dir);
     let result = if args.foreground {
         run_daemon(&args, pipe_dir, log_dir)
     } else if args.daemon {

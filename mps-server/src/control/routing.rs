@@ -236,7 +236,7 @@ impl Daemon {
 
     /// Routes a client whose hello has been read.
     fn route_hello(self: &Arc<Self>, stream: UnixStream, peer: socket::Peer, hello: &Hello) {
-        let group = match crate::session::hello_group(hello) {
+        let group = match hello.group() {
             Ok(g) => g,
             Err(e) => return crate::server::refuse(&stream, &e),
         };

@@ -15,7 +15,7 @@ use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleTable};
 use mps_core::limits::check_geometry;
 use mps_core::protocol::{
-    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, MAGIC, Request, flags,
+    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, Request, flags,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -192,12 +192,7 @@ impl<B: Backend> SessionCore<B> {
             Ok(Answer::HostBuffer { segment, handle }) => {
                 let len = segment.len() as u64;
                 Output::HostBuffer {
-                    message: HostBufferFd {
-                        magic: MAGIC,
-                        reserved: 0,
-                        handle: handle.0,
-                        size: len,
-                    },
+                    message: HostBufferFd::new(handle.0, len),
                     segment,
                     reply: wants_reply.then(|| Completion::reply(cmd.seq, [handle.0, len, 0, 0])),
                 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use mps_core::alloc::AllocTable;
 use mps_core::protocol::{
-    self, Command, Completion, CompletionKind, MAGIC, MAX_COMMAND_SLOTS, Opcode, SLOT_BYTES,
+    self, Command, Completion, CompletionKind, MAX_COMMAND_SLOTS, Opcode, SLOT_BYTES,
 };
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, ShmRing};
@@ -450,32 +450,4 @@ pub(crate) fn set_thread_nice(below_normal: bool) {
     if r != 0 {
         tracing::debug!("setpriority({nice}) failed");
     }
-}
-
-/// Reads the client's hello and checks it; returns the error to send back, if any.
-pub(crate) fn check_hello(hello: &protocol::Hello) -> Result<()> {
-    if hello.magic != MAGIC {
-        return Err(Error::new(
-            Status::ProtocolMismatch,
-            "not an mps client (bad magic in hello)",
-        ));
-    }
-    if hello.version != protocol::PROTOCOL_VERSION {
-        return Err(Error::new(
-            Status::ProtocolMismatch,
-            format!(
-                "client speaks protocol version {}, this server speaks {}; use a libmpsclient of the server's release",
-                hello.version,
-                protocol::PROTOCOL_VERSION
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The group a checked hello asks for.
-pub(crate) fn hello_group(hello: &protocol::Hello) -> Result<String> {
-    let group = protocol::get_str(&hello.group);
-    protocol::check_group(&group)?;
-    Ok(group)
 }

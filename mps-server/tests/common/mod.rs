@@ -8,9 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use mps_core::protocol::{
-    self, Command as Slot, Completion, Hello, MAGIC, PROTOCOL_VERSION, Request, SLOT_BYTES, Welcome,
-};
+use mps_core::handshake::{Hello, Welcome};
+use mps_core::protocol::{self, Command as Slot, Completion, Request};
+use mps_core::slots::Slots;
 use mps_ipc::channel::{Channel, Layout, ShmRing};
 use mps_ipc::ring::{Consumer, Producer};
 use mps_ipc::segment::Segment;
@@ -192,16 +192,11 @@ pub struct RawClient {
 impl RawClient {
     pub fn connect(server: &TestServer) -> RawClient {
         let sock = UnixStream::connect(server.socket()).unwrap();
-        let hello = Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
-            reserved: [0; 2],
-            group: mps_core::protocol::put_str("default"),
-        };
+        let hello = Hello::new("default").unwrap();
         socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
         let mut w: Welcome = bytemuck::Zeroable::zeroed();
         let fds = socket::recv(&sock, bytemuck::bytes_of_mut(&mut w), 2).unwrap();
-        assert_eq!(w.status, 0, "{}", protocol::get_str(&w.message));
+        w.check(&server.socket().display()).unwrap();
         let layout = Layout::from_welcome(&w).unwrap();
         let mut fds = fds.into_iter();
         let c = Segment::open(fds.next().unwrap(), layout.client_bytes(), true).unwrap();
@@ -219,20 +214,20 @@ impl RawClient {
     /// Submits `req` (with REPLY) and returns its sequence number.
     pub fn send(&mut self, req: &Request<'_>, stream: u64, flags: u16) -> u64 {
         self.seq += 1;
-        let (cmd, payload) = req.encode(self.seq, stream, flags | protocol::flags::REPLY);
-        self.send_raw(cmd, payload);
+        let slots = Slots::of(req, self.seq, stream, flags | protocol::flags::REPLY);
+        self.push(&slots);
         self.seq
     }
 
     /// Puts a header and payload in the ring as they are.
     pub fn send_raw(&mut self, cmd: Slot, payload: &[u8]) {
-        let mut slots = vec![cmd];
-        for chunk in payload.chunks(SLOT_BYTES) {
-            let mut s = [0u8; SLOT_BYTES];
-            s[..chunk.len()].copy_from_slice(chunk);
-            slots.push(bytemuck::cast(s));
-        }
-        assert!(self.producer.push(&slots).unwrap(), "ring full");
+        self.push(&Slots::new(cmd, payload));
+    }
+
+    /// Lays `slots` into the ring, as the client library does, and rings the server.
+    fn push(&mut self, slots: &Slots<&[u8]>) {
+        let pushed = self.producer.push_with(slots.len(), |i| slots.slot(i));
+        assert!(pushed.unwrap(), "ring full");
         self.channel.submit_bell().ring();
     }
 
@@ -258,8 +253,7 @@ impl RawClient {
 
     /// Puts `cmd` in the ring with sequence number `seq` and REPLY set, as it is otherwise.
     pub fn send_with_seq(&mut self, req: &Request<'_>, seq: u64) {
-        let (cmd, payload) = req.encode(seq, 0, protocol::flags::REPLY);
-        self.send_raw(cmd, payload);
+        self.push(&Slots::of(req, seq, 0, protocol::flags::REPLY));
     }
 
     /// Whether the server has closed this connection, without waiting.
