@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use mps_core::handshake::DeviceList;
 use mps_core::protocol::{
     DeviceInfoWire, HELLO_PREFIX, Hello, MAGIC, PROTOCOL_VERSION, Welcome, put_str,
 };
@@ -41,6 +42,8 @@ pub struct ServerConfig {
     pub sm_share: u32,
     /// Ceiling on the SMs the clients may reserve in all, percent.
     pub max_sm_reserve: u32,
+    /// The device ordinal served: clients asking for another are refused.
+    pub device: u32,
 }
 
 /// A server bound to its socket.
@@ -175,11 +178,13 @@ impl<B: Backend> Server<B> {
         let layout = self.cfg.layout;
         let waits = (self.cfg.spin, self.cfg.yield_for);
         let registry = self.registry.clone();
+        let device = self.cfg.device;
         let spawned = std::thread::Builder::new()
             .name(format!("client-{id}"))
             .spawn(
-                move || match handshake(&*backend, stream, hello, id, layout) {
-                    Ok((peer, channel, socket)) => {
+                move || match handshake(&*backend, stream, hello, id, layout, device) {
+                    Ok(None) => {}
+                    Ok(Some((peer, channel, socket))) => {
                         let env = ServerEnv {
                             backend,
                             handles,
@@ -296,23 +301,32 @@ pub fn read_hello(stream: &UnixStream) -> Result<Hello> {
 }
 
 /// Reads the hello (unless the daemon already did), checks who is calling, creates the channel and sends the welcome with the
-/// two segment descriptors.
+/// two segment descriptors. A hello that asks which devices are served gets `device` alone, and
+/// no session (`None`).
 fn handshake<B: Backend>(
     backend: &B,
     stream: UnixStream,
     hello: Option<Hello>,
     id: u32,
     layout: Layout,
-) -> Result<(Peer, Channel, Arc<UnixStream>)> {
+    device: u32,
+) -> Result<Option<(Peer, Channel, Arc<UnixStream>)>> {
     let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
     let peer = socket::peer(&stream).map_err(|e| io("SO_PEERCRED", e))?;
     let hello = match hello {
         Some(h) => h,
         None => read_hello(&stream)?,
     };
+    if hello.asks_device_list() {
+        let list = DeviceList::new(&[device])?;
+        socket::send(&stream, bytemuck::bytes_of(&list), &[])
+            .map_err(|e| io("sending the device list", e))?;
+        return Ok(None);
+    }
     let checked = check_hello(&hello)
         .and_then(|()| hello_group(&hello))
-        .and_then(|_| {
+        .and_then(|_| check_device(&hello, device))
+        .and_then(|()| {
             let me = nix::unistd::geteuid().as_raw();
             if peer.uid != me && peer.uid != 0 {
                 return Err(Error::new(
@@ -364,5 +378,21 @@ fn handshake<B: Backend>(
         uid = peer.uid,
         "client connected"
     );
-    Ok((peer, channel, Arc::new(stream)))
+    Ok(Some((peer, channel, Arc::new(stream))))
+}
+
+/// Refuses a client that asks for another device than this server's.
+fn check_device(hello: &Hello, device: u32) -> Result<()> {
+    if hello.device == device {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::InvalidValue,
+        format!(
+            "this mps-server serves device {device} only, not device {}; start one with \
+             --device {} in a pipe directory of its own, or run mps-control, which serves \
+             every device",
+            hello.device, hello.device
+        ),
+    ))
 }

@@ -190,7 +190,8 @@ impl RawClient {
         let hello = Hello {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
-            reserved: [0; 2],
+            device: 0,
+            flags: 0,
             group: mps_core::protocol::put_str("default"),
         };
         socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();
