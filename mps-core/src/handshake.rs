@@ -347,7 +347,9 @@ impl Welcome {
 pub const MAX_DEVICES: u32 = 64;
 
 /// The answer to a hello that asks which devices are served ([`HELLO_COUNT_DEVICES`]): the
-/// daemon's devices, or a standalone server's one, as a set of device ordinals.
+/// daemon's devices, or a standalone server's one, as a set of device ordinals. Its magic,
+/// version and status are where a [`Welcome`] has them: a refusal (another protocol version, a
+/// bad group) comes as a whole welcome, which the status tells apart.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct DeviceList {
@@ -355,9 +357,17 @@ pub struct DeviceList {
     pub magic: u32,
     /// The server's [`PROTOCOL_VERSION`].
     pub version: u32,
+    /// [`Status::Success`]; anything else means a [`Welcome`] that refuses.
+    pub status: u32,
+    /// Zero.
+    pub reserved: u32,
     /// Bit `d` set: device ordinal `d` is served.
     pub served: u64,
 }
+
+// A device list and a welcome share their first three words: magic, version and status.
+const _: () = assert!(std::mem::offset_of!(DeviceList, status) == 8);
+const _: () = assert!(std::mem::offset_of!(Welcome, status) == 8);
 
 impl DeviceList {
     /// The list of these device ordinals (each below [`MAX_DEVICES`]).
@@ -375,6 +385,8 @@ impl DeviceList {
         Ok(DeviceList {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
+            status: Status::Success as u32,
+            reserved: 0,
             served,
         })
     }
@@ -382,7 +394,10 @@ impl DeviceList {
     /// The list in `bytes`, checked: one message long, of this protocol version.
     pub fn decode(bytes: &[u8], peer: &dyn std::fmt::Display) -> Result<DeviceList> {
         let list: DeviceList = decode(bytes, "device list")?;
-        if list.magic != MAGIC || list.version != PROTOCOL_VERSION {
+        if list.magic != MAGIC
+            || list.version != PROTOCOL_VERSION
+            || list.status != Status::Success as u32
+        {
             return Err(Error::new(
                 Status::ProtocolMismatch,
                 format!("{peer} answered the device query with something else than a device list"),
@@ -580,7 +595,7 @@ mod tests {
         let back = DeviceList::decode(bytemuck::bytes_of(&list), &"sock").unwrap();
         assert_eq!(back.devices(), vec![0, 3, 63]);
         assert!(DeviceList::new(&[64]).is_err());
-        let e = DeviceList::decode(&[0; 16], &"sock").unwrap_err();
+        let e = DeviceList::decode(&[0; 24], &"sock").unwrap_err();
         assert!(e.message.contains("sock answered"), "{e}");
     }
 
