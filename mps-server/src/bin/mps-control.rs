@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, default_value = "auto")]
     backend: String,
     /// The devices to serve, as ordinals (e.g. 0,1) [default: every device the driver sees, or
-    /// the simulator's --sim-devices]. Each (user, group, device) gets a server of its own.
+    /// those --sim-devices makes]. Each (user, group, device) gets a server of its own.
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<u32>>,
     /// How many devices the simulator presents (simulator only; with --backend auto, where
