@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use mps_core::handshake::{Hello, Welcome};
 use mps_ipc::socket;
+use mpsclient::ffi::{mps_client, mps_connect_device, mps_device_count, mps_disconnect};
 use mpsclient::{Client, Dim3, Status, Stream};
 
 /// How long a state may take to appear before a test fails.
@@ -157,12 +158,14 @@ impl Drop for Daemon {
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until {
             if self.child.try_wait().ok().flatten().is_some() {
+                let _ = std::fs::remove_dir_all(&self.dir);
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -453,4 +456,60 @@ fn a_fault_on_one_device_leaves_the_other_serving() {
     drop(c0);
     let fresh = Client::connect_device(Some(&d.dir), 0).unwrap();
     fill_and_check(&fresh, 9, 4096);
+}
+
+#[test]
+fn a_standalone_server_serves_its_own_device_only() {
+    if on_gpu() {
+        let n = mps_server::backend::cuda::driver::device_count().unwrap();
+        if n < 2 {
+            println!(
+                "a_standalone_server_serves_its_own_device_only: SKIPPED: it needs two GPUs, the driver sees {n}"
+            );
+            return;
+        }
+    }
+    let server = TestServer::start_with(&["--device", "1"]);
+    // The client sees the one device there is, as its device 0.
+    assert_eq!(Client::device_count(Some(&server.dir)).unwrap(), 1);
+    let c = server.client();
+    assert_eq!(c.device(), 0);
+    assert_sim_device(&c, 1);
+    fill_and_check(&c, 3, 1024);
+    // A client that asks for another device is told which one this server serves.
+    let e = refusal_for_device(&server.dir, 0);
+    assert_eq!(e.status, Status::InvalidValue);
+    assert!(
+        e.message.contains("serves device 1 only, not device 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_c_abi_counts_devices_and_connects_to_each() {
+    let test = "the_c_abi_counts_devices_and_connects_to_each";
+    let Some(d) = Daemon::start(test, &[]) else {
+        return;
+    };
+    let dir = std::ffi::CString::new(d.dir.as_os_str().as_encoded_bytes()).unwrap();
+    let mut count = 0u32;
+    // SAFETY: a NUL-terminated directory and a writable count.
+    let status = unsafe { mps_device_count(dir.as_ptr(), &mut count) };
+    assert_eq!((status, count), (Status::Success, 2));
+    for device in 0..2 {
+        let mut client: *mut mps_client = std::ptr::null_mut();
+        // SAFETY: as above, and a writable client pointer.
+        let status = unsafe { mps_connect_device(dir.as_ptr(), device, &mut client) };
+        assert_eq!(status, Status::Success);
+        // SAFETY: a client from mps_connect_device, disconnected once.
+        assert_eq!(unsafe { mps_disconnect(client) }, Status::Success);
+    }
+    let mut client: *mut mps_client = std::ptr::null_mut();
+    // SAFETY: as above.
+    let status = unsafe { mps_connect_device(dir.as_ptr(), 2, &mut client) };
+    assert_eq!(status, Status::InvalidValue);
+    assert!(client.is_null());
+    let routed: Vec<(u32, u64)> = d.servers().iter().map(|s| (s.device, s.routed)).collect();
+    assert_eq!(routed.len(), 2, "{routed:?}");
+    assert!(routed.iter().all(|(_, n)| *n == 1), "{routed:?}");
 }
