@@ -288,9 +288,11 @@ fn memory_limits_are_per_device() {
     let test = "memory_limits_are_per_device";
     if role().as_deref() == Some("limits") {
         // MPS_PINNED_DEVICE_MEM_LIMIT=4MiB,1=1MiB: device 1 has its own limit, device 0 the
-        // plain one.
+        // plain one; MPS_ACTIVE_THREAD_PERCENTAGE=1=50: device 1 alone gets half the SMs.
         let c0 = Client::connect_device(None, 0).unwrap();
         let c1 = Client::connect_device(None, 1).unwrap();
+        assert_eq!(c0.sm_info().unwrap().share_percent, 100);
+        assert_eq!(c1.sm_info().unwrap().share_percent, 50);
         assert_eq!(c0.mem_get_info().unwrap().1, 4 << 20);
         assert_eq!(c1.mem_get_info().unwrap().1, 1 << 20);
         c0.mem_alloc(2 << 20).unwrap();
@@ -330,7 +332,10 @@ fn memory_limits_are_per_device() {
     d.run_role(
         test,
         "limits",
-        &[("MPS_PINNED_DEVICE_MEM_LIMIT", "4MiB,1=1MiB")],
+        &[
+            ("MPS_PINNED_DEVICE_MEM_LIMIT", "4MiB,1=1MiB"),
+            ("MPS_ACTIVE_THREAD_PERCENTAGE", "1=50"),
+        ],
     );
 }
 
