@@ -36,6 +36,17 @@ impl Daemon {
     /// Starts it with `extra` arguments; `None` (after saying so) where fewer than two devices
     /// exist.
     fn start(test: &str, extra: &[&str]) -> Option<Daemon> {
+        let d = Daemon::spawn(extra);
+        let count = Client::device_count(Some(&d.dir)).unwrap();
+        if count < 2 {
+            println!("{test}: SKIPPED: it needs two devices, the daemon serves {count}");
+            return None;
+        }
+        Some(d)
+    }
+
+    /// Starts it with `extra` arguments and waits until it answers.
+    fn spawn(extra: &[&str]) -> Daemon {
         let dir = temp_dir("multigpu");
         let child = Command::new(control_bin())
             .arg("-f")
@@ -59,12 +70,7 @@ impl Daemon {
             || UnixStream::connect(d.dir.join("control.sock")).ok(),
             || d.log(),
         );
-        let count = Client::device_count(Some(&d.dir)).unwrap();
-        if count < 2 {
-            println!("{test}: SKIPPED: it needs two devices, the daemon serves {count}");
-            return None;
-        }
-        Some(d)
+        d
     }
 
     fn ctl(&self, line: &str) -> String {
@@ -517,4 +523,44 @@ fn the_c_abi_counts_devices_and_connects_to_each() {
     let routed: Vec<(u32, u64)> = d.servers().iter().map(|s| (s.device, s.routed)).collect();
     assert_eq!(routed.len(), 2, "{routed:?}");
     assert!(routed.iter().all(|(_, n)| *n == 1), "{routed:?}");
+}
+
+#[test]
+fn the_daemon_serves_the_devices_it_is_given() {
+    let test = "the_daemon_serves_the_devices_it_is_given";
+    let Some(d) = Daemon::start(test, &[]) else {
+        return;
+    };
+    drop(d);
+    // A device that does not exist is refused at start, saying how many there are.
+    let dir = temp_dir("multigpu");
+    let out = Command::new(control_bin())
+        .args(["-f", "--backend", &backend(), "--sim-devices", "2"])
+        .args(["--devices", "0,5", "--pipe-dir"])
+        .arg(&dir)
+        .arg("--log-dir")
+        .arg(&dir)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("--devices names device 5"), "{said}");
+
+    // Device 1 alone: it is the clients' device 0, and device 0 is not served.
+    let d = Daemon::spawn(&["--devices", "1"]);
+    assert_eq!(Client::device_count(Some(&d.dir)).unwrap(), 1);
+    let c = Client::connect(Some(&d.dir)).unwrap();
+    assert_sim_device(&c, 1);
+    fill_and_check(&c, 5, 1024);
+    let e = refusal_for_device(&d.dir, 0);
+    assert!(
+        e.message.contains("this mps-control serves devices 1"),
+        "{e}"
+    );
+    assert_eq!(
+        d.servers().iter().map(|s| s.device).collect::<Vec<_>>(),
+        vec![1]
+    );
 }
