@@ -177,13 +177,36 @@ extern "C" {
 #endif // __cplusplus
 
 /*
- Connects to the server in `pipe_dir` (NULL: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`) and
- stores the new client in `*out`.
+ Connects to device 0 of those this process sees through the daemon or server in `pipe_dir`
+ (NULL: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`) and stores the new client in `*out`; see
+ `mps_connect_device`.
 
  # Safety
  `pipe_dir` is NULL or a NUL-terminated string; `out` is NULL or writable.
  */
 mps_status mps_connect(const char *pipe_dir, struct mps_client **out_client);
+
+/*
+ Stores in `*out_count` how many devices this process sees through the daemon or server in
+ `pipe_dir` (NULL: the default): those it serves, filtered and ordered by
+ `CUDA_VISIBLE_DEVICES` as CUDA does.
+
+ # Safety
+ `pipe_dir` is NULL or a NUL-terminated string; `out_count` is NULL or writable.
+ */
+mps_status mps_device_count(const char *pipe_dir, uint32_t *out_count);
+
+/*
+ Connects to device `device` (0 to the count of `mps_device_count` - 1) of those this process
+ sees through the daemon or server in `pipe_dir` (NULL: the default) and stores the new client
+ in `*out`. A program that uses two devices holds a client of each.
+
+ # Safety
+ `pipe_dir` is NULL or a NUL-terminated string; `out` is NULL or writable.
+ */
+mps_status mps_connect_device(const char *pipe_dir,
+                              uint32_t device,
+                              struct mps_client **out_client);
 
 /*
  Disconnects: the server releases everything the client held. Calls still running on other

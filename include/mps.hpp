@@ -56,9 +56,21 @@ class event;
 /// A connection to the mps server. Movable, not copyable; disconnects when destroyed.
 class client {
   public:
-    /// Connects through `pipe_dir` (nullptr: $MPS_PIPE_DIRECTORY, else /tmp/mps).
+    /// Connects to device 0 of those this process sees through `pipe_dir` (nullptr:
+    /// $MPS_PIPE_DIRECTORY, else /tmp/mps).
     explicit client(const char *pipe_dir = nullptr) {
         detail::check(mps_connect(pipe_dir, &c_), nullptr);
+    }
+    /// Connects to device `device` (0 to device_count() - 1) of those this process sees.
+    client(const char *pipe_dir, std::uint32_t device) {
+        detail::check(mps_connect_device(pipe_dir, device, &c_), nullptr);
+    }
+
+    /// How many devices this process sees through `pipe_dir` (after CUDA_VISIBLE_DEVICES).
+    static std::uint32_t device_count(const char *pipe_dir = nullptr) {
+        std::uint32_t count = 0;
+        detail::check(mps_device_count(pipe_dir, &count), nullptr);
+        return count;
     }
     ~client() {
         if (c_ != nullptr) {

@@ -71,9 +71,16 @@ enum Cmd {
         workloads: String,
         #[command(flatten)]
         setup: Setup,
-        /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200").
+        /// Extra arguments for mps-server, space-separated (e.g. "--spin-us 200"); for
+        /// mps-control with --devices above 1.
         #[arg(long, default_value = "")]
         server_args: String,
+        /// GPUs to spread the clients over: client i runs on device i % D (through
+        /// CUDA_VISIBLE_DEVICES, in every mode); the mps mode then runs mps-control, which
+        /// serves every device with a server each, instead of one mps-server. one-context
+        /// stays on one device.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        devices: u32,
     },
     /// Measures SM shares, SM reservations and separate groups (see `quotas.rs`).
     Quotas {
@@ -186,7 +193,14 @@ fn record(
 
 /// Runs every workload in every mode; writes bench.json and throughput.svg into `out` and
 /// prints the table.
-fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, server_args: &str) {
+fn run(
+    modes: &[&str],
+    counts: &[usize],
+    workloads: &[&str],
+    setup: &Setup,
+    server_args: &str,
+    devices: u32,
+) {
     let began = Instant::now();
     let baseline = workloads
         .contains(&"footprint")
@@ -204,7 +218,16 @@ fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, serv
     let mut records = Vec::new();
     for mode in modes {
         let t = Instant::now();
-        let service = Service::start(mode, &setup.server(), &setup.backend, server_args);
+        let service = if *mode == "mps" && devices > 1 {
+            // One daemon for every device, as a host of several GPUs runs mps.
+            let mut args = server_args.to_string();
+            if setup.backend == "sim" {
+                args += &format!(" --sim-devices {devices}");
+            }
+            Service::start("mps-daemon", &setup.server(), &setup.backend, &args)
+        } else {
+            Service::start(mode, &setup.server(), &setup.backend, server_args)
+        };
         for w in workloads {
             if *mode == "one-context" && !scales(w) {
                 continue;
@@ -220,6 +243,13 @@ fn run(modes: &[&str], counts: &[usize], workloads: &[&str], setup: &Setup, serv
                         threads: n,
                         ..Spec::new(workload, &[])
                     }]
+                } else if devices > 1 {
+                    (0..n)
+                        .map(|i| {
+                            let device = (i as u32 % devices).to_string();
+                            Spec::new(workload, &[("CUDA_VISIBLE_DEVICES", device.as_str())])
+                        })
+                        .collect()
                 } else {
                     vec![Spec::new(workload, &[]); n]
                 };
@@ -320,6 +350,7 @@ fn main() {
             workloads,
             setup,
             server_args,
+            devices,
         } => {
             let modes = list(&modes);
             if let Some(m) = modes.iter().find(|m| !MODE_ORDER.contains(m)) {
@@ -335,7 +366,14 @@ fn main() {
                         .unwrap_or_else(|_| panic!("--clients: {c} is not a count"))
                 })
                 .collect();
-            run(&modes, &counts, &list(&workloads), &setup, &server_args);
+            run(
+                &modes,
+                &counts,
+                &list(&workloads),
+                &setup,
+                &server_args,
+                devices,
+            );
         }
     }
 }

@@ -157,8 +157,26 @@ fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Error> {
     unsafe { p.as_mut() }.ok_or_else(|| Error::invalid_value(format!("{what} is NULL")))
 }
 
-/// Connects to the server in `pipe_dir` (NULL: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`) and
-/// stores the new client in `*out`.
+/// The pipe directory a caller passed: NULL for the default.
+///
+/// # Safety
+/// `pipe_dir` is NULL or a NUL-terminated string.
+unsafe fn pipe_dir_arg(pipe_dir: *const c_char) -> Result<Option<String>, Error> {
+    if pipe_dir.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(pipe_dir) };
+    Ok(Some(
+        s.to_str()
+            .map_err(|_| Error::invalid_value("pipe_dir is not UTF-8"))?
+            .to_owned(),
+    ))
+}
+
+/// Connects to device 0 of those this process sees through the daemon or server in `pipe_dir`
+/// (NULL: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`) and stores the new client in `*out`; see
+/// `mps_connect_device`.
 ///
 /// # Safety
 /// `pipe_dir` is NULL or a NUL-terminated string; `out` is NULL or writable.
@@ -167,20 +185,47 @@ pub unsafe extern "C" fn mps_connect(
     pipe_dir: *const c_char,
     out_client: *mut *mut mps_client,
 ) -> mps_status {
+    // SAFETY: the caller's promises are this function's.
+    unsafe { mps_connect_device(pipe_dir, 0, out_client) }
+}
+
+/// Stores in `*out_count` how many devices this process sees through the daemon or server in
+/// `pipe_dir` (NULL: the default): those it serves, filtered and ordered by
+/// `CUDA_VISIBLE_DEVICES` as CUDA does.
+///
+/// # Safety
+/// `pipe_dir` is NULL or a NUL-terminated string; `out_count` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_device_count(
+    pipe_dir: *const c_char,
+    out_count: *mut u32,
+) -> mps_status {
+    guard(0, || {
+        let slot = out(out_count, "out_count")?;
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        let dir = unsafe { pipe_dir_arg(pipe_dir) }?;
+        *slot = Client::device_count(dir.as_deref().map(Path::new))?;
+        Ok(())
+    })
+}
+
+/// Connects to device `device` (0 to the count of `mps_device_count` - 1) of those this process
+/// sees through the daemon or server in `pipe_dir` (NULL: the default) and stores the new client
+/// in `*out`. A program that uses two devices holds a client of each.
+///
+/// # Safety
+/// `pipe_dir` is NULL or a NUL-terminated string; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_connect_device(
+    pipe_dir: *const c_char,
+    device: u32,
+    out_client: *mut *mut mps_client,
+) -> mps_status {
     guard(0, || {
         let slot = out(out_client, "out")?;
-        let dir = if pipe_dir.is_null() {
-            None
-        } else {
-            // SAFETY: the caller passes a NUL-terminated string.
-            let s = unsafe { CStr::from_ptr(pipe_dir) };
-            Some(
-                s.to_str()
-                    .map_err(|_| Error::invalid_value("pipe_dir is not UTF-8"))?
-                    .to_owned(),
-            )
-        };
-        let client = Client::connect(dir.as_deref().map(Path::new))?;
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        let dir = unsafe { pipe_dir_arg(pipe_dir) }?;
+        let client = Client::connect_device(dir.as_deref().map(Path::new), device)?;
         // The key is the address of a heap token the caller never dereferences.
         let token = Box::into_raw(Box::new(mps_client { _private: 0 }));
         registry()

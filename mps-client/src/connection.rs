@@ -35,6 +35,8 @@ pub struct Client {
     pub(crate) socket: UnixStream,
     pub(crate) channel: Channel,
     pub(crate) device: DeviceInfo,
+    /// The device's index among those this process sees (see [`Client::connect_device`]).
+    pub(crate) ordinal: u32,
     pub(crate) submitter: Mutex<Submitter>,
     pub(crate) receiver: Mutex<Receiver>,
     /// Each kernel's parameter layout, from `module_get_function`.
@@ -59,15 +61,44 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects to the server whose socket is in `pipe_dir` (`None`: `$MPS_PIPE_DIRECTORY`, else
-    /// `/tmp/mps`), in the server group `$MPS_GROUP` (else `default`), and lowers what the
-    /// server granted as the environment asks: `MPS_PINNED_DEVICE_MEM_LIMIT` (device memory),
-    /// `MPS_CLIENT_PRIORITY` (0 normal, 1 below normal), `MPS_ACTIVE_THREAD_PERCENTAGE` (a share
-    /// of the SMs) and `MPS_SM_RESERVE` (SMs of the client's own).
+    /// Connects to device 0 of those this process sees through the daemon or server whose
+    /// socket is in `pipe_dir` (`None`: `$MPS_PIPE_DIRECTORY`, else `/tmp/mps`); see
+    /// [`Client::connect_device`].
     pub fn connect(pipe_dir: Option<&Path>) -> Result<Client> {
+        Client::connect_device(pipe_dir, 0)
+    }
+
+    /// How many devices this process sees through the daemon or server whose socket is in
+    /// `pipe_dir`: those it serves (every device of the host for `mps-control`, one for a
+    /// standalone `mps-server`), filtered and ordered by `CUDA_VISIBLE_DEVICES` as CUDA does.
+    pub fn device_count(pipe_dir: Option<&Path>) -> Result<u32> {
         let dir = pipe_dir
             .map(Path::to_path_buf)
             .unwrap_or_else(socket::default_pipe_dir);
+        Ok(crate::devices::visible_devices(&dir, &group()?)?.len() as u32)
+    }
+
+    /// Connects to device `device` (0 to [`Client::device_count`] - 1) of those this process
+    /// sees, in the server group `$MPS_GROUP` (else `default`), and lowers what the server
+    /// granted as the environment asks: `MPS_PINNED_DEVICE_MEM_LIMIT` (device memory, one size
+    /// for every device or `device=size` entries, "0=1G,1=2G"), `MPS_CLIENT_PRIORITY` (0
+    /// normal, 1 below normal), `MPS_ACTIVE_THREAD_PERCENTAGE` (a share of the SMs, one or per
+    /// device as the memory limit) and `MPS_SM_RESERVE` (SMs of the client's own). A program
+    /// that uses two devices holds a client of each.
+    pub fn connect_device(pipe_dir: Option<&Path>, device: u32) -> Result<Client> {
+        let dir = pipe_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(socket::default_pipe_dir);
+        let group = group()?;
+        let visible = crate::devices::visible_devices(&dir, &group)?;
+        let Some(&host_device) = visible.get(device as usize) else {
+            return Err(Error::invalid_value(format!(
+                "device {device} does not exist: this process sees {} device(s) through {} \
+                 (host devices {visible:?} after CUDA_VISIBLE_DEVICES)",
+                visible.len(),
+                dir.display()
+            )));
+        };
         let path = dir.join(socket::SOCKET_NAME);
         let sock = UnixStream::connect(&path).map_err(|e| {
             Error::new(
@@ -81,11 +112,7 @@ impl Client {
         // Nothing goes to a socket that neither this user nor root serves: another user could
         // have put a listener of their own in a shared pipe directory.
         socket::check_server(&sock, &path)?;
-        let group = std::env::var("MPS_GROUP")
-            .ok()
-            .filter(|g| !g.is_empty())
-            .unwrap_or_else(|| DEFAULT_GROUP.to_string());
-        let hello = Hello::new(&group)
+        let hello = Hello::for_device(&group, host_device)
             .map_err(|e| Error::invalid_value(format!("MPS_GROUP: {}", e.message)))?;
         let io = |e: std::io::Error| {
             Error::new(
@@ -110,8 +137,13 @@ impl Client {
         let client_seg = Segment::open(client_fd, layout.client_bytes(), true)?;
         let server_seg = Segment::open(server_fd, layout.server_bytes(), false)?;
         let channel = Channel::open(client_seg, server_seg, layout)?;
-        let device = DeviceInfo::from_wire(&welcome.device, welcome.backend());
-        let client = Client::over(welcome.client_id, sock, channel, device);
+        let mut client = Client::over(
+            welcome.client_id,
+            sock,
+            channel,
+            DeviceInfo::from_wire(&welcome.device, welcome.backend()),
+        );
+        client.ordinal = device;
         client.apply_environment()?;
         Ok(client)
     }
@@ -136,6 +168,7 @@ impl Client {
             socket,
             channel,
             device,
+            ordinal: 0,
             functions: RwLock::new(HashMap::new()),
             host: RwLock::new(BTreeMap::new()),
             staging: Mutex::new(()),
@@ -147,7 +180,7 @@ impl Client {
     /// Lowers (never raises) what the server granted, as the environment asks (see `connect`).
     fn apply_environment(&self) -> Result<()> {
         if let Some(spec) = var("MPS_PINNED_DEVICE_MEM_LIMIT") {
-            let limit = mps_core::units::parse_device_limit(&spec, 0).map_err(|e| {
+            let limit = mps_core::units::parse_device_limit(&spec, self.ordinal).map_err(|e| {
                 Error::invalid_value(format!("MPS_PINNED_DEVICE_MEM_LIMIT: {}", e.message))
             })?;
             if let Some(bytes) = limit {
@@ -166,10 +199,10 @@ impl Client {
             };
             self.call(&Request::SetPriority { level })?;
         }
-        if let Some(percent) = percent_var("MPS_ACTIVE_THREAD_PERCENTAGE")? {
+        if let Some(percent) = percent_var("MPS_ACTIVE_THREAD_PERCENTAGE", self.ordinal)? {
             self.call(&Request::SetSmShare { percent })?;
         }
-        if let Some(percent) = percent_var("MPS_SM_RESERVE")? {
+        if let Some(percent) = percent_var("MPS_SM_RESERVE", self.ordinal)? {
             self.call(&Request::ReserveSms { percent })?;
         }
         Ok(())
@@ -184,6 +217,23 @@ impl Client {
     pub fn device_info(&self) -> &DeviceInfo {
         &self.device
     }
+
+    /// The device's index among those this process sees (what [`Client::connect_device`] was
+    /// given).
+    pub fn device(&self) -> u32 {
+        self.ordinal
+    }
+}
+
+/// The server group: `$MPS_GROUP`, else `default`.
+fn group() -> Result<String> {
+    let group = std::env::var("MPS_GROUP")
+        .ok()
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| DEFAULT_GROUP.to_string());
+    mps_core::handshake::check_group(&group)
+        .map_err(|e| Error::invalid_value(format!("MPS_GROUP: {}", e.message)))?;
+    Ok(group)
 }
 
 /// Environment variable `name`, unless unset or blank.
@@ -191,15 +241,30 @@ fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|s| !s.trim().is_empty())
 }
 
-/// Reads a percentage (1 to 100) from environment variable `name`; unset or empty is None.
-fn percent_var(name: &str) -> Result<Option<u32>> {
-    let Some(v) = var(name) else {
+/// Reads a percentage (1 to 100) for visible device `device` from environment variable `name`:
+/// one for every device ("25") or `device=percent` entries ("0=25,1=50"); unset, empty or
+/// without an entry for the device is None.
+fn percent_var(name: &str, device: u32) -> Result<Option<u32>> {
+    let Some(spec) = var(name) else {
         return Ok(None);
     };
-    match mps_core::units::parse_percent(v.trim().trim_end_matches('%'), 1) {
-        Some(p) => Ok(Some(p)),
-        None => Err(Error::invalid_value(format!(
-            "{name} is {v:?}; it must be a percentage from 1 to 100"
-        ))),
+    let bad = |v: &str| {
+        Error::invalid_value(format!(
+            "{name} is {spec:?}; {v:?} must be a percentage from 1 to 100 (one for every \
+             device, or device=percent entries: 0=25,1=50)"
+        ))
+    };
+    // Every entry is checked, so that a typo for another device is found at once.
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let v = entry.split_once('=').map_or(entry, |(_, v)| v).trim();
+        if mps_core::units::parse_percent(v.trim_end_matches('%'), 1).is_none() {
+            return Err(bad(v));
+        }
     }
+    let Some(v) = mps_core::units::per_device(&spec, device)
+        .map_err(|e| Error::invalid_value(format!("{name}: {}", e.message)))?
+    else {
+        return Ok(None);
+    };
+    Ok(mps_core::units::parse_percent(v.trim_end_matches('%'), 1))
 }

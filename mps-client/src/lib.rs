@@ -31,6 +31,7 @@
 mod completions;
 mod connection;
 mod copies;
+mod devices;
 mod handles;
 mod launch;
 #[cfg(test)]

@@ -95,24 +95,50 @@ pub struct Hello {
     pub magic: u32,
     /// The client's [`PROTOCOL_VERSION`].
     pub version: u32,
-    /// Zero.
-    pub reserved: [u32; 2],
+    /// The device the client asks for: its ordinal on the host (what `mps-server --device`
+    /// serves), not an index into the client's `CUDA_VISIBLE_DEVICES`.
+    pub device: u32,
+    /// [`HELLO_COUNT_DEVICES`], or zero.
+    pub flags: u32,
     /// The server group the client asks for (`MPS_GROUP`), NUL-padded.
     pub group: [u8; GROUP_BYTES],
 }
 
-const _: () = assert!(std::mem::offset_of!(Hello, reserved) == HELLO_PREFIX);
+const _: () = assert!(std::mem::offset_of!(Hello, device) == HELLO_PREFIX);
+
+/// [`Hello::flags`]: the client asks which devices are served and opens no session; the answer
+/// is a [`DeviceList`].
+pub const HELLO_COUNT_DEVICES: u32 = 1;
 
 impl Hello {
-    /// The hello of a client of this protocol version asking for `group`.
+    /// The hello of a client of this protocol version asking for `group` on device 0.
     pub fn new(group: &str) -> Result<Hello> {
+        Hello::for_device(group, 0)
+    }
+
+    /// The hello of a client asking for `group` on device ordinal `device`.
+    pub fn for_device(group: &str, device: u32) -> Result<Hello> {
         check_group(group)?;
         Ok(Hello {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
-            reserved: [0; 2],
+            device,
+            flags: 0,
             group: put_str(group),
         })
+    }
+
+    /// The hello that asks which devices are served (answered by a [`DeviceList`]).
+    pub fn count_devices(group: &str) -> Result<Hello> {
+        Ok(Hello {
+            flags: HELLO_COUNT_DEVICES,
+            ..Hello::new(group)?
+        })
+    }
+
+    /// Whether the hello asks which devices are served rather than for a session.
+    pub fn asks_device_list(&self) -> bool {
+        self.flags & HELLO_COUNT_DEVICES != 0
     }
 
     /// The hello in `bytes`, exactly one message long; its contents are not checked yet.
@@ -317,6 +343,77 @@ impl Welcome {
     }
 }
 
+/// Devices a daemon can reach with ordinals at most this.
+pub const MAX_DEVICES: u32 = 64;
+
+/// The answer to a hello that asks which devices are served ([`HELLO_COUNT_DEVICES`]): the
+/// daemon's devices, or a standalone server's one, as a set of device ordinals. Its magic,
+/// version and status are where a [`Welcome`] has them: a refusal (another protocol version, a
+/// bad group) comes as a whole welcome, which the status tells apart.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct DeviceList {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// The server's [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// [`Status::Success`]; anything else means a [`Welcome`] that refuses.
+    pub status: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Bit `d` set: device ordinal `d` is served.
+    pub served: u64,
+}
+
+// A device list and a welcome share their first three words: magic, version and status.
+const _: () = assert!(std::mem::offset_of!(DeviceList, status) == 8);
+const _: () = assert!(std::mem::offset_of!(Welcome, status) == 8);
+
+impl DeviceList {
+    /// The list of these device ordinals (each below [`MAX_DEVICES`]).
+    pub fn new(devices: &[u32]) -> Result<DeviceList> {
+        let mut served = 0u64;
+        for &d in devices {
+            if d >= MAX_DEVICES {
+                return Err(Error::invalid_value(format!(
+                    "device {d}: mps serves device ordinals 0 to {}",
+                    MAX_DEVICES - 1
+                )));
+            }
+            served |= 1 << d;
+        }
+        Ok(DeviceList {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            status: Status::Success as u32,
+            reserved: 0,
+            served,
+        })
+    }
+
+    /// The list in `bytes`, checked: one message long, of this protocol version.
+    pub fn decode(bytes: &[u8], peer: &dyn std::fmt::Display) -> Result<DeviceList> {
+        let list: DeviceList = decode(bytes, "device list")?;
+        if list.magic != MAGIC
+            || list.version != PROTOCOL_VERSION
+            || list.status != Status::Success as u32
+        {
+            return Err(Error::new(
+                Status::ProtocolMismatch,
+                format!("{peer} answered the device query with something else than a device list"),
+            ));
+        }
+        Ok(list)
+    }
+
+    /// The device ordinals served, in increasing order.
+    pub fn devices(&self) -> Vec<u32> {
+        (0..MAX_DEVICES)
+            .filter(|d| self.served & (1 << d) != 0)
+            .collect()
+    }
+}
+
 /// Message on the socket that carries a host buffer's file descriptor, sent right before the
 /// reply to [`Opcode::HostAlloc`](crate::protocol::Opcode::HostAlloc).
 #[repr(C)]
@@ -486,6 +583,20 @@ mod tests {
         d.backend = 7;
         let e = Welcome { device: d, ..w }.check(&"x.sock").unwrap_err();
         assert!(e.message.contains("backend 7"), "{e}");
+    }
+
+    #[test]
+    fn a_device_query_and_its_answer_round_trip() {
+        let q = Hello::count_devices("default").unwrap();
+        assert!(q.asks_device_list());
+        assert!(!Hello::for_device("default", 1).unwrap().asks_device_list());
+        assert_eq!(Hello::for_device("default", 3).unwrap().device, 3);
+        let list = DeviceList::new(&[3, 0, 63]).unwrap();
+        let back = DeviceList::decode(bytemuck::bytes_of(&list), &"sock").unwrap();
+        assert_eq!(back.devices(), vec![0, 3, 63]);
+        assert!(DeviceList::new(&[64]).is_err());
+        let e = DeviceList::decode(&[0; 24], &"sock").unwrap_err();
+        assert!(e.message.contains("sock answered"), "{e}");
     }
 
     #[test]

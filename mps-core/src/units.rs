@@ -25,25 +25,38 @@ pub fn parse_size(s: &str) -> Result<u64> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
-/// Reads a per-device memory limit as `MPS_PINNED_DEVICE_MEM_LIMIT` writes it: comma-separated
-/// `device=size` entries ("0=1G,1=512M"); returns the entry for `device`, if there is one.
-pub fn parse_device_limit(spec: &str, device: u32) -> Result<Option<u64>> {
-    let mut found = None;
+/// The value for `device` in a per-device setting as `MPS_PINNED_DEVICE_MEM_LIMIT` writes it:
+/// comma-separated `device=value` entries ("0=1G,1=512M"), or a plain value for every device
+/// ("1G"); an entry for the device wins over a plain value. `None` if nothing applies.
+pub fn per_device(spec: &str, device: u32) -> Result<Option<&str>> {
+    let (mut plain, mut own) = (None, None);
     for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (dev, size) = entry.split_once('=').ok_or_else(|| {
+        let Some((dev, value)) = entry.split_once('=') else {
+            plain = Some(entry);
+            continue;
+        };
+        let dev: u32 = dev.trim().parse().map_err(|_| {
             Error::invalid_value(format!(
-                "{entry:?} is not device=size (example: 0=1G,1=512M)"
+                "{dev:?} in {entry:?} is not a device number (example: 0=1G,1=512M)"
             ))
         })?;
-        let dev: u32 = dev.trim().parse().map_err(|_| {
-            Error::invalid_value(format!("{dev:?} in {entry:?} is not a device number"))
-        })?;
-        let size = parse_size(size)?;
         if dev == device {
-            found = Some(size);
+            own = Some(value.trim());
         }
     }
-    Ok(found)
+    Ok(own.or(plain))
+}
+
+/// Reads a per-device memory limit as `MPS_PINNED_DEVICE_MEM_LIMIT` writes it (see
+/// [`per_device`]); returns the limit for `device`, if one applies. Every entry must be a size.
+pub fn parse_device_limit(spec: &str, device: u32) -> Result<Option<u64>> {
+    // Every entry is checked, not only the one that applies, so that a typo for another
+    // device is found on the first run.
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let size = entry.split_once('=').map_or(entry, |(_, size)| size);
+        parse_size(size.trim())?;
+    }
+    per_device(spec, device)?.map(parse_size).transpose()
 }
 
 /// Reads a whole percentage from `min` to 100 (a share, a reservation, a ceiling); None if `s`
@@ -86,7 +99,12 @@ mod tests {
         );
         assert_eq!(parse_device_limit("1=2G", 0).unwrap(), None);
         assert_eq!(parse_device_limit("", 0).unwrap(), None);
-        for bad in ["1G", "x=1G", "0=lots", "0=1G,=2"] {
+        // A plain value is every device's, unless the device has its own.
+        assert_eq!(parse_device_limit("1G", 3).unwrap(), Some(1 << 30));
+        assert_eq!(parse_device_limit("1G,1=2G", 1).unwrap(), Some(2 << 30));
+        assert_eq!(parse_device_limit("1G,1=2G", 0).unwrap(), Some(1 << 30));
+        assert_eq!(per_device("0=25,1=50", 1).unwrap(), Some("50"));
+        for bad in ["x=1G", "0=lots", "0=1G,=2", "1=lots,0=1G"] {
             assert!(parse_device_limit(bad, 0).is_err(), "{bad}");
         }
     }

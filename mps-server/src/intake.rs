@@ -470,12 +470,7 @@ mod tests {
     #[test]
     fn a_hello_is_assembled_from_pieces_and_checked_early() {
         let (a, b) = UnixStream::pair().unwrap();
-        let hello = Hello {
-            magic: mps_core::protocol::MAGIC,
-            version: mps_core::protocol::PROTOCOL_VERSION,
-            reserved: [0; 2],
-            group: mps_core::protocol::put_str("default"),
-        };
+        let hello = Hello::new("default").unwrap();
         let bytes = bytemuck::bytes_of(&hello);
         let mut r = HelloReader::new();
         assert!(r.advance(&b).unwrap().is_none());

@@ -100,9 +100,10 @@ struct Args {
     /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
     #[arg(long)]
     handoff_fd: Option<i32>,
-    /// CUDA device ordinal (CUDA only).
-    #[arg(long, default_value_t = 0)]
-    device: i32,
+    /// Device ordinal to serve (the simulator names its device after it); clients asking for
+    /// another device are refused.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..mps_core::handshake::MAX_DEVICES as i64))]
+    device: u32,
     /// Staging area per client for pageable copies and module images, e.g. 4MiB.
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     staging: u64,
@@ -184,7 +185,7 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
 }
 
 fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
-    let backend = CudaBackend::new(args.device).map_err(|e| e.to_string())?;
+    let backend = CudaBackend::new(args.device as i32).map_err(|e| e.to_string())?;
     let info = backend.info();
     tracing::info!(
         "backend: CUDA device {} ({}, {} SMs, compute capability {}.{}, {} bytes)",
@@ -207,9 +208,12 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
             FaultScopeChoice::Context => FaultScope::Context,
         },
     };
-    let backend = SimBackend::new(sim).map_err(|e| e.to_string())?;
+    let backend = SimBackend::new(sim)
+        .map_err(|e| e.to_string())?
+        .as_device(args.device);
     tracing::info!(
-        "backend: simulator, {} bytes of device memory, {} SMs, a kernel fault ends {}",
+        "backend: simulator device {}, {} bytes of device memory, {} SMs, a kernel fault ends {}",
+        args.device,
         sim.memory_bytes,
         sim.sm_count,
         match sim.fault_scope {
@@ -288,6 +292,7 @@ fn main() -> std::process::ExitCode {
             max_pending: args.max_pending_hellos,
             hello_timeout: std::time::Duration::from_millis(args.hello_timeout_ms),
         },
+        device: args.device,
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg),

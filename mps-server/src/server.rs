@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mps_core::handshake::{DeviceInfoWire, Hello, Welcome};
+use mps_core::handshake::{DeviceInfoWire, DeviceList, Hello, Welcome};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::socket::{self, Peer, SOCKET_NAME};
@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub max_sm_reserve: u32,
     /// Connections admitted and how long a hello may take.
     pub limits: ConnectionLimits,
+    /// The device ordinal served: clients asking for another are refused.
+    pub device: u32,
 }
 
 /// A server bound to its socket.
@@ -290,13 +292,15 @@ impl<B: Backend> Server<B> {
         let waits = (self.cfg.spin, self.cfg.yield_for);
         let registry = self.registry.clone();
         let workers = self.workers.clone();
+        let device = self.cfg.device;
         let stream = Arc::new(stream);
         let sock = stream.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("intake-{id}"))
             .spawn(move || {
-                match handshake(&*backend, sock, hello, peer, id, layout) {
-                    Ok((channel, socket)) => {
+                match handshake(&*backend, sock, hello, peer, id, layout, device) {
+                    Ok(None) => {}
+                    Ok(Some((channel, socket))) => {
                         let env = ServerEnv {
                             backend,
                             handles,
@@ -444,7 +448,8 @@ pub fn read_hello(stream: &UnixStream) -> Result<Hello> {
 }
 
 /// Checks the hello and who is calling, creates the channel and sends the welcome with the two
-/// segment descriptors.
+/// segment descriptors. A hello that asks which devices are served gets this server's `device`
+/// alone, and no session (`None`).
 fn handshake<B: Backend>(
     backend: &B,
     stream: Arc<UnixStream>,
@@ -452,21 +457,31 @@ fn handshake<B: Backend>(
     peer: Peer,
     id: u32,
     layout: Layout,
-) -> Result<(Channel, Arc<UnixStream>)> {
+    device: u32,
+) -> Result<Option<(Channel, Arc<UnixStream>)>> {
     let io = |what: &str, e: std::io::Error| Error::new(Status::Connection, format!("{what}: {e}"));
-    let checked = hello.check().and_then(|_| {
-        let me = nix::unistd::geteuid().as_raw();
-        if peer.uid != me && peer.uid != 0 {
-            return Err(Error::new(
-                Status::PermissionDenied,
-                format!(
-                    "this server serves uid {me}; uid {} must use its own server",
-                    peer.uid
-                ),
-            ));
-        }
-        Ok(())
-    });
+    if hello.asks_device_list() {
+        let list = DeviceList::new(&[device])?;
+        socket::send(&stream, bytemuck::bytes_of(&list), &[])
+            .map_err(|e| io("sending the device list", e))?;
+        return Ok(None);
+    }
+    let checked = hello
+        .check()
+        .and_then(|_| check_device(&hello, device))
+        .and_then(|()| {
+            let me = nix::unistd::geteuid().as_raw();
+            if peer.uid != me && peer.uid != 0 {
+                return Err(Error::new(
+                    Status::PermissionDenied,
+                    format!(
+                        "this server serves uid {me}; uid {} must use its own server",
+                        peer.uid
+                    ),
+                ));
+            }
+            Ok(())
+        });
     if let Err(e) = checked {
         refuse(&stream, &e);
         return Err(e);
@@ -491,5 +506,21 @@ fn handshake<B: Backend>(
         uid = peer.uid,
         "client connected"
     );
-    Ok((channel, stream))
+    Ok(Some((channel, stream)))
+}
+
+/// Refuses a client that asks for another device than this server's.
+fn check_device(hello: &Hello, device: u32) -> Result<()> {
+    if hello.device == device {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::InvalidValue,
+        format!(
+            "this mps-server serves device {device} only, not device {}; start one with \
+             --device {} in a pipe directory of its own, or run mps-control, which serves \
+             every device",
+            hello.device, hello.device
+        ),
+    ))
 }

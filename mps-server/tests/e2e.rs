@@ -830,7 +830,8 @@ fn a_client_of_another_protocol_version_is_refused() {
     let hello = Hello {
         magic: MAGIC,
         version: 999,
-        reserved: [0; 2],
+        device: 0,
+        flags: 0,
         group: mps_core::protocol::put_str("default"),
     };
     mps_ipc::socket::send(&sock, bytemuck::bytes_of(&hello), &[]).unwrap();

@@ -45,6 +45,7 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         log_dir: dir.join("log"),
         server_bin: dir.join("no-such-mps-server"),
         server_args: vec![],
+        devices: vec![0, 1],
         defaults: DEFAULTS,
     })
     .unwrap();

@@ -11,16 +11,11 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::TestServer;
-use mps_core::protocol::{self, Hello, MAGIC, PROTOCOL_VERSION};
+use mps_core::protocol::{self, Hello};
 use mps_ipc::socket;
 
 fn hello() -> Hello {
-    Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        reserved: [0; 2],
-        group: protocol::put_str("default"),
-    }
+    Hello::new("default").unwrap()
 }
 
 /// The server's pid, from the credentials of a connection to it (the connection is then

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use mps_core::units::parse_size;
+use mps_server::backend::cuda;
 use mps_server::control::{
     CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
 };
@@ -46,6 +47,14 @@ struct Args {
     /// Backend of the servers: auto, cuda or sim.
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// The devices to serve, as ordinals (e.g. 0,1) [default: every device the driver sees, or
+    /// those --sim-devices makes]. Each (user, group, device) gets a server of its own.
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<u32>>,
+    /// How many devices the simulator presents (simulator only; with --backend auto, where
+    /// no GPU is found).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=mps_core::handshake::MAX_DEVICES as i64))]
+    sim_devices: u32,
     /// Simulated device memory of each server (simulator only).
     #[arg(long)]
     sim_memory: Option<String>,
@@ -102,8 +111,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     if let Some(scope) = &args.sim_fault_scope {
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
+    let devices = devices_to_serve(args)?;
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),
+        devices: devices.clone(),
         log_dir,
         server_bin,
         server_args,
@@ -115,7 +126,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         },
     })
     .map_err(|e| e.to_string())?;
-    tracing::info!("mps-control listening in {}", pipe_dir.display());
+    tracing::info!(
+        "mps-control listening in {}, serving devices {devices:?}",
+        pipe_dir.display()
+    );
     let daemon = Arc::new(daemon);
     if let Some(addr) = &args.metrics_listen {
         let listener = std::net::TcpListener::bind(addr)
@@ -138,6 +152,42 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     daemon.run(&STOP);
     let _ = daemon.pipe_dir().remove("metrics.addr");
     Ok(())
+}
+
+/// The device ordinals the daemon serves: those asked for (`--devices`), each of which must
+/// exist, or every device of the backend: what the CUDA driver sees (after
+/// `CUDA_VISIBLE_DEVICES`, which the servers inherit), or the simulator's `--sim-devices`.
+fn devices_to_serve(args: &Args) -> Result<Vec<u32>, String> {
+    let (count, what) = match args.backend.as_str() {
+        "sim" => (args.sim_devices, "the simulator presents"),
+        "cuda" => (
+            cuda::driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
+            "the CUDA driver sees",
+        ),
+        _ => match cuda::probe() {
+            Ok(()) => (
+                cuda::driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
+                "the CUDA driver sees",
+            ),
+            Err(_) => (args.sim_devices, "the simulator presents (no usable GPU)"),
+        },
+    };
+    let Some(asked) = &args.devices else {
+        return Ok((0..count.min(mps_core::handshake::MAX_DEVICES)).collect());
+    };
+    let mut devices = asked.clone();
+    devices.sort_unstable();
+    devices.dedup();
+    if devices.is_empty() {
+        return Err("--devices names no device".into());
+    }
+    if let Some(d) = devices.iter().find(|d| **d >= count) {
+        return Err(format!(
+            "--devices names device {d}, but {what} {count} device(s) (ordinals 0 to {})",
+            count.saturating_sub(1)
+        ));
+    }
+    Ok(devices)
 }
 
 /// Starts the daemon in the background (this binary again with -f, in a session of its own)

@@ -26,8 +26,12 @@ pub enum Target {
 /// One operator command, as parsed from its line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// The pids of the running servers; one whose device context failed is marked `FAULT`.
-    GetServerList,
+    /// The pids of the running servers, of one device ordinal or of all; one whose device
+    /// context failed is marked `FAULT`.
+    GetServerList {
+        /// Only the servers of this device.
+        device: Option<u32>,
+    },
     /// `ACTIVE` if a server with this pid serves, `FAULT` if its device context failed and it
     /// drains its clients.
     GetServerStatus {
@@ -91,14 +95,24 @@ pub enum Command {
     },
     /// The reservation ceiling of a server or of new servers.
     GetMaxSmReservation(Target),
-    /// Device memory per client of new servers, bytes (0: no limit).
-    SetDefaultDevicePinnedMemLimit(u64),
-    /// Device memory per client new servers get.
-    GetDefaultDevicePinnedMemLimit,
+    /// Device memory per client of new servers of a device, bytes (0: no limit).
+    SetDefaultDevicePinnedMemLimit {
+        /// The device ordinal.
+        device: u32,
+        /// Bytes per client.
+        bytes: u64,
+    },
+    /// Device memory per client new servers of a device get.
+    GetDefaultDevicePinnedMemLimit {
+        /// The device ordinal.
+        device: u32,
+    },
     /// Device memory per new client of a running server, bytes (0: no limit).
     SetDevicePinnedMemLimit {
         /// The server's pid.
         server: u32,
+        /// The server's device ordinal.
+        device: u32,
         /// Bytes per client.
         bytes: u64,
     },
@@ -106,7 +120,7 @@ pub enum Command {
 
 /// Every command and its usage, in the order the unknown-command error lists them.
 const USAGES: &[(&str, &str)] = &[
-    ("get_server_list", "get_server_list"),
+    ("get_server_list", "get_server_list [device]"),
     ("get_server_status", "get_server_status <server-pid>"),
     ("get_client_list", "get_client_list <server-pid> [-v]"),
     (
@@ -184,7 +198,10 @@ impl std::str::FromStr for Command {
         };
         use Command::*;
         Ok(match (name, args) {
-            ("get_server_list", []) => GetServerList,
+            ("get_server_list", []) => GetServerList { device: None },
+            ("get_server_list", [device]) => GetServerList {
+                device: Some(device.parse().map_err(|_| bad())?),
+            },
             ("get_server_status", [server]) => GetServerStatus {
                 server: pid(server)?,
             },
@@ -235,28 +252,21 @@ impl std::str::FromStr for Command {
             },
             ("get_max_sm_reservation", [t]) => GetMaxSmReservation(target(t)?),
             ("set_default_device_pinned_mem_limit", [dev, size]) => {
-                SetDefaultDevicePinnedMemLimit(device_limit(dev, size)?)
+                SetDefaultDevicePinnedMemLimit {
+                    device: dev.parse().map_err(|_| bad())?,
+                    bytes: parse_size(size)?,
+                }
             }
-            ("get_default_device_pinned_mem_limit", [dev]) => {
-                device_limit(dev, "0")?;
-                GetDefaultDevicePinnedMemLimit
-            }
+            ("get_default_device_pinned_mem_limit", [dev]) => GetDefaultDevicePinnedMemLimit {
+                device: dev.parse().map_err(|_| bad())?,
+            },
             ("set_device_pinned_mem_limit", [server, dev, size]) => SetDevicePinnedMemLimit {
                 server: pid(server)?,
-                bytes: device_limit(dev, size)?,
+                device: dev.parse().map_err(|_| bad())?,
+                bytes: parse_size(size)?,
             },
             _ => return Err(bad()),
         })
-    }
-}
-
-/// A device-memory limit for device `dev` (this daemon's servers use device 0).
-fn device_limit(dev: &str, size: &str) -> Result<u64> {
-    match dev.parse::<u32>() {
-        Ok(0) => parse_size(size),
-        _ => Err(Error::invalid_value(format!(
-            "device {dev:?}: this daemon's servers use device 0"
-        ))),
     }
 }
 
@@ -270,9 +280,10 @@ impl Daemon {
     pub fn answer(&self, command: Command) -> Result<String> {
         use Command::*;
         match command {
-            GetServerList => Ok(self
+            GetServerList { device } => Ok(self
                 .server_list()
                 .iter()
+                .filter(|s| device.is_none_or(|d| d == s.device))
                 .map(|s| match s.state {
                     ServerState::Active => format!("{}\n", s.pid),
                     ServerState::Fault => format!("{} {}\n", s.pid, s.state),
@@ -393,17 +404,33 @@ impl Daemon {
             GetMaxSmReservation(Target::Server(server)) => {
                 self.percent_of(server, ServerRequest::GetMaxReserve)
             }
-            SetDefaultDevicePinnedMemLimit(bytes) => {
-                self.default_mem_limit.store(bytes, Ordering::Relaxed);
+            SetDefaultDevicePinnedMemLimit { device, bytes } => {
+                self.check_served(device)?;
+                self.set_default_mem_limit(device, bytes);
                 Ok(format!(
-                    "new servers: {bytes} bytes of device memory per client\n"
+                    "new servers of device {device}: {bytes} bytes of device memory per client\n"
                 ))
             }
-            GetDefaultDevicePinnedMemLimit => Ok(format!(
-                "{}\n",
-                self.default_mem_limit.load(Ordering::Relaxed)
-            )),
-            SetDevicePinnedMemLimit { server, bytes } => {
+            GetDefaultDevicePinnedMemLimit { device } => {
+                self.check_served(device)?;
+                Ok(format!("{}\n", self.default_mem_limit(device)))
+            }
+            SetDevicePinnedMemLimit {
+                server,
+                device,
+                bytes,
+            } => {
+                let serves = self
+                    .server_list()
+                    .iter()
+                    .find(|s| s.pid == server)
+                    .map(|s| s.device);
+                if serves.is_some_and(|d| d != device) {
+                    return Err(Error::invalid_value(format!(
+                        "server {server} serves device {}, not device {device}",
+                        serves.unwrap_or_default()
+                    )));
+                }
                 self.ask(server, &ServerRequest::SetMemLimit(bytes))?;
                 Ok(format!(
                     "server {server}: {bytes} bytes of device memory per new client\n"
@@ -414,8 +441,9 @@ impl Daemon {
 
     /// Servers and their clients, with what each client holds and did.
     fn status(&self) -> String {
-        let mut out =
-            String::from("SERVER-PID  UID     GROUP             ROUTED  UPTIME-S  STATE\n");
+        let mut out = String::from(
+            "SERVER-PID  UID     GROUP             ROUTED  UPTIME-S  STATE   DEVICE\n",
+        );
         let mut clients = String::from(
             "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  SMS  SHARE%  \
              RESERVED%  LAUNCHES    COPIES      BYTES-COPIED  GPU-MS\n",
@@ -424,8 +452,8 @@ impl Daemon {
             let (pid, uid, group, routed) = (s.pid, s.uid, &s.group, s.routed);
             let up = s.uptime.as_secs();
             out += &format!(
-                "{pid:<11} {uid:<7} {group:<17} {routed:<7} {up:<9} {}\n",
-                s.state
+                "{pid:<11} {uid:<7} {group:<17} {routed:<7} {up:<9} {:<7} {}\n",
+                s.state, s.device
             );
             // A server that does not answer still has its row above.
             for c in self.clients_of(pid).unwrap_or_default() {
@@ -463,7 +491,8 @@ mod tests {
         use Command::*;
         let five = Duration::from_secs(5);
         let cases = [
-            ("get_server_list", GetServerList),
+            ("get_server_list", GetServerList { device: None }),
+            ("get_server_list 1", GetServerList { device: Some(1) }),
             ("get_server_status 12", GetServerStatus { server: 12 }),
             (
                 "shutdown_server 12",
@@ -552,17 +581,21 @@ mod tests {
                 GetMaxSmReservation(Target::Server(12)),
             ),
             (
-                "set_default_device_pinned_mem_limit 0 2GiB",
-                SetDefaultDevicePinnedMemLimit(2 << 30),
+                "set_default_device_pinned_mem_limit 1 2GiB",
+                SetDefaultDevicePinnedMemLimit {
+                    device: 1,
+                    bytes: 2 << 30,
+                },
             ),
             (
                 "get_default_device_pinned_mem_limit 0",
-                GetDefaultDevicePinnedMemLimit,
+                GetDefaultDevicePinnedMemLimit { device: 0 },
             ),
             (
-                "set_device_pinned_mem_limit 12 0 1MiB",
+                "set_device_pinned_mem_limit 12 1 1MiB",
                 SetDevicePinnedMemLimit {
                     server: 12,
+                    device: 1,
                     bytes: 1 << 20,
                 },
             ),
@@ -591,9 +624,9 @@ mod tests {
             ("", "empty command"),
             (
                 "frobnicate",
-                "unknown command \"frobnicate\"; commands: get_server_list, ",
+                "unknown command \"frobnicate\"; commands: get_server_list [device], ",
             ),
-            ("get_server_list now", "usage: get_server_list"),
+            ("get_server_list now", "usage: get_server_list [device]"),
             ("get_server_status", "usage: get_server_status <server-pid>"),
             (
                 "get_server_status abc",
@@ -675,8 +708,8 @@ mod tests {
                 "usage: get_max_sm_reservation <server-pid|default>",
             ),
             (
-                "set_default_device_pinned_mem_limit 1 2GiB",
-                "device \"1\": this daemon's servers use device 0",
+                "set_default_device_pinned_mem_limit x 2GiB",
+                "usage: set_default_device_pinned_mem_limit <device> <size>",
             ),
             (
                 "set_default_device_pinned_mem_limit 0",

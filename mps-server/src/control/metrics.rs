@@ -22,6 +22,7 @@ struct ClientLabels {
     server_pid: u32,
     uid: u32,
     group: String,
+    device: u32,
     client_pid: i32,
     client_id: u32,
 }
@@ -96,6 +97,7 @@ fn exposition(servers: &[(ServerInfo, Vec<ClientStats>)]) -> String {
                     server_pid: s.pid,
                     uid: s.uid,
                     group: s.group.clone(),
+                    device: s.device,
                     client_pid: c.pid,
                     client_id: c.id,
                 };
@@ -202,6 +204,7 @@ mod tests {
             pid,
             uid: 1000,
             group: group.into(),
+            device: 0,
             routed: 1,
             uptime: Duration::ZERO,
             state: ServerState::Active,
@@ -212,7 +215,13 @@ mod tests {
     fn every_family_has_help_type_and_one_sample_per_client() {
         let text = exposition(&[
             (server(10, "default"), vec![client(1, 500), client(2, 501)]),
-            (server(11, "critical"), vec![client(1, 600)]),
+            (
+                ServerInfo {
+                    device: 1,
+                    ..server(11, "critical")
+                },
+                vec![client(1, 600)],
+            ),
         ]);
         assert!(
             text.contains("# HELP mps_servers Running servers.\n"),
@@ -233,7 +242,7 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} counter\n")), "{text}");
         }
         let sample = "mps_client_launches_total{server_pid=\"11\",uid=\"1000\",\
-                      group=\"critical\",client_pid=\"600\",client_id=\"1\"} 7\n";
+                      group=\"critical\",device=\"1\",client_pid=\"600\",client_id=\"1\"} 7\n";
         assert!(text.contains(sample), "{text}");
         let samples = |name: &str| {
             text.lines()

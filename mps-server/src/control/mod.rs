@@ -54,6 +54,8 @@ pub struct DaemonConfig {
     pub log_dir: PathBuf,
     /// The mps-server binary.
     pub server_bin: PathBuf,
+    /// The device ordinals served: one server per (user, group, device).
+    pub devices: Vec<u32>,
     /// Arguments for every server (backend, simulator settings, ...).
     pub server_args: Vec<String>,
     /// What new servers' clients start from, until an operator command changes it.
@@ -69,15 +71,18 @@ pub struct Daemon {
     servers_dir: TrustedDir,
     /// The log directory, checked and held open.
     logs: TrustedDir,
-    /// Device memory per client for new servers, in bytes (0: no limit).
+    /// Device memory per client for new servers, in bytes (0: no limit), unless the device has
+    /// its own in `device_mem_limits`.
     default_mem_limit: AtomicU64,
+    /// Device memory per client for new servers of a device, set by the operator per device.
+    device_mem_limits: Mutex<BTreeMap<u32, u64>>,
     /// Priority of new servers' clients.
     default_priority: AtomicU32,
     /// SM share of new servers' clients, percent.
     default_share: AtomicU32,
     /// Reservation ceiling of new servers, percent.
     default_max_reserve: AtomicU32,
-    servers: Mutex<BTreeMap<(u32, String), ServerProc>>,
+    servers: Mutex<BTreeMap<(u32, String, u32), ServerProc>>,
     /// Servers whose device context failed, draining their clients.
     failed: Mutex<Vec<ServerProc>>,
     stop: AtomicBool,
@@ -99,6 +104,13 @@ impl Daemon {
     /// Opens (creating them if needed) the pipe and log directories, refusing ones another
     /// user owns or can write, binds both sockets and writes the pid file, never through a link.
     pub fn bind(cfg: DaemonConfig) -> Result<Daemon> {
+        // Checked here as the device list's answer checks it, so that no client finds out.
+        mps_core::handshake::DeviceList::new(&cfg.devices)?;
+        if cfg.devices.is_empty() {
+            return Err(Error::invalid_value(
+                "the daemon must serve at least one device",
+            ));
+        }
         // Every user traverses the pipe directory to reach the client socket.
         let pipe = TrustedDir::open(&cfg.pipe_dir, 0o755)?;
         pipe.set_mode(0o755)?;
@@ -128,6 +140,7 @@ impl Daemon {
             servers_dir,
             logs,
             default_mem_limit: AtomicU64::new(d.mem_limit),
+            device_mem_limits: Mutex::new(BTreeMap::new()),
             default_priority: AtomicU32::new(d.priority),
             default_share: AtomicU32::new(d.sm_share),
             default_max_reserve: AtomicU32::new(d.max_sm_reserve),
@@ -137,6 +150,37 @@ impl Daemon {
             client_listener,
             control_listener,
         })
+    }
+
+    /// Device memory per client that new servers of `device` give, in bytes (0: no limit).
+    fn default_mem_limit(&self, device: u32) -> u64 {
+        let limits = self
+            .device_mem_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        limits
+            .get(&device)
+            .copied()
+            .unwrap_or_else(|| self.default_mem_limit.load(Ordering::Relaxed))
+    }
+
+    fn set_default_mem_limit(&self, device: u32, bytes: u64) {
+        let mut limits = self
+            .device_mem_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        limits.insert(device, bytes);
+    }
+
+    /// Refuses a device ordinal this daemon does not serve.
+    fn check_served(&self, device: u32) -> Result<()> {
+        if self.cfg.devices.contains(&device) {
+            return Ok(());
+        }
+        Err(Error::invalid_value(format!(
+            "device {device} is not served here; this mps-control serves devices {}",
+            routing::device_names(&self.cfg.devices)
+        )))
     }
 
     /// The pipe directory, to make more files in it the same safe way.

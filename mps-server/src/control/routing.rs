@@ -1,5 +1,5 @@
 //! Which server serves a client: the daemon reads each client's hello, finds the server of its
-//! (user, group), starts it (again) if there is none or it died, and hands the connection over
+//! (user, group, device), starts it (again) if there is none or it died, and hands the connection over
 //! on the server's inherited socket; requests to a server travel the same way.
 //!
 //! A thread per server reads what the server says: answers to requests, and, unasked, that its
@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::{Duration, Instant};
 
+use mps_core::handshake::DeviceList;
 use mps_core::protocol::Hello;
 use mps_core::{Error, Result, Status};
 use mps_ipc::socket;
@@ -34,6 +35,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 pub(super) struct ServerProc {
     uid: u32,
     group: String,
+    device: u32,
     child: Child,
     link: Arc<Link>,
     started: Instant,
@@ -106,6 +108,8 @@ pub(super) struct ServerInfo {
     pub(super) pid: u32,
     pub(super) uid: u32,
     pub(super) group: String,
+    /// The device ordinal it serves.
+    pub(super) device: u32,
     /// Clients routed to it.
     pub(super) routed: u64,
     pub(super) uptime: Duration,
@@ -118,6 +122,7 @@ impl ServerProc {
             pid: self.child.id(),
             uid: self.uid,
             group: self.group.clone(),
+            device: self.device,
             routed: self.clients,
             uptime: self.started.elapsed(),
             state,
@@ -126,7 +131,7 @@ impl ServerProc {
 }
 
 impl Daemon {
-    fn servers(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u32, String), ServerProc>> {
+    fn servers(&self) -> std::sync::MutexGuard<'_, BTreeMap<ServerKey, ServerProc>> {
         self.servers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -173,7 +178,7 @@ impl Daemon {
         Ok(())
     }
 
-    /// The server with this pid said its device context failed: its user and group go to a
+    /// The server with this pid said its device context failed: its user, group and device go to a
     /// fresh server from now on, started at once so that the next client need not wait for it.
     fn server_failed(self: &Arc<Self>, pid: u32, why: &str) {
         let mut servers = self.servers();
@@ -185,22 +190,24 @@ impl Daemon {
             return;
         };
         let old = servers.remove(&key).expect("found above");
-        let (uid, group) = (key.0, key.1.as_str());
+        let (uid, group, device) = (key.0, key.1.as_str(), key.2);
         tracing::error!(
             uid,
             group,
+            device,
             pid,
             "the server's device context failed; it takes no new clients and exits once its \
              clients are gone; new clients go to a fresh server: {why}"
         );
         self.failed().push(old);
-        match self.start_server(uid, group) {
+        match self.start_server(uid, group, device) {
             Ok(fresh) => {
                 servers.insert(key, fresh);
             }
             Err(e) => tracing::error!(
                 uid,
                 group,
+                device,
                 "cannot start a fresh server ({e}); the next client tries again"
             ),
         }
@@ -240,6 +247,12 @@ impl Daemon {
             Ok(g) => g,
             Err(e) => return crate::server::refuse(&stream, &e),
         };
+        if hello.asks_device_list() {
+            return self.answer_device_list(&stream);
+        }
+        if let Err(e) = self.check_served(hello.device) {
+            return crate::server::refuse(&stream, &e);
+        }
         let me = nix::unistd::geteuid().as_raw();
         if !is_root() && peer.uid != me {
             let e = Error::new(
@@ -256,7 +269,17 @@ impl Daemon {
         }
     }
 
-    /// Gives the connection to the (uid, group) server, starting it (again) if needed.
+    /// Tells a client which devices this daemon serves.
+    fn answer_device_list(&self, stream: &UnixStream) {
+        match DeviceList::new(&self.cfg.devices) {
+            Ok(list) => {
+                let _ = socket::send(stream, bytemuck::bytes_of(&list), &[]);
+            }
+            Err(e) => crate::server::refuse(stream, &e),
+        }
+    }
+
+    /// Gives the connection to the (uid, group, device) server, starting it (again) if needed.
     fn hand_over(
         self: &Arc<Self>,
         uid: u32,
@@ -265,7 +288,7 @@ impl Daemon {
         stream: &UnixStream,
     ) -> Result<()> {
         let mut servers = self.servers();
-        let key = (uid, group.to_string());
+        let key = (uid, group.to_string(), hello.device);
         for attempt in 0..2 {
             let alive = servers
                 .get_mut(&key)
@@ -275,7 +298,7 @@ impl Daemon {
                     tracing::warn!(uid, group, pid = old.child.id(), "server had exited");
                     let _ = old.child.wait();
                 }
-                let s = self.start_server(uid, group)?;
+                let s = self.start_server(uid, group, hello.device)?;
                 servers.insert(key.clone(), s);
             }
             let s = servers.get_mut(&key).expect("inserted above");
@@ -305,8 +328,12 @@ impl Daemon {
         unreachable!("the loop returns on its second attempt")
     }
 
-    fn start_server(self: &Arc<Self>, uid: u32, group: &str) -> Result<ServerProc> {
-        let name = format!("{uid}-{group}");
+    fn start_server(self: &Arc<Self>, uid: u32, group: &str, device: u32) -> Result<ServerProc> {
+        // Device 0 keeps the names of a host with one device; `@` cannot occur in a group name.
+        let name = match device {
+            0 => format!("{uid}-{group}"),
+            d => format!("{uid}-{group}@{d}"),
+        };
         let fail = |what: String| Error::new(Status::Internal, what);
         // Run as root, the daemon starts another user's server as that user, who must own its
         // directory and its log.
@@ -346,13 +373,15 @@ impl Daemon {
             .arg("--handoff-fd")
             .arg(theirs.as_raw_fd().to_string())
             .arg("--mem-limit")
-            .arg(self.default_mem_limit.load(Ordering::Relaxed).to_string())
+            .arg(self.default_mem_limit(device).to_string())
             .arg("--client-priority")
             .arg(self.default_priority.load(Ordering::Relaxed).to_string())
             .arg("--active-thread-percentage")
             .arg(self.default_share.load(Ordering::Relaxed).to_string())
             .arg("--max-sm-reservation")
             .arg(self.default_max_reserve.load(Ordering::Relaxed).to_string())
+            .arg("--device")
+            .arg(device.to_string())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -368,7 +397,7 @@ impl Daemon {
         })?;
         drop(theirs);
         let pid = child.id();
-        tracing::info!(uid, group, pid, "started a server");
+        tracing::info!(uid, group, device, pid, "started a server");
         let socket = UnixStream::from(ours);
         let reading = socket
             .try_clone()
@@ -382,6 +411,7 @@ impl Daemon {
         Ok(ServerProc {
             uid,
             group: group.to_string(),
+            device,
             child,
             link: Arc::new(Link {
                 socket,
@@ -459,8 +489,17 @@ pub(super) fn no_server(pid: u32) -> Error {
     )
 }
 
+/// Which server serves a client: its user, group and device ordinal.
+type ServerKey = (u32, String, u32);
+
+/// Device ordinals as a list for a message ("0, 1").
+pub(super) fn device_names(devices: &[u32]) -> String {
+    let names: Vec<String> = devices.iter().map(u32::to_string).collect();
+    names.join(", ")
+}
+
 /// Forgets servers that have exited (and reaps them).
-fn prune(servers: &mut BTreeMap<(u32, String), ServerProc>) {
+fn prune(servers: &mut BTreeMap<ServerKey, ServerProc>) {
     servers.retain(|_, s| s.child.try_wait().ok().flatten().is_none());
 }
 
@@ -472,6 +511,7 @@ fn prune_failed(failed: &mut Vec<ServerProc>) {
             tracing::info!(
                 uid = s.uid,
                 group = s.group,
+                device = s.device,
                 pid = s.child.id(),
                 "the server whose context failed has exited"
             );

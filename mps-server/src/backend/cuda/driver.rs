@@ -176,6 +176,16 @@ pub fn init() -> Result<(), DriverError> {
     Ok(())
 }
 
+/// How many CUDA devices the driver sees (after `CUDA_VISIBLE_DEVICES`); loads and initialises
+/// the driver first.
+pub fn device_count() -> Result<u32, DriverError> {
+    init()?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as u32)
+}
+
 /// One attribute of device `dev`.
 pub fn attribute(dev: CUdevice, attr: CUdevice_attribute) -> Result<i32, DriverError> {
     let mut value = 0;

@@ -59,11 +59,7 @@ pub fn probe() -> std::result::Result<(), String> {
     if !driver::is_present() {
         return Err("libcuda.so was not found (no NVIDIA driver installed)".into());
     }
-    driver::init().map_err(|e| e.to_string())?;
-    let mut n = 0;
-    // SAFETY: writes one int.
-    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")
-        .map_err(|e| e.to_string())?;
+    let n = driver::device_count().map_err(|e| e.to_string())?;
     if n == 0 {
         return Err("the driver sees no CUDA device".into());
     }

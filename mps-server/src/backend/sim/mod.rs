@@ -156,6 +156,16 @@ impl SimBackend {
     }
 }
 
+impl SimBackend {
+    /// The simulated device as device ordinal `device` of its host: its name says which, so
+    /// that a client of several devices (and a test) can tell them apart. Each server process
+    /// simulates a device of its own, with its own memory.
+    pub fn as_device(mut self, device: u32) -> SimBackend {
+        self.info.name = format!("mps simulator {device}");
+        self
+    }
+}
+
 /// A module: its PTX entries.
 #[derive(Debug)]
 pub struct SimModule {
