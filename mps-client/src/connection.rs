@@ -47,6 +47,8 @@ pub struct Client {
     pub(crate) host_alloc_lock: Mutex<()>,
     /// Set once the server is known to be gone.
     pub(crate) lost: AtomicBool,
+    /// Streams that capture a graph (see `graphs`).
+    pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -138,6 +140,7 @@ impl Client {
             staging: Mutex::new(()),
             host_alloc_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
+            capturing: Mutex::default(),
         }
     }
 
