@@ -2,30 +2,43 @@
 //! launched into one of the client's streams with `cuGraphLaunch`.
 //!
 //! Capture runs in relaxed mode: a session thread serves other clients while one of its client's
-//! streams captures, and their calls must not be refused or swept into the capture. A launch
-//! goes into the client's own stream, so the graph's work runs with that stream's priority and
-//! in the client's SM partition, as the stream's other work does.
+//! streams captures, and their calls must not be refused or swept into the capture. Capture
+//! happens on the client's stream in its current SM partition, and a launch goes into the
+//! client's own stream, so the graph's work runs with that stream's priority and on the
+//! client's SMs, as the stream's other work does. Kernel nodes may keep the green context they
+//! were captured in, so a graph keeps that partition alive as long as it lives.
 
 use cudarc::driver::sys::{self, CUgraph, CUgraphExec};
 use mps_core::Result;
 
+use std::sync::Arc;
+
 use super::CudaBackend;
 use super::driver::{check_on, released};
+use super::partition::Partition;
 use super::stream::CudaStream;
 use crate::backend::Op;
 
-/// A captured graph, with what its nodes refer to (kernels and their modules, host buffers).
+/// What a graph's nodes refer to: kernels (and so their modules), host buffers, and the SM
+/// partition they were captured in.
+#[derive(Debug)]
+struct Keep {
+    ops: Vec<Op<'static, CudaBackend>>,
+    _partition: Option<Arc<Partition>>,
+}
+
+/// A captured graph, with what its nodes refer to.
 #[derive(Debug)]
 pub struct CudaGraph {
     raw: CUgraph,
-    keep: std::sync::Arc<Vec<Op<'static, CudaBackend>>>,
+    keep: Arc<Keep>,
 }
 
 /// An executable graph, with what its nodes refer to.
 #[derive(Debug)]
 pub struct CudaGraphExec {
     pub(super) raw: CUgraphExec,
-    _keep: std::sync::Arc<Vec<Op<'static, CudaBackend>>>,
+    _keep: Arc<Keep>,
 }
 
 // SAFETY: driver graph handles may be used from any thread once the context is current there
@@ -75,7 +88,10 @@ impl CudaBackend {
 
     pub(super) fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
         self.ctx.bind();
-        let keep = stream.capture.borrow_mut().take().unwrap_or_default();
+        let keep = Keep {
+            ops: stream.capture.borrow_mut().take().unwrap_or_default(),
+            _partition: stream.partition.borrow().clone(),
+        };
         let mut raw: CUgraph = std::ptr::null_mut();
         // SAFETY: a live stream that is capturing; writes one graph handle.
         let r = unsafe { sys::cuStreamEndCapture(stream.raw.get(), &mut raw) };
@@ -84,7 +100,7 @@ impl CudaBackend {
         }))?;
         Ok(CudaGraph {
             raw,
-            keep: std::sync::Arc::new(keep),
+            keep: Arc::new(keep),
         })
     }
 
@@ -96,7 +112,10 @@ impl CudaBackend {
         let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut raw, graph.raw, 0) };
         self.ctx
             .check(check_on(r, "cuGraphInstantiateWithFlags", || {
-                format!("a graph of {} captured commands", graph.keep.len())
+                format!(
+                    "a graph of {} kernel launches and host copies",
+                    graph.keep.ops.len()
+                )
             }))?;
         Ok(CudaGraphExec {
             raw,

@@ -25,7 +25,7 @@ pub struct CudaStream {
     /// The placement generation `raw` was made for.
     seen: Cell<u64>,
     /// Keeps the green context alive while `raw` lives in it.
-    partition: RefCell<Option<Arc<Partition>>>,
+    pub(super) partition: RefCell<Option<Arc<Partition>>>,
     /// The host and device addresses of the progress word this stream's marked commands last
     /// published to (0, 0: none yet), so that a marked command looks nothing up.
     progress: Cell<(usize, u64)>,
