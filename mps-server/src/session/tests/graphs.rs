@@ -404,3 +404,27 @@ fn a_departing_client_ends_its_captures_and_drops_its_graphs() {
     assert_eq!(server.backend.capturing.load(Ordering::Relaxed), 0);
     assert_eq!(server.backend.live_streams.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn a_graph_launch_goes_into_the_stream_it_names_and_may_carry_a_mark() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(Limits::default());
+    let s = c.stream();
+    let t = c.ok(&Request::StreamCreate { priority: 0 }, 0);
+    c.ok(&Request::StreamBeginCapture { stream: s }, 0);
+    let graph = c.ok(&Request::StreamEndCapture { stream: s }, 0)[0];
+    let exec = c.ok(&Request::GraphInstantiate { graph }, 0)[0];
+    server.backend.take();
+    c.send(&Request::GraphLaunch { exec }, t[0], flags::MARK);
+    // Streams 0 (the default), 1 (s) and 2 (t) of the recorder.
+    assert_eq!(
+        server.backend.take(),
+        [Submitted {
+            stream: 2,
+            seq: c.seq,
+            op: Opcode::GraphLaunch,
+            params: None,
+            publish: Some((t[1] as u32, c.seq)),
+        }]
+    );
+}
