@@ -172,6 +172,16 @@ typedef struct mps_dim3 {
  */
 typedef uint64_t mps_event;
 
+/*
+ A graph captured from a stream.
+ */
+typedef uint64_t mps_graph;
+
+/*
+ An executable graph, made from a captured one.
+ */
+typedef uint64_t mps_graph_exec;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -471,6 +481,47 @@ mps_status mps_event_elapsed_ms(struct mps_client *client,
  Waits for all of this client's streams.
  */
 mps_status mps_synchronize(struct mps_client *client);
+
+/*
+ From now on, the work submitted to `stream` is recorded into a graph instead of run. While it
+ captures, `stream` cannot be synchronised or queried (nor can the client as a whole), device
+ memory and host buffers cannot be freed, and only copies, memsets and kernel launches may go
+ into it; copies must go through host buffers from `mps_host_alloc`.
+ */
+mps_status mps_stream_begin_capture(struct mps_client *client, mps_stream stream);
+
+/*
+ Ends the capture of `stream`, putting the graph of what it recorded in `*graph`. Fails (and
+ makes no graph) if a command failed during the capture; the stream runs its work again
+ either way.
+
+ # Safety
+ `graph` is NULL or writable.
+ */
+mps_status mps_stream_end_capture(struct mps_client *client, mps_stream stream, mps_graph *graph);
+
+/*
+ Makes an executable graph of `graph` into `*exec`; `graph` may then be destroyed.
+
+ # Safety
+ `exec` is NULL or writable.
+ */
+mps_status mps_graph_instantiate(struct mps_client *client, mps_graph graph, mps_graph_exec *exec);
+
+/*
+ Runs `exec` in `stream`, asynchronously, with the stream's priority and on the client's SMs.
+ */
+mps_status mps_graph_launch(struct mps_client *client, mps_graph_exec exec, mps_stream stream);
+
+/*
+ Destroys a captured graph; executable graphs made from it still run.
+ */
+mps_status mps_graph_destroy(struct mps_client *client, mps_graph graph);
+
+/*
+ Destroys an executable graph; launches already submitted still run.
+ */
+mps_status mps_graph_exec_destroy(struct mps_client *client, mps_graph_exec exec);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,7 +1,7 @@
 // mps.hpp: a header-only C++17 layer over the mps C API (mps.h).
 //
 // RAII owners for the client and for what it creates (device and host buffers, streams, events,
-// modules); failures throw mps::error, which carries the status and the library's message.
+// modules, graphs); failures throw mps::error, which carries the status and the library's message.
 // Nothing here copies data behind your back: buffers are moved, never copied, and a kernel's
 // arguments are passed to the launch by address, as cuLaunchKernel takes them.
 //
@@ -52,6 +52,7 @@ using dim3 = mps_dim3;
 
 class stream;
 class event;
+class graph;
 
 /// A connection to the mps server. Movable, not copyable; disconnects when destroyed.
 class client {
@@ -160,6 +161,11 @@ class stream {
     }
     /// Makes later work in this stream wait for the latest record of `e`.
     inline void wait(const event &e) const;
+    /// Records the work submitted to this stream from now on into a graph instead of running it
+    /// (see mps_stream_begin_capture for what a capture may hold).
+    void begin_capture() const { detail::check(mps_stream_begin_capture(c_, s_), c_); }
+    /// Ends the capture and returns the graph of what it recorded.
+    inline graph end_capture() const;
 
   private:
     stream(mps_client *c, mps_stream s, bool owned) noexcept : c_(c), s_(s), owned_(owned) {}
@@ -214,6 +220,72 @@ class event {
 inline void stream::wait(const event &e) const {
     detail::check(mps_stream_wait_event(c_, s_, e.get()), c_);
 }
+
+/// A graph captured from a stream (stream::end_capture), destroyed when its owner is.
+class graph {
+  public:
+    ~graph() {
+        if (c_ != nullptr) {
+            mps_graph_destroy(c_, g_);
+        }
+    }
+    graph(const graph &) = delete;
+    graph &operator=(const graph &) = delete;
+    graph(graph &&other) noexcept : c_(std::exchange(other.c_, nullptr)), g_(other.g_) {}
+    /// Destroys the graph this owner held (if any) and takes `other`'s.
+    graph &operator=(graph &&other) noexcept {
+        graph taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(g_, taken.g_);
+        return *this;
+    }
+
+    mps_graph get() const noexcept { return g_; }
+    mps_client *client_handle() const noexcept { return c_; }
+
+  private:
+    friend class stream;
+    graph(mps_client *c, mps_graph g) noexcept : c_(c), g_(g) {}
+    mps_client *c_;
+    mps_graph g_ = 0;
+};
+
+inline graph stream::end_capture() const {
+    mps_graph g = 0;
+    detail::check(mps_stream_end_capture(c_, s_, &g), c_);
+    return graph(c_, g);
+}
+
+/// An executable graph, made from a captured one (which may then go); launched into streams.
+class graph_exec {
+  public:
+    explicit graph_exec(const graph &g) : c_(g.client_handle()) {
+        detail::check(mps_graph_instantiate(c_, g.get(), &e_), c_);
+    }
+    ~graph_exec() {
+        if (c_ != nullptr) {
+            mps_graph_exec_destroy(c_, e_);
+        }
+    }
+    graph_exec(const graph_exec &) = delete;
+    graph_exec &operator=(const graph_exec &) = delete;
+    graph_exec(graph_exec &&other) noexcept : c_(std::exchange(other.c_, nullptr)), e_(other.e_) {}
+    /// Destroys the executable graph this owner held (if any) and takes `other`'s.
+    graph_exec &operator=(graph_exec &&other) noexcept {
+        graph_exec taken(std::move(other));
+        std::swap(c_, taken.c_);
+        std::swap(e_, taken.e_);
+        return *this;
+    }
+
+    mps_graph_exec get() const noexcept { return e_; }
+    /// Runs the graph in `s`, asynchronously, with the stream's priority and on the client's SMs.
+    void launch(const stream &s) const { detail::check(mps_graph_launch(c_, e_, s.get()), c_); }
+
+  private:
+    mps_client *c_;
+    mps_graph_exec e_ = 0;
+};
 
 /// Device memory, freed when destroyed.
 class device_buffer {
@@ -370,6 +442,11 @@ static_assert(std::is_nothrow_move_constructible_v<host_buffer> &&
               !std::is_copy_assignable_v<host_buffer>);
 static_assert(std::is_nothrow_move_constructible_v<module> &&
               std::is_nothrow_move_assignable_v<module> && !std::is_copy_assignable_v<module>);
+static_assert(std::is_nothrow_move_constructible_v<graph> &&
+              std::is_nothrow_move_assignable_v<graph> && !std::is_copy_assignable_v<graph>);
+static_assert(std::is_nothrow_move_constructible_v<graph_exec> &&
+              std::is_nothrow_move_assignable_v<graph_exec> &&
+              !std::is_copy_assignable_v<graph_exec>);
 
 }  // namespace mps
 

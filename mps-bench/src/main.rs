@@ -120,7 +120,7 @@ const MODE_ORDER: [&str; 4] = ["native", "nvidia-mps", "one-context", "mps"];
 
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
-    matches!(workload, "spin" | "tiny" | "infer")
+    matches!(workload, "spin" | "tiny" | "infer" | "infer-graph")
 }
 
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says

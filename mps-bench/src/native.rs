@@ -3,7 +3,7 @@
 
 use std::ffi::{CString, c_void};
 
-use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUfunction, CUgraphExec, CUresult, CUstream};
 use mps_server::backend::cuda::driver;
 
 use crate::workload::{Arg, Gpu};
@@ -23,6 +23,7 @@ pub(crate) const KERNELS: [&str; 2] = ["spin_ns", "saxpy_f32"];
 pub(crate) struct Native {
     stream: CUstream,
     functions: Vec<(String, CUfunction)>,
+    graphs: Vec<CUgraphExec>,
 }
 
 impl Native {
@@ -64,7 +65,11 @@ impl Native {
                 ),
                 "cuStreamCreate",
             );
-            Native { stream, functions }
+            Native {
+                stream,
+                functions,
+                graphs: Vec::new(),
+            }
         }
     }
 
@@ -148,6 +153,44 @@ impl Gpu for Native {
         check(
             unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) },
             "cuMemcpyDtoHAsync",
+        );
+    }
+
+    fn begin_capture(&mut self) {
+        // Thread-local: the `one-context` mode's other threads keep launching meanwhile.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: our stream, not capturing.
+        check(
+            unsafe { sys::cuStreamBeginCapture_v2(self.stream, mode) },
+            "cuStreamBeginCapture",
+        );
+    }
+
+    fn end_capture(&mut self) -> usize {
+        let mut graph = std::ptr::null_mut();
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: our capturing stream; each call writes one handle. The graph is not needed
+        // once instantiated.
+        unsafe {
+            check(
+                sys::cuStreamEndCapture(self.stream, &mut graph),
+                "cuStreamEndCapture",
+            );
+            check(
+                sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                "cuGraphInstantiateWithFlags",
+            );
+            check(sys::cuGraphDestroy(graph), "cuGraphDestroy");
+        }
+        self.graphs.push(exec);
+        self.graphs.len() - 1
+    }
+
+    fn launch_graph(&mut self, graph: usize) {
+        // SAFETY: an executable graph of ours, into our stream.
+        check(
+            unsafe { sys::cuGraphLaunch(self.graphs[graph], self.stream) },
+            "cuGraphLaunch",
         );
     }
 }

@@ -6,7 +6,7 @@
 //! framework's side stream), the only kind the `one-context` mode's threads can use without
 //! serialising on each other, and so the same kind of stream in every mode.
 
-use mps_client::{Client, DevicePtr, Dim3, Function, Stream};
+use mps_client::{Client, DevicePtr, Dim3, Function, GraphExec, Stream};
 
 use crate::native::KERNELS;
 use crate::workload::{Arg, Gpu};
@@ -15,6 +15,7 @@ pub(crate) struct ViaMps {
     client: Client,
     stream: Stream,
     functions: Vec<(String, Function)>,
+    graphs: Vec<GraphExec>,
 }
 
 impl ViaMps {
@@ -36,6 +37,7 @@ impl ViaMps {
             client,
             stream,
             functions,
+            graphs: Vec::new(),
         }
     }
 }
@@ -83,5 +85,23 @@ impl Gpu for ViaMps {
                 .memcpy_dtoh_raw(dst, DevicePtr(src), bytes, self.stream)
         }
         .unwrap();
+    }
+
+    fn begin_capture(&mut self) {
+        self.client.stream_begin_capture(self.stream).unwrap();
+    }
+
+    fn end_capture(&mut self) -> usize {
+        let graph = self.client.stream_end_capture(self.stream).unwrap();
+        let exec = self.client.graph_instantiate(graph).unwrap();
+        self.client.graph_destroy(graph).unwrap();
+        self.graphs.push(exec);
+        self.graphs.len() - 1
+    }
+
+    fn launch_graph(&mut self, graph: usize) {
+        self.client
+            .graph_launch(self.graphs[graph], self.stream)
+            .unwrap_or_else(|e| panic!("graph launch: {e}"));
     }
 }

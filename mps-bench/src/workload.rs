@@ -35,6 +35,12 @@ pub(crate) trait Gpu {
     fn htod(&mut self, dst: u64, src: *const u8, bytes: usize);
     /// Copies `bytes` from `src` to `dst` (valid until the next `sync`), asynchronously.
     fn dtoh(&mut self, dst: *mut u8, src: u64, bytes: usize);
+    /// Records what is issued from now on into a graph instead of running it.
+    fn begin_capture(&mut self);
+    /// Ends the recording; returns its executable graph, for `launch_graph`.
+    fn end_capture(&mut self) -> usize;
+    /// Runs an executable graph from `end_capture`, asynchronously.
+    fn launch_graph(&mut self, graph: usize);
 }
 
 /// What one client measured.
@@ -129,8 +135,9 @@ const INFER_REQUESTS: usize = 500;
 /// A small inference server's request, batch 1: its 4 KiB input in, a chain of 12 short kernels
 /// each reading what the one before wrote (`y = x + y`, 1024 floats), its 4 KiB output back,
 /// and a synchronise; the output is checked. Copies are from and to pinned memory, as inference
-/// servers keep their I/O buffers.
-fn infer(gpu: &mut dyn Gpu, go: &dyn Fn()) -> Report {
+/// servers keep their I/O buffers. With `graph`, the request is captured once as a graph (after
+/// the warm-up) and each request is one launch of it and the synchronise.
+fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), graph: bool) -> Report {
     let n = INFER_BYTES / 4;
     let (x, y) = (gpu.alloc(INFER_BYTES), gpu.alloc(INFER_BYTES));
     let (input, output) = (gpu.host_alloc(INFER_BYTES), gpu.host_alloc(INFER_BYTES));
@@ -140,17 +147,30 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn()) -> Report {
     for (i, v) in inputs.iter_mut().enumerate() {
         *v = input_of(i);
     }
-    let request = |gpu: &mut dyn Gpu| {
+    let issue = |gpu: &mut dyn Gpu| {
         gpu.htod(x, input, INFER_BYTES);
         for _ in 0..INFER_CHAIN {
             let args = [Arg::F32(1.0), Arg::U64(x), Arg::U64(y), Arg::U64(n as u64)];
             gpu.launch("saxpy_f32", 4, 256, &args);
         }
         gpu.dtoh(output, y, INFER_BYTES);
-        gpu.sync();
     };
     // Warm up: the first request loads the kernel and touches every buffer.
-    request(gpu);
+    issue(gpu);
+    gpu.sync();
+    // A capture runs nothing: the check below counts the same requests either way.
+    let exec = graph.then(|| {
+        gpu.begin_capture();
+        issue(gpu);
+        gpu.end_capture()
+    });
+    let request = |gpu: &mut dyn Gpu| {
+        match exec {
+            Some(g) => gpu.launch_graph(g),
+            None => issue(gpu),
+        }
+        gpu.sync();
+    };
     go();
     let start = now_s();
     let mut samples_us = Vec::with_capacity(INFER_REQUESTS);
@@ -218,7 +238,8 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
                 sync_every: 10,
             },
         ),
-        "infer" => infer(gpu, go),
+        "infer" => infer(gpu, go, false),
+        "infer-graph" => infer(gpu, go, true),
         // Keeps every SM it can reach busy until told to stop (a line on standard input).
         "greedy" => {
             let counter = gpu.alloc(4);
@@ -337,7 +358,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
             }
         }
         other => panic!(
-            "unknown workload {other}: spin, tiny, wide, infer, greedy, rtt, rtt-short, \
+            "unknown workload {other}: spin, tiny, wide, infer, infer-graph, greedy, rtt, rtt-short, \
              launch-rate, copy or idle"
         ),
     };

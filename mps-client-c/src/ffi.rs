@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use mps_core::protocol::Dim3;
 use mps_core::{Error, Status};
 
-use ::mps_client::{Client, DevicePtr, Event, Function, Module, Stream};
+use ::mps_client::{Client, DevicePtr, Event, Function, Graph, GraphExec, Module, Stream};
 
 /// Status of an mps call: the core's [`Status`] itself, whose values are stable across releases.
 /// Its C declaration in `include/mps.h` is generated from the same list.
@@ -41,6 +41,10 @@ pub type mps_event = u64;
 pub type mps_module = u64;
 /// A kernel.
 pub type mps_function = u64;
+/// A graph captured from a stream.
+pub type mps_graph = u64;
+/// An executable graph, made from a captured one.
+pub type mps_graph_exec = u64;
 
 /// Launch geometry.
 #[repr(C)]
@@ -760,4 +764,77 @@ pub unsafe extern "C" fn mps_event_elapsed_ms(
 #[unsafe(no_mangle)]
 pub extern "C" fn mps_synchronize(client: *mut mps_client) -> mps_status {
     with_client(client, |c| c.synchronize())
+}
+
+/// From now on, the work submitted to `stream` is recorded into a graph instead of run. While it
+/// captures, `stream` cannot be synchronised or queried (nor can the client as a whole), device
+/// memory and host buffers cannot be freed, and only copies, memsets and kernel launches may go
+/// into it; copies must go through host buffers from `mps_host_alloc`.
+#[unsafe(no_mangle)]
+pub extern "C" fn mps_stream_begin_capture(
+    client: *mut mps_client,
+    stream: mps_stream,
+) -> mps_status {
+    with_client(client, |c| c.stream_begin_capture(Stream(stream)))
+}
+
+/// Ends the capture of `stream`, putting the graph of what it recorded in `*graph`. Fails (and
+/// makes no graph) if a command failed during the capture; the stream runs its work again
+/// either way.
+///
+/// # Safety
+/// `graph` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_stream_end_capture(
+    client: *mut mps_client,
+    stream: mps_stream,
+    graph: *mut mps_graph,
+) -> mps_status {
+    with_client(client, |c| {
+        let graph = out(graph, "graph")?;
+        *graph = c.stream_end_capture(Stream(stream))?.0;
+        Ok(())
+    })
+}
+
+/// Makes an executable graph of `graph` into `*exec`; `graph` may then be destroyed.
+///
+/// # Safety
+/// `exec` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_graph_instantiate(
+    client: *mut mps_client,
+    graph: mps_graph,
+    exec: *mut mps_graph_exec,
+) -> mps_status {
+    with_client(client, |c| {
+        let exec = out(exec, "exec")?;
+        *exec = c.graph_instantiate(Graph(graph))?.0;
+        Ok(())
+    })
+}
+
+/// Runs `exec` in `stream`, asynchronously, with the stream's priority and on the client's SMs.
+#[unsafe(no_mangle)]
+pub extern "C" fn mps_graph_launch(
+    client: *mut mps_client,
+    exec: mps_graph_exec,
+    stream: mps_stream,
+) -> mps_status {
+    with_client(client, |c| c.graph_launch(GraphExec(exec), Stream(stream)))
+}
+
+/// Destroys a captured graph; executable graphs made from it still run.
+#[unsafe(no_mangle)]
+pub extern "C" fn mps_graph_destroy(client: *mut mps_client, graph: mps_graph) -> mps_status {
+    with_client(client, |c| c.graph_destroy(Graph(graph)))
+}
+
+/// Destroys an executable graph; launches already submitted still run.
+#[unsafe(no_mangle)]
+pub extern "C" fn mps_graph_exec_destroy(
+    client: *mut mps_client,
+    exec: mps_graph_exec,
+) -> mps_status {
+    with_client(client, |c| c.graph_exec_destroy(GraphExec(exec)))
 }

@@ -49,6 +49,8 @@ pub struct Client {
     pub(crate) host_alloc_lock: Mutex<()>,
     /// Set once the server is known to be gone.
     pub(crate) lost: AtomicBool,
+    /// Streams that capture a graph (see `graphs`).
+    pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -174,6 +176,7 @@ impl Client {
             staging: Mutex::new(()),
             host_alloc_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
+            capturing: Mutex::default(),
         }
     }
 

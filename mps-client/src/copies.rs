@@ -129,6 +129,7 @@ impl Client {
         }
         self.check()?;
         self.stream_slot(stream)?;
+        self.refuse_capturing(stream, "copy from pageable memory in")?;
         self.through_staging(
             len,
             stream,
@@ -175,6 +176,7 @@ impl Client {
         }
         self.check()?;
         let slot = self.stream_slot(stream)?;
+        self.refuse_capturing(stream, "copy to pageable memory in")?;
         self.through_staging(
             len,
             stream,

@@ -31,6 +31,16 @@ impl Stream {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
 
+/// A graph captured from a stream.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Graph(pub u64);
+
+/// An executable graph, made from a captured one.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphExec(pub u64);
+
 /// A loaded module.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

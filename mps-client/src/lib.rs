@@ -32,6 +32,7 @@ mod completions;
 mod connection;
 mod copies;
 mod devices;
+mod graphs;
 mod handles;
 mod launch;
 #[cfg(test)]
@@ -42,7 +43,9 @@ mod submission;
 mod transport;
 
 pub use connection::Client;
-pub use handles::{DeviceInfo, DevicePtr, Event, Function, Module, SmInfo, Stream};
+pub use handles::{
+    DeviceInfo, DevicePtr, Event, Function, Graph, GraphExec, Module, SmInfo, Stream,
+};
 pub use mps_core::handshake::BackendKind;
 pub use mps_core::protocol::{Dim3, ParamInfo};
 pub use mps_core::{Error, Result, Status};

@@ -58,6 +58,7 @@ impl Client {
     /// Waits for all work submitted to `stream`.
     pub fn stream_synchronize(&self, stream: Stream) -> Result<()> {
         self.check()?;
+        self.refuse_capturing(stream, "synchronise")?;
         let (slot, target, _) = self.stream_target(stream)?;
         self.wait_stream_seq(slot, target)?;
         self.check()
@@ -70,6 +71,7 @@ impl Client {
     /// stream that has just gone idle may be reported busy once.
     pub fn stream_query(&self, stream: Stream) -> Result<bool> {
         self.check()?;
+        self.refuse_capturing(stream, "query")?;
         let (slot, target, marked_now) = self.stream_target(stream)?;
         let done = || self.progress(slot) >= target;
         let deadline = Instant::now() + spin();
@@ -82,6 +84,7 @@ impl Client {
     /// Makes future work in `stream` wait for the latest record of `event`.
     pub fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         self.event_clock(event)?;
+        self.refuse_capturing(stream, "make an event wait in")?;
         self.enqueue(&Request::StreamWaitEvent { event: event.0 }, stream)
             .map(drop)
     }
@@ -89,6 +92,7 @@ impl Client {
     /// Waits for all of this client's streams.
     pub fn synchronize(&self) -> Result<()> {
         self.check()?;
+        self.refuse_any_capturing("synchronise")?;
         let streams = lock(&self.submitter).core.streams();
         for s in streams {
             let (slot, target, _) = self.stream_target(s)?;
@@ -121,6 +125,7 @@ impl Client {
     pub fn event_record(&self, event: Event, stream: Stream) -> Result<()> {
         self.check()?;
         self.event_clock(event)?;
+        self.refuse_capturing(stream, "record an event in")?;
         let req = Request::EventRecord { event: event.0 };
         self.submit(
             stream,

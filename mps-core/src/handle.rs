@@ -24,6 +24,10 @@ crate::wire_enum! {
         Function = 4 => "function",
         /// A host buffer from `mps_host_alloc`.
         HostBuffer = 5 => "host buffer",
+        /// A captured graph (`mps_graph`).
+        Graph = 6 => "graph",
+        /// An executable graph (`mps_graph_exec`).
+        GraphExec = 7 => "executable graph",
     }
 }
 

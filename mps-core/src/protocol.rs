@@ -137,6 +137,18 @@ crate::wire_enum! {
         ReserveSms = 26 => "reserve_sms",
         /// The client's SMs.
         SmInfo = 27 => "sm_info",
+        /// Start recording a stream's work into a graph instead of running it.
+        StreamBeginCapture = 28 => "stream_begin_capture",
+        /// Stop recording a stream's work; replies with the graph.
+        StreamEndCapture = 29 => "stream_end_capture",
+        /// Make an executable graph of a captured one.
+        GraphInstantiate = 30 => "graph_instantiate",
+        /// Destroy a captured graph.
+        GraphDestroy = 31 => "graph_destroy",
+        /// Destroy an executable graph.
+        GraphExecDestroy = 32 => "graph_exec_destroy",
+        /// Run an executable graph in a stream.
+        GraphLaunch = 33 => "graph_launch",
     }
 }
 
@@ -153,6 +165,7 @@ impl Opcode {
                 | Opcode::Mark
                 | Opcode::EventRecord
                 | Opcode::StreamWaitEvent
+                | Opcode::GraphLaunch
         )
     }
 }
@@ -324,6 +337,28 @@ pub enum Request<'a> {
     /// The SMs this client's work runs on now: replies `[sms, device sms, share percent,
     /// reserved percent]`.
     SmInfo,
+    /// From now on, record the work submitted to `stream` into a graph instead of running it.
+    StreamBeginCapture {
+        stream: u64,
+    },
+    /// Stop recording `stream`; replies `[graph handle]`.
+    StreamEndCapture {
+        stream: u64,
+    },
+    /// Replies `[executable graph handle]`.
+    GraphInstantiate {
+        graph: u64,
+    },
+    GraphDestroy {
+        graph: u64,
+    },
+    GraphExecDestroy {
+        exec: u64,
+    },
+    /// Run the executable graph `exec` in the command's stream.
+    GraphLaunch {
+        exec: u64,
+    },
 }
 
 /// Client priority: served as the operator set it.
@@ -363,6 +398,12 @@ impl Request<'_> {
             Request::SetSmShare { .. } => Opcode::SetSmShare,
             Request::ReserveSms { .. } => Opcode::ReserveSms,
             Request::SmInfo => Opcode::SmInfo,
+            Request::StreamBeginCapture { .. } => Opcode::StreamBeginCapture,
+            Request::StreamEndCapture { .. } => Opcode::StreamEndCapture,
+            Request::GraphInstantiate { .. } => Opcode::GraphInstantiate,
+            Request::GraphDestroy { .. } => Opcode::GraphDestroy,
+            Request::GraphExecDestroy { .. } => Opcode::GraphExecDestroy,
+            Request::GraphLaunch { .. } => Opcode::GraphLaunch,
         }
     }
 
@@ -419,7 +460,13 @@ impl Request<'_> {
                 payload = params;
             }
             Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
-            Request::StreamDestroy { stream } => args[0] = stream,
+            Request::StreamDestroy { stream }
+            | Request::StreamBeginCapture { stream }
+            | Request::StreamEndCapture { stream } => args[0] = stream,
+            Request::GraphInstantiate { graph } | Request::GraphDestroy { graph } => {
+                args[0] = graph
+            }
+            Request::GraphExecDestroy { exec } | Request::GraphLaunch { exec } => args[0] = exec,
             Request::EventDestroy { event }
             | Request::StreamWaitEvent { event }
             | Request::EventRecord { event } => args[0] = event,
@@ -606,6 +653,12 @@ impl Request<'_> {
                 percent: percent(a[0], "an SM reservation")?,
             },
             Opcode::SmInfo => Request::SmInfo,
+            Opcode::StreamBeginCapture => Request::StreamBeginCapture { stream: a[0] },
+            Opcode::StreamEndCapture => Request::StreamEndCapture { stream: a[0] },
+            Opcode::GraphInstantiate => Request::GraphInstantiate { graph: a[0] },
+            Opcode::GraphDestroy => Request::GraphDestroy { graph: a[0] },
+            Opcode::GraphExecDestroy => Request::GraphExecDestroy { exec: a[0] },
+            Opcode::GraphLaunch => Request::GraphLaunch { exec: a[0] },
         };
         Ok(req)
     }
@@ -835,6 +888,12 @@ mod tests {
             Request::SetSmShare { percent: 25 },
             Request::ReserveSms { percent: 50 },
             Request::SmInfo,
+            Request::StreamBeginCapture { stream: 11 },
+            Request::StreamEndCapture { stream: 11 },
+            Request::GraphInstantiate { graph: 12 },
+            Request::GraphDestroy { graph: 12 },
+            Request::GraphExecDestroy { exec: 13 },
+            Request::GraphLaunch { exec: 13 },
         ] {
             roundtrip(req);
         }
@@ -849,7 +908,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let cmd = Command {
-                opcode: (x % 30) as u16,
+                opcode: (x % 36) as u16,
                 flags: ((x >> 8) % 8) as u16,
                 extra_slots: if i % 2 == 0 {
                     0

@@ -206,6 +206,8 @@ pub enum Op<'a, B: Backend> {
     Record(Arc<B::Event>),
     /// Wait for the latest record of an event made before this wait.
     Wait(Arc<B::Event>),
+    /// Run an executable graph (never submitted to a capturing stream).
+    GraphLaunch(Arc<B::GraphExec>),
     /// Nothing; exists to carry a publish.
     Nop,
 }
@@ -243,6 +245,7 @@ impl<B: Backend> Op<'_, B> {
             },
             Op::Record(e) => Op::Record(e),
             Op::Wait(e) => Op::Wait(e),
+            Op::GraphLaunch(g) => Op::GraphLaunch(g),
             Op::Nop => Op::Nop,
         }
     }
@@ -258,6 +261,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Module: Send + Sync;
     /// A kernel.
     type Function: Send + Sync + std::fmt::Debug;
+    /// A graph captured from a stream.
+    type Graph: Send;
+    /// An executable graph, made from a captured one.
+    type GraphExec: Send + Sync + std::fmt::Debug;
 
     /// The device.
     fn info(&self) -> &DeviceInfo;
@@ -305,4 +312,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn event_create(&self) -> Result<Self::Event>;
     /// Milliseconds between the completions of the latest records of two events.
     fn event_elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
+    /// From now on, work submitted to `stream` is recorded into a graph, not run. The session
+    /// submits no event record or wait, no graph launch and nothing that publishes progress to
+    /// a capturing stream, and neither synchronises nor destroys it.
+    fn capture_begin(&self, stream: &Self::Stream) -> Result<()>;
+    /// Ends the capture of `stream` and returns what it recorded; the stream runs its work
+    /// again.
+    fn capture_end(&self, stream: &Self::Stream) -> Result<Self::Graph>;
+    /// An executable graph of `graph`, which it no longer needs: it keeps alive what its work
+    /// refers to.
+    fn graph_instantiate(&self, graph: &Self::Graph) -> Result<Self::GraphExec>;
 }

@@ -15,7 +15,7 @@ use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleTable};
 use mps_core::limits::check_geometry;
 use mps_core::protocol::{
-    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, Request, flags,
+    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, Opcode, Request, flags,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -26,6 +26,7 @@ use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
 use crate::backend::{Backend, ClientContext, Op, Publish};
 use crate::registry::{Registry, Stats};
 
+mod graphs;
 mod memory;
 mod modules;
 
@@ -77,6 +78,8 @@ pub(crate) struct Released {
     pub(crate) events: usize,
     pub(crate) modules: usize,
     pub(crate) host_buffers: usize,
+    /// Graphs and executable graphs.
+    pub(crate) graphs: usize,
 }
 
 /// One client's state and the rules its commands are checked against.
@@ -105,6 +108,8 @@ pub(crate) struct SessionCore<B: Backend> {
     mem_limit: Arc<AtomicU64>,
     /// `PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`.
     priority: Arc<AtomicU32>,
+    /// Capturing streams and the client's graphs.
+    graphs: graphs::Graphs<B>,
 }
 
 impl<B: Backend> SessionCore<B> {
@@ -140,6 +145,7 @@ impl<B: Backend> SessionCore<B> {
             functions: HandleTable::new(HandleKind::Function, limits.max_functions),
             host: HandleTable::new(HandleKind::HostBuffer, limits.max_host_buffers),
             host_bytes: 0,
+            graphs: graphs::Graphs::new(limits.max_graphs),
             pending_image: Vec::new(),
             allocations: AllocTable::default(),
             stats: Arc::default(),
@@ -199,6 +205,9 @@ impl<B: Backend> SessionCore<B> {
             }
             Err(err) => {
                 tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                if Opcode::from_u16(cmd.opcode).is_some_and(Opcode::is_stream_ordered) {
+                    self.capture_failed(cmd.stream, cmd.seq, &err);
+                }
                 self.publish_failed(cmd);
                 Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &err))
             }
@@ -209,7 +218,11 @@ impl<B: Backend> SessionCore<B> {
     /// order, so that the wait ends (and sees the error) without claiming that earlier work is
     /// done.
     fn publish_failed(&self, cmd: &Command) {
-        if cmd.flags & flags::MARK == 0 || self.ctx.faults.has_faulted() {
+        // A capturing stream records instead of running: nothing there can publish.
+        if cmd.flags & flags::MARK == 0
+            || self.ctx.faults.has_faulted()
+            || self.is_capturing(cmd.stream)
+        {
             return;
         }
         if let Ok(s) = self.streams.get(cmd.stream) {
@@ -236,6 +249,9 @@ impl<B: Backend> SessionCore<B> {
                 req.opcode(),
                 cmd.stream
             )));
+        }
+        if req.opcode().is_stream_ordered() {
+            self.check_capture(cmd, &req)?;
         }
         match req {
             Request::Launch {
@@ -313,7 +329,10 @@ impl<B: Backend> SessionCore<B> {
                 self.enqueue(cmd, Op::Wait(e))
             }
             Request::MemAlloc { size } => self.mem_alloc(size),
-            Request::MemFree { ptr } => self.mem_free(ptr),
+            Request::MemFree { ptr } => {
+                self.graphs.check_no_capture("free device memory")?;
+                self.mem_free(ptr)
+            }
             Request::MemGetInfo => {
                 let (free, total) = self.backend.mem_get_info();
                 let limit = self.mem_limit.load(Ordering::Relaxed);
@@ -358,7 +377,11 @@ impl<B: Backend> SessionCore<B> {
             }
             Request::SmInfo => Ok(Answer::Values(self.registry.sm_info(self.ctx.id)?)),
             Request::HostAlloc { size } => self.host_alloc(size),
-            Request::HostFree { handle } => self.host_free(handle),
+            Request::HostFree { handle } => {
+                self.graphs.check_no_capture("free a host buffer")?;
+                self.graphs.check_host_free(handle)?;
+                self.host_free(handle)
+            }
             Request::ModuleData {
                 staging_offset,
                 len,
@@ -391,6 +414,12 @@ impl<B: Backend> SessionCore<B> {
                 Ok(Answer::Values([h.0, slot as u64, 0, 0]))
             }
             Request::StreamDestroy { stream } => {
+                if self.is_capturing(stream) {
+                    return Err(Error::invalid_value(format!(
+                        "stream {stream:#x} is capturing a graph; end the capture before \
+                         destroying it"
+                    )));
+                }
                 let s = self.streams.remove(stream)?;
                 self.backend.stream_destroy(s.stream);
                 self.streams.give_back(s.slot);
@@ -412,6 +441,12 @@ impl<B: Backend> SessionCore<B> {
                 self.events.remove(event)?;
                 DONE
             }
+            Request::StreamBeginCapture { stream } => self.begin_capture(stream),
+            Request::StreamEndCapture { stream } => self.end_capture(stream),
+            Request::GraphInstantiate { graph } => self.instantiate(graph),
+            Request::GraphDestroy { graph } => self.graph_destroy(graph),
+            Request::GraphExecDestroy { exec } => self.graph_exec_destroy(exec),
+            Request::GraphLaunch { exec } => self.graph_launch(cmd, exec),
             Request::EventElapsed { start, end } => {
                 let s = self.events.get(start)?;
                 let e = self.events.get(end)?;
@@ -441,7 +476,8 @@ impl<B: Backend> SessionCore<B> {
 
     /// Releases everything the client held; call once it is closing (its queued work is then
     /// dropped rather than run).
-    pub(crate) fn release(self) -> Released {
+    pub(crate) fn release(mut self) -> Released {
+        let graphs = self.release_graphs();
         let SessionCore {
             backend,
             channel,
@@ -460,6 +496,7 @@ impl<B: Backend> SessionCore<B> {
             events: events.len(),
             modules: modules.len(),
             host_buffers: host.len(),
+            graphs,
             ..Released::default()
         };
         for s in streams.into_streams() {

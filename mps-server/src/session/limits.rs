@@ -27,6 +27,10 @@ pub struct Limits {
     pub max_module_bytes: u64,
     /// Kernel entries of one PTX module (reading each costs server memory).
     pub max_module_entries: usize,
+    /// Captured graphs, and executable graphs (each kind counted on its own).
+    pub max_graphs: usize,
+    /// Commands one capture may record (each a node of the graph, held by the server).
+    pub max_graph_commands: usize,
 }
 
 impl Default for Limits {
@@ -40,6 +44,8 @@ impl Default for Limits {
             max_host_bytes: 64 << 30,
             max_module_bytes: MAX_MODULE_BYTES,
             max_module_entries: 1 << 14,
+            max_graphs: 1024,
+            max_graph_commands: 1 << 16,
         }
     }
 }

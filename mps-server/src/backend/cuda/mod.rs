@@ -27,6 +27,7 @@
 mod context;
 mod device;
 pub mod driver;
+mod graph;
 mod health;
 mod host;
 mod objects;
@@ -47,6 +48,7 @@ use super::{Backend, ClientContext, DeviceInfo, HostBytes, Op, Publish};
 use crate::sm::Assignment;
 use context::Context;
 use driver::{check, check_on, released};
+pub use graph::{CudaGraph, CudaGraphExec};
 use health::LiveStreams;
 use host::Registrations;
 use objects::ModuleInner;
@@ -161,6 +163,8 @@ impl Backend for CudaBackend {
     type Event = CudaEvent;
     type Module = CudaModule;
     type Function = CudaFunction;
+    type Graph = CudaGraph;
+    type GraphExec = CudaGraphExec;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -295,8 +299,19 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.ctx.bind();
         self.ctx.alive()?;
-        self.follow_placement(stream)?;
+        let capturing = stream.capture.borrow().is_some();
+        if capturing && publish.is_some() {
+            return Err(mps_core::Error::internal(
+                "a progress mark reached a capturing stream",
+            ));
+        }
+        // A capturing stream cannot move to another partition; it follows after the capture.
+        if !capturing {
+            self.follow_placement(stream)?;
+        }
         let s = stream.raw.get();
+        // The graph must keep alive what its nodes refer to (kernels, host buffers).
+        let keep = capturing.then(|| op_keep(&op));
         match op {
             Op::Launch {
                 function,
@@ -408,7 +423,18 @@ impl Backend for CudaBackend {
                     format!("an event of client {}", stream.client)
                 }))?;
             }
+            Op::GraphLaunch(exec) => {
+                // SAFETY: a live executable graph (kept alive by `exec` until the call returns;
+                // the driver keeps it until the launch completes) and a live stream.
+                let r = unsafe { sys::cuGraphLaunch(exec.raw, s) };
+                self.ctx.check(check_on(r, "cuGraphLaunch", || {
+                    format!("a graph of client {}", stream.client)
+                }))?;
+            }
             Op::Nop => {}
+        }
+        if let (Some(keep), Some(captured)) = (keep, stream.capture.borrow_mut().as_mut()) {
+            captured.extend(keep);
         }
         if let Some(p) = publish {
             let dev = self.progress_address(stream, &p)?;
@@ -441,6 +467,18 @@ impl Backend for CudaBackend {
         // reused safely; the partition is released after the stream.
         self.retire(stream.raw.get());
         drop(stream);
+    }
+
+    fn capture_begin(&self, stream: &CudaStream) -> Result<()> {
+        self.begin_capture(stream)
+    }
+
+    fn capture_end(&self, stream: &CudaStream) -> Result<CudaGraph> {
+        self.end_capture(stream)
+    }
+
+    fn graph_instantiate(&self, graph: &CudaGraph) -> Result<CudaGraphExec> {
+        self.instantiate(graph)
     }
 
     fn event_create(&self) -> Result<CudaEvent> {
@@ -476,5 +514,40 @@ impl Backend for CudaBackend {
         }
         self.ctx.check(check(r, "cuEventElapsedTime"))?;
         Ok(ms)
+    }
+}
+
+/// What a captured command refers to that must outlive the graph: its kernel (and so its
+/// module) and its host pages. A launch's parameters are copied by the driver.
+fn op_keep(op: &Op<'_, CudaBackend>) -> Option<Op<'static, CudaBackend>> {
+    let shared = |h: &HostBytes| match h {
+        HostBytes::Shared {
+            segment,
+            offset,
+            len,
+        } => Some(HostBytes::Shared {
+            segment: segment.clone(),
+            offset: *offset,
+            len: *len,
+        }),
+        HostBytes::Owned(_) => None,
+    };
+    match op {
+        Op::Launch {
+            function,
+            grid,
+            block,
+            shared_mem,
+            ..
+        } => Some(Op::Launch {
+            function: function.clone(),
+            grid: *grid,
+            block: *block,
+            shared_mem: *shared_mem,
+            params: std::borrow::Cow::Borrowed(&[]),
+        }),
+        Op::CopyHtoD { dst, src } => shared(src).map(|src| Op::CopyHtoD { dst: *dst, src }),
+        Op::CopyDtoH { dst, src } => shared(dst).map(|dst| Op::CopyDtoH { dst, src: *src }),
+        _ => None,
     }
 }

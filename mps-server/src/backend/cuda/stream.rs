@@ -25,10 +25,12 @@ pub struct CudaStream {
     /// The placement generation `raw` was made for.
     seen: Cell<u64>,
     /// Keeps the green context alive while `raw` lives in it.
-    partition: RefCell<Option<Arc<Partition>>>,
+    pub(super) partition: RefCell<Option<Arc<Partition>>>,
     /// The host and device addresses of the progress word this stream's marked commands last
     /// published to (0, 0: none yet), so that a marked command looks nothing up.
     progress: Cell<(usize, u64)>,
+    /// While the stream captures: what the captured commands refer to (see `graph`).
+    pub(super) capture: RefCell<Option<Vec<crate::backend::Op<'static, CudaBackend>>>>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -58,6 +60,7 @@ impl CudaBackend {
             seen: Cell::new(seen),
             partition: RefCell::new(partition),
             progress: Cell::new((0, 0)),
+            capture: RefCell::new(None),
         })
     }
 

@@ -12,6 +12,7 @@
 mod kernels;
 pub mod memory;
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -223,6 +224,20 @@ struct Job {
 pub struct SimStream {
     jobs: mpsc::Sender<Job>,
     worker: JoinHandle<()>,
+    /// While the stream captures, the work submitted to it, in order.
+    capture: RefCell<Option<Vec<Op<'static, SimBackend>>>>,
+}
+
+/// A captured graph: the work its stream was given, to be replayed in order.
+#[derive(Debug)]
+pub struct SimGraph {
+    ops: Arc<Vec<Op<'static, SimBackend>>>,
+}
+
+/// An executable graph: the captured work, shared with the graph it was made from.
+#[derive(Debug)]
+pub struct SimGraphExec {
+    ops: Arc<Vec<Op<'static, SimBackend>>>,
 }
 
 impl SimStream {
@@ -264,13 +279,14 @@ impl Worker {
             }
             // A bug in a simulated kernel must cost the client its work, not the worker thread.
             let started = Instant::now();
-            let result =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job)))
-                    .unwrap_or_else(|_| {
-                        Err(Error::internal(
-                            "the simulator panicked while running this command",
-                        ))
-                    });
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.execute(&job.op, job.event_no)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::internal(
+                    "the simulator panicked while running this command",
+                ))
+            });
             // Waiting for another stream's event is not work of the device.
             if !matches!(job.op, Op::Wait(_)) {
                 let ns = started.elapsed().as_nanos() as u64;
@@ -300,8 +316,9 @@ impl Worker {
         self.memory.host_ptr(addr, len)
     }
 
-    fn execute(&self, job: &Job) -> Result<()> {
-        match &job.op {
+    /// Runs one unit of work; `event_no` is a record's number or the record a wait waits for.
+    fn execute(&self, op: &Op<'static, SimBackend>, event_no: u64) -> Result<()> {
+        match op {
             Op::Launch {
                 function,
                 grid,
@@ -375,8 +392,8 @@ impl Worker {
             }
             Op::Record(ev) => {
                 let mut st = ev.state();
-                if job.event_no > st.completed {
-                    st.completed = job.event_no;
+                if event_no > st.completed {
+                    st.completed = event_no;
                     st.at_ns = self.epoch.elapsed().as_nanos() as u64;
                 }
                 ev.changed.notify_all();
@@ -384,7 +401,7 @@ impl Worker {
             }
             Op::Wait(ev) => {
                 let mut st = ev.state();
-                while st.completed < job.event_no && !self.client.closing.load(Ordering::Relaxed) {
+                while st.completed < event_no && !self.client.closing.load(Ordering::Relaxed) {
                     st = ev
                         .changed
                         .wait_timeout(st, Duration::from_millis(10))
@@ -393,6 +410,9 @@ impl Worker {
                 }
                 Ok(())
             }
+            // A replay runs the captured work in order, each launch under the client's SM
+            // placement at the time it runs, as on its stream. Captures hold no event work.
+            Op::GraphLaunch(exec) => exec.ops.iter().try_for_each(|op| self.execute(op, 0)),
             Op::Nop => Ok(()),
         }
     }
@@ -403,6 +423,8 @@ impl Backend for SimBackend {
     type Event = SimEvent;
     type Module = SimModule;
     type Function = SimFunction;
+    type Graph = SimGraph;
+    type GraphExec = SimGraphExec;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -488,7 +510,11 @@ impl Backend for SimBackend {
                 )
             })?;
         self.context.watch(&client.faults);
-        Ok(SimStream { jobs: tx, worker })
+        Ok(SimStream {
+            jobs: tx,
+            worker,
+            capture: RefCell::new(None),
+        })
     }
 
     fn submit(
@@ -499,6 +525,16 @@ impl Backend for SimBackend {
         publish: Option<Publish>,
     ) -> Result<()> {
         self.context.alive()?;
+        if let Some(captured) = stream.capture.borrow_mut().as_mut() {
+            if publish.is_some() || matches!(op, Op::Record(_) | Op::Wait(_) | Op::GraphLaunch(_)) {
+                return Err(Error::internal(format!(
+                    "command {seq} reached a capturing simulator stream, which records only \
+                     copies, memsets and launches without progress marks"
+                )));
+            }
+            captured.push(op.into_owned());
+            return Ok(());
+        }
         let event_no = match &op {
             Op::Record(ev) => ev.queued.fetch_add(1, Ordering::AcqRel) + 1,
             Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
@@ -539,6 +575,30 @@ impl Backend for SimBackend {
         // client) and exit; waiting for it guarantees no work of the stream outlives it.
         drop(stream.jobs);
         let _ = stream.worker.join();
+    }
+
+    fn capture_begin(&self, stream: &SimStream) -> Result<()> {
+        let mut capture = stream.capture.borrow_mut();
+        if capture.is_some() {
+            return Err(Error::internal("the simulator stream is already capturing"));
+        }
+        *capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn capture_end(&self, stream: &SimStream) -> Result<SimGraph> {
+        let ops = stream
+            .capture
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| Error::internal("the simulator stream is not capturing"))?;
+        Ok(SimGraph { ops: Arc::new(ops) })
+    }
+
+    fn graph_instantiate(&self, graph: &SimGraph) -> Result<SimGraphExec> {
+        Ok(SimGraphExec {
+            ops: graph.ops.clone(),
+        })
     }
 
     fn event_create(&self) -> Result<SimEvent> {

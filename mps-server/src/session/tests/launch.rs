@@ -141,6 +141,7 @@ fn a_departing_client_leaves_nothing_behind() {
             events: 1,
             modules: 1,
             host_buffers: 1,
+            graphs: 0,
         }
     );
     let b = &server.backend;

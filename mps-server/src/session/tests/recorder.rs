@@ -14,6 +14,27 @@ pub(super) struct Recorder {
     pub(super) freed: AtomicU64,
     pub(super) registered: AtomicI64,
     pub(super) submitted: Mutex<Vec<Submitted>>,
+    /// Graphs and executable graphs not yet dropped.
+    pub(super) live_graphs: Arc<AtomicI64>,
+    /// Streams capturing.
+    pub(super) capturing: AtomicI64,
+}
+
+/// A graph or executable graph of the recorder, counted while it lives.
+#[derive(Debug)]
+pub(super) struct LiveGraph(Arc<AtomicI64>);
+
+impl LiveGraph {
+    fn new(count: &Arc<AtomicI64>) -> LiveGraph {
+        count.fetch_add(1, Ordering::Relaxed);
+        LiveGraph(count.clone())
+    }
+}
+
+impl Drop for LiveGraph {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, PartialEq)]
@@ -43,6 +64,8 @@ impl Recorder {
             freed: AtomicU64::new(0),
             registered: AtomicI64::new(0),
             submitted: Mutex::new(Vec::new()),
+            live_graphs: Arc::default(),
+            capturing: AtomicI64::new(0),
         }
     }
 
@@ -56,6 +79,8 @@ impl Backend for Recorder {
     type Event = ();
     type Module = ();
     type Function = String;
+    type Graph = LiveGraph;
+    type GraphExec = LiveGraph;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -127,6 +152,7 @@ impl Backend for Recorder {
             Op::Memset { .. } => (Opcode::Memset, None),
             Op::Record(_) => (Opcode::EventRecord, None),
             Op::Wait(_) => (Opcode::StreamWaitEvent, None),
+            Op::GraphLaunch(_) => (Opcode::GraphLaunch, None),
         };
         self.submitted.lock().unwrap().push(Submitted {
             stream: *stream,
@@ -152,5 +178,19 @@ impl Backend for Recorder {
 
     fn event_elapsed_ms(&self, _start: &(), _end: &()) -> Result<f32> {
         Ok(1.5)
+    }
+
+    fn capture_begin(&self, _stream: &u32) -> Result<()> {
+        self.capturing.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn capture_end(&self, _stream: &u32) -> Result<LiveGraph> {
+        self.capturing.fetch_sub(1, Ordering::Relaxed);
+        Ok(LiveGraph::new(&self.live_graphs))
+    }
+
+    fn graph_instantiate(&self, _graph: &LiveGraph) -> Result<LiveGraph> {
+        Ok(LiveGraph::new(&self.live_graphs))
     }
 }
