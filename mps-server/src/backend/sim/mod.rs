@@ -4,6 +4,7 @@
 //! in order, so different streams (of one client or of many) run concurrently; kernels are CPU
 //! implementations bound by PTX entry name (`kernels`); events carry completion timestamps.
 
+mod fatbin;
 mod kernels;
 pub mod memory;
 
@@ -324,9 +325,21 @@ impl Backend for SimBackend {
             ImageFormat::Ptx => Ok(SimModule {
                 entries: ptx::parse_entries(image)?,
             }),
+            // Its PTX parts' entries (a fatbin of cubins alone has none the simulator can run).
+            ImageFormat::Fatbin => {
+                let mut entries: Vec<ptx::Entry> = Vec::new();
+                for text in fatbin::ptx_parts(image)? {
+                    for e in ptx::parse_entries(text)? {
+                        if !entries.iter().any(|x| x.name == e.name) {
+                            entries.push(e);
+                        }
+                    }
+                }
+                Ok(SimModule { entries })
+            }
             other => Err(Error::new(
                 Status::Unsupported,
-                format!("the simulator loads PTX modules only, not a {other:?} image"),
+                format!("the simulator loads PTX and fatbins with PTX, not a {other:?} image"),
             )),
         }
     }
