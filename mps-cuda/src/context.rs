@@ -380,6 +380,21 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext
     })
 }
 
+/// The driver API version a context was made with: 3020 (CUDA 3.2's, the `_v2` ABI) for every
+/// context, the version NVIDIA's driver reports for contexts of the current API. cudart asks it
+/// when a thread first uses a context.
+///
+/// # Safety
+/// `version` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32) -> CUresult {
+    entry("cuCtxGetApiVersion", || {
+        given_or_current(ctx)?;
+        // SAFETY: the caller guarantees a non-null `version` is writable.
+        unsafe { put(version, 3020) }
+    })
+}
+
 /// # Safety
 /// `flags` must be NULL or writable.
 #[unsafe(no_mangle)]

@@ -72,6 +72,7 @@ abis! {
     "cuCtxGetDevice" 2000 cuCtxGetDevice;
     "cuCtxGetDevice" 13000 cuCtxGetDevice_v2;
     "cuCtxGetFlags" 7000 cuCtxGetFlags;
+    "cuCtxGetApiVersion" 3020 cuCtxGetApiVersion;
     "cuCtxSynchronize" 2000 cuCtxSynchronize;
     "cuCtxSynchronize" 13000 cuCtxSynchronize_v2;
     "cuMemAlloc" 3020 cuMemAlloc_v2;
