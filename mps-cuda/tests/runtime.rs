@@ -10,7 +10,7 @@
 //!
 //! The kernels are the simulator's (kernels/test_kernels.cu's names and bodies), compiled for
 //! sm_90 with their PTX kept and uncompressed (`--no-compress`), which is what the simulator
-//! runs. It has no kernel that takes a struct or many parameters, so none is tested here.
+//! runs.
 
 mod common;
 
@@ -154,6 +154,18 @@ fn pinned_memory_with_asynchronous_copies() {
 #[test]
 fn memset() {
     passes("memset", &[], &["bytes: ab 11 11 ab"]);
+}
+
+#[test]
+fn a_struct_parameter_and_many_parameters() {
+    passes(
+        "params",
+        &[],
+        &[
+            "struct: y[999] = 502.5",
+            "many parameters: sum 1103511637992",
+        ],
+    );
 }
 
 #[test]
