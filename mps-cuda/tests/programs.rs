@@ -133,6 +133,11 @@ fn proc_addresses_by_version_and_unsupported_functions_refused_once() {
 }
 
 #[test]
+fn the_export_tables_behave_as_the_runtime_expects() {
+    passes("export_tables", &[]);
+}
+
+#[test]
 fn a_kernel_fault_surfaces_at_the_next_synchronising_call() {
     passes("async_error", &[]);
 }
