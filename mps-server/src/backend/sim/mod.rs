@@ -175,7 +175,9 @@ impl Worker {
             }
             match result {
                 Ok(()) => {
-                    if let Some(p) = &job.publish {
+                    if let Some(p) = &job.publish
+                        && !matches!(job.op, Op::Record(_))
+                    {
                         p.publish();
                     }
                 }
@@ -272,6 +274,12 @@ impl Worker {
                 if job.event_no > st.completed {
                     st.completed = job.event_no;
                     st.at_ns = self.epoch.elapsed().as_nanos() as u64;
+                }
+                // The record's progress is published before any waiting stream goes on: a
+                // client that sees the waiting stream's later work done must find the event
+                // complete too, as CUDA guarantees.
+                if let Some(p) = &job.publish {
+                    p.publish();
                 }
                 ev.changed.notify_all();
                 Ok(())
