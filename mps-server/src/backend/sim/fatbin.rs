@@ -3,7 +3,7 @@
 //! A fatbin (what nvcc embeds in a program and cudart hands to `cuLibraryLoadData`) is a 16-byte
 //! header (magic `0xba55ed50`, u16 version, u16 header size, u64 size of the parts) and then its
 //! parts, each a header (u16 kind: 1 PTX, 2 ELF cubin; u16 version; u32 header size; u64
-//! payload size; ...; u64 flags at byte 48) and its payload. The simulator cannot run a cubin, so
+//! payload size; ...; u64 flags at byte 40) and its payload. The simulator cannot run a cubin, so
 //! only the PTX parts count. nvcc compresses parts unless built with `--no-compress`; such a
 //! part is refused, naming the flag.
 
@@ -54,7 +54,7 @@ pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<&[u8]>> {
         let kind = u16_at(image, at).ok_or_else(truncated)?;
         let part_header = u32_at(image, at + 4).ok_or_else(truncated)? as usize;
         let payload = u64_at(image, at + 8).ok_or_else(truncated)? as usize;
-        let flags = u64_at(image, at + 48).unwrap_or(0);
+        let flags = u64_at(image, at + 40).unwrap_or(0);
         let start = at.checked_add(part_header).ok_or_else(truncated)?;
         let stop = start
             .checked_add(payload)
@@ -87,7 +87,7 @@ mod tests {
         p[0..2].copy_from_slice(&kind.to_le_bytes());
         p[4..8].copy_from_slice(&64u32.to_le_bytes());
         p[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        p[48..56].copy_from_slice(&flags.to_le_bytes());
+        p[40..48].copy_from_slice(&flags.to_le_bytes());
         p.extend_from_slice(payload);
         p
     }
