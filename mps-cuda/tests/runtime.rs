@@ -9,8 +9,7 @@
 //! nothing.
 //!
 //! The kernels are the simulator's (kernels/test_kernels.cu's names and bodies), compiled for
-//! sm_90 with their PTX kept and uncompressed (`--no-compress`), which is what the simulator
-//! runs.
+//! sm_90 with their PTX kept (compressed, nvcc's default), which is what the simulator runs.
 
 mod common;
 
@@ -53,11 +52,7 @@ fn build(nv: &Nvcc, name: &str, cudart: Cudart) -> PathBuf {
     let mut cmd = Command::new(&nv.nvcc);
     cmd.arg("-L")
         .arg(&nv.cudart)
-        .args([
-            "--no-compress",
-            "-gencode",
-            "arch=compute_90,code=[compute_90,sm_90]",
-        ])
+        .args(["-gencode", "arch=compute_90,code=[compute_90,sm_90]"])
         .args([
             "-cudart",
             if matches!(cudart, Cudart::Shared) {

@@ -3,16 +3,21 @@
 //! A fatbin (what nvcc embeds in a program and cudart hands to `cuLibraryLoadData`) is a 16-byte
 //! header (magic `0xba55ed50`, u16 version, u16 header size, u64 size of the parts) and then its
 //! parts, each a header (u16 kind: 1 PTX, 2 ELF cubin; u16 version; u32 header size; u64
-//! payload size; ...; u64 flags at byte 40) and its payload. The simulator cannot run a cubin, so
-//! only the PTX parts count. nvcc compresses parts unless built with `--no-compress`; such a
-//! part is refused, naming the flag.
+//! payload size; u32 compressed size at byte 16; u64 flags at byte 40; u64 uncompressed size at
+//! byte 56) and its payload. The simulator cannot run a cubin, so only the PTX parts count. nvcc
+//! compresses parts unless built with `--no-compress`: with zstd since CUDA 12.8 (decompressed
+//! here), with LZ4 before (refused, naming the flag).
+
+use std::borrow::Cow;
+use std::io::Read;
 
 use mps_core::{Error, Result, Status};
 
 const MAGIC: u32 = 0xba55_ed50;
 const KIND_PTX: u16 = 1;
-/// Flag bits of a part whose payload is compressed (LZ4 in older toolkits, zstd in CUDA 13).
-const COMPRESSED: u64 = 0x2000 | 0x8000;
+/// Flag bits of a part whose payload is compressed.
+const LZ4: u64 = 0x2000;
+const ZSTD: u64 = 0x8000;
 
 fn read<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
     b.get(at..at.checked_add(N)?)?.try_into().ok()
@@ -38,7 +43,7 @@ fn truncated() -> Error {
 }
 
 /// The PTX texts of the fatbin `image`, in order (none if it holds only cubins).
-pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<&[u8]>> {
+pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<Cow<'_, [u8]>>> {
     if u32_at(image, 0) != Some(MAGIC) {
         return Err(Error::new(Status::InvalidImage, "not a fatbin (bad magic)"));
     }
@@ -64,18 +69,51 @@ pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<&[u8]>> {
             return Err(truncated());
         }
         if kind == KIND_PTX {
-            if flags & COMPRESSED != 0 {
+            let payload = &image[start..stop];
+            if flags & LZ4 != 0 {
                 return Err(Error::new(
                     Status::Unsupported,
-                    "the fatbin's PTX is compressed, which the simulator cannot read; \
+                    "the fatbin's PTX is LZ4-compressed, which the simulator cannot read; \
                      build the program with nvcc --no-compress",
                 ));
             }
-            parts.push(&image[start..stop]);
+            if flags & ZSTD != 0 {
+                let compressed = u32_at(image, at + 16).ok_or_else(truncated)? as usize;
+                let size = u64_at(image, at + 56).ok_or_else(truncated)?;
+                parts.push(Cow::Owned(unzstd(
+                    payload.get(..compressed).ok_or_else(truncated)?,
+                    size,
+                )?));
+            } else {
+                parts.push(Cow::Borrowed(payload));
+            }
         }
         at = stop;
     }
     Ok(parts)
+}
+
+/// The `size` bytes that the zstd frame `frame` decompresses to.
+fn unzstd(frame: &[u8], size: u64) -> Result<Vec<u8>> {
+    let bad = |e: String| {
+        Error::new(
+            Status::InvalidImage,
+            format!("the fatbin's compressed PTX does not decompress: {e}"),
+        )
+    };
+    let mut out = Vec::with_capacity(size.min(1 << 30) as usize);
+    ruzstd::decoding::StreamingDecoder::new(frame)
+        .map_err(|e| bad(e.to_string()))?
+        .take(size)
+        .read_to_end(&mut out)
+        .map_err(|e| bad(e.to_string()))?;
+    if out.len() as u64 != size {
+        return Err(bad(format!(
+            "{} bytes, not the {size} its header states",
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -110,9 +148,31 @@ mod tests {
         assert!(ptx_parts(&only_cubin).unwrap().is_empty());
     }
 
+    /// A zstd frame of "PTX" in one raw block (the format's simplest form): magic, frame
+    /// header (single segment, 1-byte content size), block header (last, raw, 3 bytes).
+    const ZSTD_PTX: &[u8] = b"\x28\xb5\x2f\xfd\x20\x03\x19\x00\x00PTX";
+
+    fn compressed(flags: u64, frame: &[u8], size: u64) -> Vec<u8> {
+        let mut p = part(1, flags, frame);
+        p[16..20].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        p[56..64].copy_from_slice(&size.to_le_bytes());
+        p
+    }
+
     #[test]
-    fn compressed_and_truncated_fatbins_are_refused() {
-        let f = fatbin(&[part(1, 0x8011, b"(\xb5/\xfd")]);
+    fn zstd_compressed_ptx_is_decompressed() {
+        let f = fatbin(&[compressed(0x8011, ZSTD_PTX, 3)]);
+        assert_eq!(ptx_parts(&f).unwrap(), [&b"PTX"[..]]);
+        let wrong_size = fatbin(&[compressed(0x8011, ZSTD_PTX, 4)]);
+        assert_eq!(
+            ptx_parts(&wrong_size).unwrap_err().status,
+            Status::InvalidImage
+        );
+    }
+
+    #[test]
+    fn lz4_and_truncated_fatbins_are_refused() {
+        let f = fatbin(&[compressed(0x2011, b"\x04\x22\x4d\x18", 3)]);
         let e = ptx_parts(&f).unwrap_err();
         assert!(e.message.contains("--no-compress"), "{}", e.message);
         let mut cut = fatbin(&[part(1, 0, b".version")]);

@@ -337,7 +337,7 @@ impl Backend for SimBackend {
             ImageFormat::Fatbin => {
                 let mut entries: Vec<ptx::Entry> = Vec::new();
                 for text in fatbin::ptx_parts(image)? {
-                    for e in ptx::parse_entries(text)? {
+                    for e in ptx::parse_entries(&text)? {
                         if !entries.iter().any(|x| x.name == e.name) {
                             entries.push(e);
                         }
