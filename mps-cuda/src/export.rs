@@ -109,7 +109,7 @@ static CUDART: Table<13> = Table([
     word!(load_compilers as unsafe extern "C" fn() -> CUresult),
 ]);
 
-/// [2]: the device's primary context, neither retained nor made active (NVIDIA's driver leaves
+/// Slot 2: the device's primary context, neither retained nor made active (NVIDIA's driver leaves
 /// its state as it was; the runtime retains it itself).
 unsafe extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("cudart interface: primary context", || {
@@ -120,10 +120,10 @@ unsafe extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUr
     })
 }
 
-/// [7]: takes one word and does nothing that a client of mps needs.
+/// Slot 7: takes one word and does nothing that a client of mps needs.
 unsafe extern "C" fn ignore_word(_: usize) {}
 
-/// [12]: loads the PTX compiler libraries in NVIDIA's driver; the server's driver has its own.
+/// Slot 12: loads the PTX compiler libraries in NVIDIA's driver; the server's driver has its own.
 unsafe extern "C" fn load_compilers() -> CUresult {
     CUresult::CUDA_SUCCESS
 }
@@ -187,7 +187,7 @@ static TLS: Table<3> = Table([
     word!(thread_context as unsafe extern "C" fn(*mut CUcontext) -> CUresult),
 ]);
 
-/// [2]: the calling thread's current context, NULL if none (cuBLASLt, once per matmul).
+/// Slot 2: the calling thread's current context, NULL if none (cuBLASLt, once per matmul).
 unsafe extern "C" fn thread_context(out: *mut CUcontext) -> CUresult {
     entry("tools TLS: thread context", || {
         // SAFETY: the caller passes a writable out-pointer (NULL is refused by `put`).
@@ -267,7 +267,8 @@ unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
     })
 }
 
-/// A missing key is `CUDA_ERROR_INVALID_HANDLE`, `*value` left as it was (NVIDIA's driver, measured).
+/// A missing key is `CUDA_ERROR_INVALID_HANDLE`, `*value` left as it was (as NVIDIA's driver
+/// does, measured).
 unsafe extern "C" fn cls_get(
     value: *mut *mut c_void,
     ctx: CUcontext,
@@ -330,7 +331,7 @@ static CHECKS: Table<15> = Table([
     stub!(4, 14),
 ]);
 
-/// [2]: whether a context wraps another (in NVIDIA's driver only some interop contexts do):
+/// Slot 2: whether a context wraps another (in NVIDIA's driver only some interop contexts do):
 /// never here, so `*wrapped = 0` and `*inner` is left alone, as the driver does for ordinary
 /// contexts (measured).
 unsafe extern "C" fn context_wrapped(
@@ -344,7 +345,7 @@ unsafe extern "C" fn context_wrapped(
     })
 }
 
-/// [3]: 0, what NVIDIA's driver returns (measured); called once per runtime at start.
+/// Slot 3: 0, what NVIDIA's driver returns (measured); called once per runtime at start.
 unsafe extern "C" fn no_flags() -> u32 {
     0
 }
@@ -357,7 +358,7 @@ static INTEGRITY: Table<3> = Table([
     stub!(5, 2),
 ]);
 
-/// [1]: the digest the runtime compares with its own computation of it (see `digest`).
+/// Slot 1: the digest the runtime compares with its own computation of it (see `digest`).
 unsafe extern "C" fn integrity_check(
     version: u32,
     unix_seconds: u64,
@@ -607,7 +608,7 @@ static TOOLS_CTX: Table<93> = Table([
     stub!(6, 92),
 ]);
 
-/// [4]: the context's unique ID, as `cuCtxGetId` would report it (its handle here, unique for
+/// Slot 4: the context's unique ID, as `cuCtxGetId` would report it (its handle here, unique for
 /// the life of the process); a NULL context has ID 0, not the current one's (measured).
 unsafe extern "C" fn context_id(ctx: CUcontext, id: *mut u64) -> CUresult {
     entry("tools context: id", || {
