@@ -55,3 +55,27 @@ extern "C" __global__ void fault_write(uint64_t addr) {
         *(volatile uint32_t *)addr = 0xdeadbeefu;
     }
 }
+
+struct Affine {
+    float scale;
+    float shift;
+    uint64_t n;
+};
+
+// y = a.scale * x + a.shift: the parameters in a struct passed by value.
+extern "C" __global__ void affine_f32(struct Affine a, const float *x, float *y) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < a.n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        y[i] = a.scale * x[i] + a.shift;
+    }
+}
+
+// *out = the sum of the other twelve parameters, of every size and alignment, so that the
+// packing of a long parameter list is checked.
+extern "C" __global__ void sum_params(uint64_t *out, uint8_t a, uint16_t b, uint32_t c, uint64_t d,
+                                      float e, double f, uint8_t g, uint16_t h, uint32_t i,
+                                      uint64_t j, uint8_t k, float l) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *out = a + b + c + d + (uint64_t)e + (uint64_t)f + g + h + i + j + k + (uint64_t)l;
+    }
+}

@@ -80,6 +80,12 @@ pub(crate) fn context(handle: usize) -> Res<Arc<Context>> {
     Ok(ctx)
 }
 
+/// The handle of the calling thread's current context, if it has one (not checked for being
+/// active).
+pub(crate) fn current_handle() -> Option<usize> {
+    STACK.with(|s| s.borrow().last().copied())
+}
+
 /// The calling thread's current context.
 pub(crate) fn current() -> Res<Arc<Context>> {
     let top = STACK.with(|s| s.borrow().last().copied());
@@ -87,7 +93,7 @@ pub(crate) fn current() -> Res<Arc<Context>> {
 }
 
 /// `ctx`, or the current context where it is NULL.
-fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
+pub(crate) fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
     if ctx.is_null() {
         current()
     } else {
@@ -95,7 +101,7 @@ fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
     }
 }
 
-fn device_zero(dev: CUdevice) -> Res<()> {
+pub(crate) fn device_zero(dev: CUdevice) -> Res<()> {
     driver()?;
     if dev == 0 {
         Ok(())
@@ -107,6 +113,8 @@ fn device_zero(dev: CUdevice) -> Res<()> {
 /// Frees everything context `ctx` owns, after its work is done; the first failure is returned
 /// once everything has been tried.
 fn release_resources(ctx: &Context) -> Res<()> {
+    // The runtime's per-context state goes first, while the context still works.
+    crate::export::drop_context_storage(ctx.handle);
     let d = driver()?;
     let mut first = d.conn.synchronize();
     let mut keep = |r: Res<()>| {
@@ -277,7 +285,9 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     })
 }
 
-/// Replaces the top of the calling thread's stack (NULL pops it).
+/// Replaces the top of the calling thread's stack (NULL pops it). The primary context may be
+/// made current before it is retained, as NVIDIA's driver allows and cudart does (it takes the
+/// handle from its interface table, sets it, then retains it).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     entry("cuCtxSetCurrent", || {
@@ -286,7 +296,12 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             STACK.with(|s| s.borrow_mut().pop());
             return Ok(());
         }
-        let c = context(handle_of(ctx))?;
+        let d = driver()?;
+        let c = if handle_of(ctx) == d.primary.handle {
+            d.primary.clone()
+        } else {
+            context(handle_of(ctx))?
+        };
         STACK.with(|s| {
             let mut s = s.borrow_mut();
             s.pop();
@@ -362,6 +377,21 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext
         given_or_current(ctx)?;
         // SAFETY: the caller guarantees a non-null `device` is writable.
         unsafe { put(device, 0) }
+    })
+}
+
+/// The driver API version a context was made with: 3020 (CUDA 3.2's, the `_v2` ABI) for every
+/// context, the version NVIDIA's driver reports for contexts of the current API. cudart asks it
+/// when a thread first uses a context.
+///
+/// # Safety
+/// `version` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32) -> CUresult {
+    entry("cuCtxGetApiVersion", || {
+        given_or_current(ctx)?;
+        // SAFETY: the caller guarantees a non-null `version` is writable.
+        unsafe { put(version, 3020) }
     })
 }
 

@@ -1,11 +1,13 @@
 //! `cuInit` and the device: answered in the library from what the server reported when this
 //! process connected (name, memory, SMs, compute capability), never by asking it again.
 //!
-//! Device attributes come from four sources, and only these (docs/TRANSPARENT.md lists them):
-//! the server's report; CUDA's limits that hold for every compute capability CUDA 13 supports;
-//! CUDA's per-compute-capability table, for the capabilities listed in `PER_CC`; and what mps
-//! itself offers (no managed memory, say). Any other attribute is one the server does not
-//! report: it returns `CUDA_ERROR_NOT_SUPPORTED` (and says so once) rather than a guess.
+//! Device attributes come from four sources (docs/TRANSPARENT.md lists them): the server's
+//! report; CUDA's limits that hold for every compute capability CUDA 13 supports; CUDA's
+//! per-compute-capability table, for the capabilities listed in `PER_CC`; and what mps itself
+//! offers (no managed memory, say). Any other attribute is a fact of the GPU that the server does
+//! not report (clock rates, PCI location, ...): it is answered 0, "not known", because cudart
+//! reads every attribute at start (to fill `cudaDeviceProp`) and stops if one fails; with
+//! `MPS_CUDA_LOG` set the library says once which ones it answered so.
 
 use std::ffi::c_char;
 
@@ -34,7 +36,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut i32) -> CUresult {
     })
 }
 
-fn device(dev: CUdevice) -> Res<&'static Device> {
+pub(crate) fn device(dev: CUdevice) -> Res<&'static Device> {
     let d = driver()?;
     if dev != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
@@ -85,7 +87,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdev
 
 /// The device's UUID as mps knows it: the server does not report the GPU's own, so this is a
 /// name-based UUID (version 8) of the server's device description, stable for one device.
-fn uuid(d: &Device) -> [u8; 16] {
+pub(crate) fn uuid(d: &Device) -> [u8; 16] {
     // FNV-1a, twice with different offsets, over the description.
     let text = format!(
         "{}|{}|{}|{}.{}",
@@ -204,6 +206,9 @@ const MPS: &[(A, i32)] = &[
         0,
     ),
     (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 0),
+    // Device and host addresses never overlap (64-bit CUDA has unified addressing throughout);
+    // cudart picks its copy paths by it.
+    (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1),
 ];
 
 /// The value of attribute `attrib`, or why there is none.
@@ -229,14 +234,14 @@ pub(crate) fn attribute(d: &Device, attrib: i32) -> Res<i32> {
     if attrib <= 0 || attrib >= A::CU_DEVICE_ATTRIBUTE_MAX as i32 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    log::once(&format!("attribute {attrib}"), || {
+    log::detail_once(&format!("attribute {attrib}"), || {
         format!(
             "cuDeviceGetAttribute: attribute {attrib} of {} is not reported by the mps server; \
-             returning CUDA_ERROR_NOT_SUPPORTED",
+             answering 0 (not known)",
             d.name
         )
     });
-    Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    Ok(0)
 }
 
 /// # Safety
@@ -278,10 +283,7 @@ mod tests {
             get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             Ok(232_448)
         );
-        assert_eq!(
-            get(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
-            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-        );
+        assert_eq!(get(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE), Ok(0));
         assert_eq!(attribute(&d, 0), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
         assert_eq!(
             attribute(&d, 100_000),
@@ -297,7 +299,7 @@ mod tests {
                 &other,
                 A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR as i32
             ),
-            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+            Ok(0)
         );
     }
 

@@ -82,7 +82,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<()>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUresult::CUDA_SUCCESS,
-        Ok(Err(e)) => e,
+        Ok(Err(e)) => {
+            log::detail_once(&format!("{name} {e:?}"), || format!("{name}: {e:?}"));
+            e
+        }
         Err(_) => {
             log::always(&format!(
                 "{name}: internal error (panic); returning CUDA_ERROR_UNKNOWN"

@@ -18,6 +18,7 @@ pub mod context;
 pub mod device;
 mod driver;
 mod errors;
+pub mod export;
 mod handles;
 mod image;
 mod log;

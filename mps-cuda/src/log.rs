@@ -29,6 +29,13 @@ pub(crate) fn failure(message: &str) {
     }
 }
 
+/// Says `message` once per `key`, when asked to (`MPS_CUDA_LOG`).
+pub(crate) fn detail_once(key: &str, message: impl FnOnce() -> String) {
+    if verbose() {
+        once(key, message);
+    }
+}
+
 /// Says something that always matters (the server cannot be reached, say).
 pub(crate) fn always(message: &str) {
     eprintln!("mps-cuda: {message}");

@@ -1,5 +1,5 @@
 //! `cuGetProcAddress`: the driver functions by (name, CUDA version, flags), as cudart and other
-//! libraries obtain them; `cuGetExportTable`; the error strings.
+//! libraries obtain them; the error strings.
 //!
 //! A name's version picks its ABI: `cuMemAlloc` asked for at 3.2 or later is `cuMemAlloc_v2`
 //! (64-bit sizes); asked for earlier it would be the 32-bit `cuMemAlloc`, which this library
@@ -11,17 +11,16 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 
-use crate::abi::{
-    CUdriverProcAddressQueryResult, CUresult, CUuuid, PROC_PER_THREAD_DEFAULT_STREAM,
-};
+use crate::abi::{CUdriverProcAddressQueryResult, CUresult, PROC_PER_THREAD_DEFAULT_STREAM};
 use crate::context::*;
 use crate::device::*;
 use crate::driver::{check, entry, put};
+use crate::errors;
+use crate::export::cuGetExportTable;
 use crate::memory::*;
 use crate::module::*;
 use crate::stream::*;
 use crate::unsupported::STUBS;
-use crate::{errors, log};
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
 /// per-thread-default-stream variant if it has one. Addresses, so the table can be shared.
@@ -73,6 +72,7 @@ abis! {
     "cuCtxGetDevice" 2000 cuCtxGetDevice;
     "cuCtxGetDevice" 13000 cuCtxGetDevice_v2;
     "cuCtxGetFlags" 7000 cuCtxGetFlags;
+    "cuCtxGetApiVersion" 3020 cuCtxGetApiVersion;
     "cuCtxSynchronize" 2000 cuCtxSynchronize;
     "cuCtxSynchronize" 13000 cuCtxSynchronize_v2;
     "cuMemAlloc" 3020 cuMemAlloc_v2;
@@ -220,36 +220,6 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ) -> CUresult {
     entry("cuGetProcAddress_v2", || {
         get_proc_address(symbol, pfn, version, flags, status)
-    })
-}
-
-/// The undocumented tables the runtime asks for are not provided yet: refused, and the table
-/// named once (docs/TRANSPARENT.md says what each is known to be used for).
-///
-/// # Safety
-/// `table` must be NULL or writable; `id` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetExportTable(
-    table: *mut *const c_void,
-    id: *const CUuuid,
-) -> CUresult {
-    entry("cuGetExportTable", || {
-        check(!table.is_null() && !id.is_null())?;
-        // SAFETY: both checked non-null; the caller guarantees they are valid.
-        let uuid: String = unsafe {
-            table.write(std::ptr::null());
-            (*id)
-                .bytes
-                .iter()
-                .map(|b| format!("{:02x}", *b as u8))
-                .collect()
-        };
-        log::once(&format!("export table {uuid}"), || {
-            format!(
-                "cuGetExportTable({uuid}) is not supported through mps; returning CUDA_ERROR_NOT_SUPPORTED"
-            )
-        });
-        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
     })
 }
 

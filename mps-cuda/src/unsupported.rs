@@ -44,7 +44,6 @@ unsupported! {
     cuCtxDetach
     cuCtxDisablePeerAccess
     cuCtxEnablePeerAccess
-    cuCtxGetApiVersion
     cuCtxGetCacheConfig
     cuCtxGetLimit
     cuCtxGetSharedMemConfig

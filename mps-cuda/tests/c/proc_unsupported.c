@@ -56,9 +56,18 @@ int main(void) {
     EXPECT(cuGraphCreate(&graph, 0), CUDA_ERROR_NOT_SUPPORTED);
     CHECK(get_proc("cuGraphCreate", &fn, 10000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
     ASSERT(fn == dlsym(lib, "cuGraphCreate"), "cuGraphCreate is not its stub");
-    const void *table = (const void *)1;
+    /* The runtime's interface table is served (its first word is its size in bytes, as in
+       NVIDIA's driver, and its address is the same every time); cuBLASLt's unnamed 1734dc26
+       table is not. */
+    const void *table = NULL, *again = NULL;
     CUuuid id;
     memcpy(id.bytes, "\x6b\xd5\xfb\x6c\x5b\xf4\xe7\x4a\x89\x87\xd9\x39\x12\xfd\x9d\xf9", 16);
+    CHECK(cuGetExportTable(&table, &id));
+    CHECK(cuGetExportTable(&again, &id));
+    ASSERT(table && *(const size_t *)table == 104 && again == table, "cudart interface table %p",
+           table);
+    memcpy(id.bytes, "\x17\x34\xdc\x26\x80\x0d\x47\x45\x87\x26\xc0\xf1\xe7\xdd\x8b\xca", 16);
+    table = (const void *)1;
     EXPECT(cuGetExportTable(&table, &id), CUDA_ERROR_NOT_SUPPORTED);
     ASSERT(table == NULL, "a refused export table is not NULL");
 

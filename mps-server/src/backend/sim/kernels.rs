@@ -72,6 +72,10 @@ impl KernelEnv<'_> {
     fn f32(&self, i: usize) -> f32 {
         f32::from_le_bytes(self.arg(i))
     }
+
+    fn f64(&self, i: usize) -> f64 {
+        f64::from_le_bytes(self.arg(i))
+    }
 }
 
 /// A built-in kernel: its name, the sizes of its parameters, and its body.
@@ -106,6 +110,16 @@ const BUILTINS: &[Builtin] = &[
         name: "fault_write",
         sizes: &[8],
         run: fault_write,
+    },
+    Builtin {
+        name: "affine_f32",
+        sizes: &[16, 8, 8],
+        run: affine_f32,
+    },
+    Builtin {
+        name: "sum_params",
+        sizes: &[8, 1, 2, 4, 8, 4, 8, 1, 2, 4, 8, 1, 4],
+        run: sum_params,
     },
 ];
 
@@ -217,5 +231,53 @@ fn fault_write(k: &KernelEnv<'_>) -> Result<()> {
     let dst = k.range(k.u64(0), 4, "argument addr")?;
     // SAFETY: 4 bytes at dst lie in device memory.
     unsafe { (dst as *mut u32).write_unaligned(0xdead_beef) };
+    Ok(())
+}
+
+/// `struct Affine { float scale; float shift; uint64_t n; }` by value, then x and y.
+fn affine_f32(k: &KernelEnv<'_>) -> Result<()> {
+    let a: [u8; 16] = k.arg(0);
+    let word = |at: usize| a[at..at + 4].try_into().expect("4 bytes");
+    let scale = f32::from_le_bytes(word(0));
+    let shift = f32::from_le_bytes(word(4));
+    let n = u64::from_le_bytes(a[8..16].try_into().expect("8 bytes"));
+    if n == 0 {
+        return Ok(());
+    }
+    let x = k.elems(k.u64(1), n, 4, "argument x")? as *const f32;
+    let y = k.elems(k.u64(2), n, 4, "argument y")? as *mut f32;
+    for i in 0..n as usize {
+        // SAFETY: both ranges of n floats were checked to lie in device memory.
+        unsafe {
+            y.add(i)
+                .write_unaligned(scale * x.add(i).read_unaligned() + shift)
+        };
+    }
+    Ok(())
+}
+
+/// `*out` = the sum of the twelve parameters after it (floats truncated, as the CUDA kernel's
+/// casts do).
+fn sum_params(k: &KernelEnv<'_>) -> Result<()> {
+    let u8_at = |i| u8::from_le_bytes(k.arg(i)) as u64;
+    let u16_at = |i| u16::from_le_bytes(k.arg(i)) as u64;
+    let terms = [
+        u8_at(1),
+        u16_at(2),
+        k.u32(3) as u64,
+        k.u64(4),
+        k.f32(5) as u64,
+        k.f64(6) as u64,
+        u8_at(7),
+        u16_at(8),
+        k.u32(9) as u64,
+        k.u64(10),
+        u8_at(11),
+        k.f32(12) as u64,
+    ];
+    let sum = terms.iter().fold(0u64, |s, t| s.wrapping_add(*t));
+    let out = k.range(k.u64(0), 8, "argument out")?;
+    // SAFETY: 8 bytes at out lie in device memory.
+    unsafe { (out as *mut u64).write_unaligned(sum) };
     Ok(())
 }

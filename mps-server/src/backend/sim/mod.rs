@@ -9,6 +9,7 @@
 //! told, and every later call fails, as on a GPU (whose kernel fault ends the context of the
 //! process); this is what lets the server's recovery be tested without one.
 
+mod fatbin;
 mod kernels;
 pub mod memory;
 
@@ -280,7 +281,7 @@ impl Worker {
             // A bug in a simulated kernel must cost the client its work, not the worker thread.
             let started = Instant::now();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.execute(&job.op, job.event_no)
+                self.execute(&job.op, job.event_no, job.publish.as_ref())
             }))
             .unwrap_or_else(|_| {
                 Err(Error::internal(
@@ -294,7 +295,9 @@ impl Worker {
             }
             match result {
                 Ok(()) => {
-                    if let Some(p) = &job.publish {
+                    if let Some(p) = &job.publish
+                        && !matches!(job.op, Op::Record(_))
+                    {
                         p.publish();
                     }
                 }
@@ -316,8 +319,14 @@ impl Worker {
         self.memory.host_ptr(addr, len)
     }
 
-    /// Runs one unit of work; `event_no` is a record's number or the record a wait waits for.
-    fn execute(&self, op: &Op<'static, SimBackend>, event_no: u64) -> Result<()> {
+    /// Runs one unit of work; `event_no` is a record's number or the record a wait waits for,
+    /// and a record publishes its stream progress (`publish`) before it wakes waiting streams.
+    fn execute(
+        &self,
+        op: &Op<'static, SimBackend>,
+        event_no: u64,
+        publish: Option<&Publish>,
+    ) -> Result<()> {
         match op {
             Op::Launch {
                 function,
@@ -396,6 +405,12 @@ impl Worker {
                     st.completed = event_no;
                     st.at_ns = self.epoch.elapsed().as_nanos() as u64;
                 }
+                // The record's progress is published before any waiting stream goes on: a
+                // client that sees the waiting stream's later work done must find the event
+                // complete too, as CUDA guarantees.
+                if let Some(p) = publish {
+                    p.publish();
+                }
                 ev.changed.notify_all();
                 Ok(())
             }
@@ -412,7 +427,7 @@ impl Worker {
             }
             // A replay runs the captured work in order, each launch under the client's SM
             // placement at the time it runs, as on its stream. Captures hold no event work.
-            Op::GraphLaunch(exec) => exec.ops.iter().try_for_each(|op| self.execute(op, 0)),
+            Op::GraphLaunch(exec) => exec.ops.iter().try_for_each(|op| self.execute(op, 0, None)),
             Op::Nop => Ok(()),
         }
     }
@@ -455,9 +470,21 @@ impl Backend for SimBackend {
             ImageFormat::Ptx => Ok(SimModule {
                 entries: ptx::parse_entries(image)?,
             }),
+            // Its PTX parts' entries (a fatbin of cubins alone has none the simulator can run).
+            ImageFormat::Fatbin => {
+                let mut entries: Vec<ptx::Entry> = Vec::new();
+                for text in fatbin::ptx_parts(image)? {
+                    for e in ptx::parse_entries(&text)? {
+                        if !entries.iter().any(|x| x.name == e.name) {
+                            entries.push(e);
+                        }
+                    }
+                }
+                Ok(SimModule { entries })
+            }
             other => Err(Error::new(
                 Status::Unsupported,
-                format!("the simulator loads PTX modules only, not a {other:?} image"),
+                format!("the simulator loads PTX and fatbins with PTX, not a {other:?} image"),
             )),
         }
     }
