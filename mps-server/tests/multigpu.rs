@@ -39,7 +39,10 @@ impl Daemon {
         let d = Daemon::spawn(extra);
         let count = Client::device_count(Some(&d.dir)).unwrap();
         if count < 2 {
-            println!("{test}: SKIPPED: it needs two devices, the daemon serves {count}");
+            skip(
+                test,
+                &format!("it needs two devices, the daemon serves {count}"),
+            );
             return None;
         }
         Some(d)
@@ -474,8 +477,9 @@ fn a_standalone_server_serves_its_own_device_only() {
     if on_gpu() {
         let n = mps_server::backend::cuda::driver::device_count().unwrap();
         if n < 2 {
-            println!(
-                "a_standalone_server_serves_its_own_device_only: SKIPPED: it needs two GPUs, the driver sees {n}"
+            skip(
+                "a_standalone_server_serves_its_own_device_only",
+                &format!("it needs two GPUs, the driver sees {n}"),
             );
             return;
         }
