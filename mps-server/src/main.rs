@@ -12,7 +12,7 @@ use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
 use mps_server::intake::{DEFAULT_LIMITS, Limits};
-use mps_server::process::{STOP, install_signal_handlers};
+use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
 use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
 
@@ -229,21 +229,10 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
 /// file is opened without following a link, must be this user's, and is kept at mode 0600:
 /// the log names every client's pid and uid.
 fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
-    use tracing_subscriber::prelude::*;
     let opened =
         trust::private_dir(dir, 0o700).map_err(|e| format!("the log directory: {}", e.message))?;
     let file = trust::open_private_file(&opened, dir, name, 0o600).map_err(|e| e.message)?;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MPS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file)),
-        )
-        .init();
+    init_logging_to(file);
     Ok(())
 }
 

@@ -1,7 +1,6 @@
 //! What both binaries (`mps-server`, `mps-control`) set up the same way: logging to stderr and a
 //! file, the stop flag that SIGINT and SIGTERM raise, and directories from the environment.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::prelude::*;
@@ -29,20 +28,6 @@ pub fn install_signal_handlers() -> Result<(), String> {
     }
     // SAFETY: ignoring a signal installs no handler code.
     unsafe { sigaction(Signal::SIGPIPE, &ignore) }.map_err(|e| format!("sigaction: {e}"))?;
-    Ok(())
-}
-
-/// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info).
-pub fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create log directory {}: {e}", dir.display()))?;
-    let path = dir.join(name);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    init_logging_to(file);
     Ok(())
 }
 
