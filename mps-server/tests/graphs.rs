@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -192,45 +191,11 @@ fn what_a_capture_cannot_hold_is_refused_and_the_stream_recovers() {
     c.mem_free(p).unwrap();
 }
 
-/// Builds libmpsclient.so and lays it out as an installation does (`libmpsclient.so.0` and the
-/// `libmpsclient.so` link); returns that directory. (As in tests/programs.rs.)
-fn library_dir() -> &'static Path {
-    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "mps-client-c", "--lib"]);
-        if target_dir().ends_with("release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.current_dir(root()).status().expect("run cargo");
-        assert!(status.success(), "building libmpsclient failed");
-        let built = target_dir().join("libmpsclient.so");
-        let dir = temp_dir("graph-lib");
-        std::fs::copy(&built, dir.join("libmpsclient.so.0")).unwrap();
-        std::os::unix::fs::symlink("libmpsclient.so.0", dir.join("libmpsclient.so")).unwrap();
-        dir
-    })
-}
-
 /// Compiles `source` with `-Wall -Wextra -Werror`, runs it against a fresh server and returns
 /// its output.
 fn build_and_run(compiler: &str, std: &str, source: &str, name: &str) -> String {
-    let lib_dir = library_dir();
     let exe = temp_dir(name).join(name);
-    let status = Command::new(compiler)
-        .args([std, "-Wall", "-Wextra", "-Werror", "-O1"])
-        .arg("-I")
-        .arg(root().join("include"))
-        .arg(root().join(source))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(lib_dir)
-        .arg("-lmpsclient")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run the compiler {compiler:?}: {e}"));
-    assert!(status.success(), "compiling {source} failed");
+    build_with(compiler, std, &root().join(source), &exe);
     let server = TestServer::start();
     let out = Command::new(&exe)
         .arg(root().join("kernels/test_kernels.ptx"))

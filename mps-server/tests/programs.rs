@@ -11,60 +11,6 @@ use std::process::Command;
 
 use common::*;
 
-/// The directory of prebuilt libraries and programs, if the tests are to use those.
-fn prebuilt() -> Option<std::path::PathBuf> {
-    std::env::var_os("MPS_PREBUILT_DIR").map(std::path::PathBuf::from)
-}
-
-/// Builds libmpsclient.so (cargo builds a dependency's cdylib only when the package itself is
-/// being built, so `cargo test -p mps-server` alone would otherwise link a stale one), or takes
-/// the prebuilt one, and lays it out as an installation does: `libmpsclient.so.0` (its soname)
-/// and the `libmpsclient.so` link the linker looks for. Returns that directory.
-fn library_dir() -> &'static Path {
-    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let built = prebuilt().map_or_else(build_library, |d| d.join("libmpsclient.so"));
-        assert!(built.exists(), "{} not found", built.display());
-        let dir = temp_dir("lib");
-        std::fs::copy(&built, dir.join("libmpsclient.so.0")).unwrap();
-        std::os::unix::fs::symlink("libmpsclient.so.0", dir.join("libmpsclient.so")).unwrap();
-        dir
-    })
-}
-
-/// Builds libmpsclient.so with cargo; returns its path.
-fn build_library() -> std::path::PathBuf {
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "mps-client-c", "--lib"]);
-    if target_dir().ends_with("release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.current_dir(root()).status().expect("run cargo");
-    assert!(status.success(), "building libmpsclient failed");
-    target_dir().join("libmpsclient.so")
-}
-
-/// Compiles `source` into `out` with `compiler` and `std` (C or C++), linking libmpsclient from
-/// this build.
-fn build_with(compiler: &str, std: &str, source: &Path, out: &Path) {
-    let lib_dir = library_dir();
-    let cc = compiler;
-    let status = Command::new(cc)
-        .args([std, "-Wall", "-Wextra", "-Werror", "-O1"])
-        .arg("-I")
-        .arg(root().join("include"))
-        .arg(source)
-        .arg("-o")
-        .arg(out)
-        .arg("-L")
-        .arg(lib_dir)
-        .arg("-lmpsclient")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
-    assert!(status.success(), "compiling {} failed", source.display());
-}
-
 fn build_c(source: &Path, out: &Path) {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     build_with(&cc, "-std=c11", source, out);

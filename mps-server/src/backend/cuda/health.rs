@@ -5,8 +5,9 @@
 //! (clients waiting on GPU-written progress would otherwise wait forever).
 //!
 //! Busy time is sampled, not measured: every few milliseconds the thread asks each client stream
-//! whether it has work pending, and credits the interval to the clients whose streams do.
-//! (Timing every command with events would cost two driver calls per launch.)
+//! that was given work since it was last seen idle whether it has work pending, and credits the
+//! interval to the clients whose streams do. (Timing every command with events would cost two
+//! driver calls per launch.) An idle stream is not asked, so idle clients cost nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +28,10 @@ const POLL: Duration = Duration::from_millis(2);
 struct Live {
     raw: CUstream,
     busy: Arc<AtomicU64>,
+    /// Submissions to the stream so far (raised by the backend on each).
+    submitted: Arc<AtomicU64>,
+    /// `submitted` as it was when a query last found the stream idle.
+    idle_at: u64,
 }
 
 /// Every client stream, for busy-time sampling. A stream leaves the list before it is
@@ -44,11 +49,14 @@ impl LiveStreams {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Samples `raw` from now on, crediting `busy`.
-    pub(super) fn add(&self, raw: CUstream, busy: &Arc<AtomicU64>) {
+    /// Samples `raw` from now on, crediting `busy`, whenever `submitted` has risen since the
+    /// stream was last seen idle.
+    pub(super) fn add(&self, raw: CUstream, busy: &Arc<AtomicU64>, submitted: &Arc<AtomicU64>) {
         self.lock().push(Live {
             raw,
             busy: busy.clone(),
+            submitted: submitted.clone(),
+            idle_at: submitted.load(Ordering::Acquire),
         });
     }
 
@@ -59,12 +67,20 @@ impl LiveStreams {
 
     /// Credits `interval` to every client with work pending on one of its streams.
     fn sample(&self, interval: Duration) {
-        let live = self.lock();
+        let mut live = self.lock();
         let mut credited: Vec<*const AtomicU64> = Vec::new();
-        for s in live.iter() {
+        for s in live.iter_mut() {
+            // Read before the query: a submission after it is seen at the next sample.
+            let submitted = s.submitted.load(Ordering::Acquire);
+            if submitted == s.idle_at {
+                continue;
+            }
             // SAFETY: the stream is live: it leaves this list (under this lock) before it is
             // destroyed.
             let r = unsafe { sys::cuStreamQuery(s.raw) };
+            if r == CUresult::CUDA_SUCCESS {
+                s.idle_at = submitted;
+            }
             // Only "work pending" counts; a failure is the context's, which the thread's own
             // stream reports.
             let ptr = Arc::as_ptr(&s.busy);

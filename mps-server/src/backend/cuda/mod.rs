@@ -299,6 +299,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.ctx.bind();
         self.ctx.alive()?;
+        stream.submitted.fetch_add(1, Ordering::Release);
         let capturing = stream.capture.borrow().is_some();
         if capturing && publish.is_some() {
             return Err(mps_core::Error::internal(

@@ -21,6 +21,9 @@ pub struct CudaStream {
     priority: i32,
     pub(super) client: u32,
     busy: Arc<AtomicU64>,
+    /// Submissions so far, for the busy sampler (which asks only streams given work since it
+    /// last saw them idle).
+    pub(super) submitted: Arc<AtomicU64>,
     sm: Arc<SmSlot>,
     /// The placement generation `raw` was made for.
     seen: Cell<u64>,
@@ -49,13 +52,15 @@ impl CudaBackend {
         // the first submission.
         let seen = client.sm.generation.load(Ordering::Acquire);
         let partition = self.partitions.of(client.id);
-        let raw = self.raw_stream(partition.as_deref(), priority, &client.busy_ns)?;
+        let submitted = Arc::new(AtomicU64::new(0));
+        let raw = self.raw_stream(partition.as_deref(), priority, &client.busy_ns, &submitted)?;
         self.ctx.watch(&client.faults);
         Ok(CudaStream {
             raw: Cell::new(raw),
             priority,
             client: client.id,
             busy: client.busy_ns.clone(),
+            submitted,
             sm: client.sm.clone(),
             seen: Cell::new(seen),
             partition: RefCell::new(partition),
@@ -86,6 +91,7 @@ impl CudaBackend {
         partition: Option<&Partition>,
         priority: i32,
         busy: &Arc<AtomicU64>,
+        submitted: &Arc<AtomicU64>,
     ) -> Result<CUstream> {
         let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
         let mut s: CUstream = std::ptr::null_mut();
@@ -101,7 +107,7 @@ impl CudaBackend {
                 Some(_) => format!("priority {priority}, in an SM partition"),
                 None => format!("priority {priority}"),
             }))?;
-        self.live.add(s, busy);
+        self.live.add(s, busy, submitted);
         Ok(s)
     }
 
@@ -131,7 +137,12 @@ impl CudaBackend {
             _ => false,
         };
         if !same {
-            let raw = self.raw_stream(next.as_deref(), stream.priority, &stream.busy)?;
+            let raw = self.raw_stream(
+                next.as_deref(),
+                stream.priority,
+                &stream.busy,
+                &stream.submitted,
+            )?;
             self.retire(stream.raw.replace(raw));
             *stream.partition.borrow_mut() = next;
         }
