@@ -113,6 +113,8 @@ pub struct Recovery {
     /// The stream the backend reports the context's death on; never used otherwise (in a
     /// mutex only so that a stream that is not `Sync` may be kept here).
     _stream: Mutex<Box<dyn Send>>,
+    /// Where the backend reports the context's death (see [`Recovery::watch`]).
+    _sink: Arc<dyn FaultSink>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -145,6 +147,9 @@ impl Recovery {
             busy_ns: Arc::default(),
         };
         let stream = backend.stream_create(0, &ctx)?;
+        // The CUDA backend keeps only a weak reference to a stream owner's fault sink: the
+        // watch must live as long as the server, or the context's death is told to no one.
+        let sink = ctx.faults;
         let listener = listener.as_fd().try_clone_to_owned().map_err(|e| {
             Error::internal(format!(
                 "cannot keep the listening socket {} for a fresh server: {e}",
@@ -159,6 +164,7 @@ impl Recovery {
             path_given_up: AtomicBool::new(false),
             told_daemon: Mutex::new(false),
             _stream: Mutex::new(Box::new(stream)),
+            _sink: sink,
         }))
     }
 
