@@ -65,7 +65,10 @@ pub(crate) fn run_group(
     footprint: bool,
 ) -> Outcome {
     let exe = std::env::current_exe().expect("the path of this program");
-    let worker_mode = if mode == "mps" { "mps" } else { "native" };
+    let worker_mode = match mode {
+        "mps" | "mps-transparent" => mode,
+        _ => "native",
+    };
     let mut start = StartLine::new().expect("make the start pipe");
     let mut workers: Vec<Worker> = specs
         .iter()

@@ -4,7 +4,8 @@
 //! `one-context`, where it is a thread. `native` gives each its own CUDA context; `nvidia-mps`
 //! runs the same native workers under `nvidia-cuda-mps-control -d` (started and stopped here,
 //! with pipe and log directories under /tmp); `mps` runs workers that are clients of an mps
-//! server started here. The clients of a group start together (`start`), and the group's
+//! server started here; `mps-transparent` runs the native workers, unmodified, through mps's own
+//! `libcuda.so.1` against an mps server (`transparent`). The clients of a group start together (`start`), and the group's
 //! figures are its work over the wall clock from the first start to the last end (`group`).
 
 mod footprint;
@@ -15,6 +16,7 @@ mod quotas;
 mod record;
 mod service;
 mod start;
+mod transparent;
 mod via_mps;
 mod workload;
 
@@ -52,21 +54,28 @@ struct Setup {
     /// the mps rows alone).
     #[arg(long, default_value = "cuda")]
     backend: String,
+    /// The directory holding mps's driver library (libmpscuda.so of a cargo build, or the
+    /// libcuda.so.1 of an installation), for the mps-transparent mode [default: this binary's
+    /// directory].
+    #[arg(long)]
+    mps_cuda_lib: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Runs the benchmark.
     Run {
-        /// Modes, comma-separated: native, nvidia-mps, mps, and one-context (N threads of one
+        /// Modes, comma-separated: native, nvidia-mps, mps, mps-transparent (the native workers
+        /// through mps's libcuda.so.1, see --mps-cuda-lib), and one-context (N threads of one
         /// process sharing one context, each with a stream of its own: the host-side ceiling of
-        /// any one-context server; spin, tiny and infer only).
+        /// any one-context server; spin, tiny and infer only). They run in the order given.
         #[arg(long, default_value = "native,nvidia-mps,mps")]
         modes: String,
         /// Client counts for the spin, tiny and infer workloads.
         #[arg(long, default_value = "1,2,4,8,16,32,64")]
         clients: String,
-        /// Workloads, comma-separated: spin, tiny, infer, rtt, launch-rate, copy, footprint.
+        /// Workloads, comma-separated: spin, tiny, infer, infer-graph, rtt, launch-rate, copy,
+        /// footprint.
         #[arg(long, default_value = "spin,tiny,infer,rtt,launch-rate,copy,footprint")]
         workloads: String,
         #[command(flatten)]
@@ -116,7 +125,13 @@ enum Cmd {
 }
 
 /// The modes in the order tables and plots show them.
-const MODE_ORDER: [&str; 4] = ["native", "nvidia-mps", "one-context", "mps"];
+const MODE_ORDER: [&str; 5] = [
+    "native",
+    "nvidia-mps",
+    "one-context",
+    "mps",
+    "mps-transparent",
+];
 
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
@@ -134,10 +149,14 @@ fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, start: Start) 
         std::process::exit(101);
     }));
     let client = |ptx: &[u8], workload: &str, start: &Start| {
-        let mut gpu: Box<dyn workload::Gpu> = if mode == "mps" {
-            Box::new(via_mps::ViaMps::new(ptx))
-        } else {
-            Box::new(native::Native::new(ptx))
+        let mut gpu: Box<dyn workload::Gpu> = match mode {
+            "mps" => Box::new(via_mps::ViaMps::new(ptx)),
+            // The native worker as it is, once its driver library is known to be mps's.
+            "mps-transparent" => {
+                transparent::check_loaded();
+                Box::new(native::Native::new(ptx))
+            }
+            _ => Box::new(native::Native::new(ptx)),
         };
         workload::run(gpu.as_mut(), workload, &|| {
             println!("ready");
@@ -215,10 +234,23 @@ fn run(
         std::fs::write(&part, json).expect("write bench.json");
         std::fs::rename(&part, out.join("bench.json")).expect("write bench.json");
     };
+    // Found before any mode runs, so that a missing library stops the run at once.
+    let library = modes
+        .contains(&"mps-transparent")
+        .then(|| transparent::Library::prepare(&setup.mps_cuda_lib()));
     let mut records = Vec::new();
     for mode in modes {
         let t = Instant::now();
-        let service = if *mode == "mps" && devices > 1 {
+        // The transparent mode's workers join an mps server as the mps mode's do.
+        let (service_mode, extra_env) = match &library {
+            Some(l) if *mode == "mps-transparent" => ("mps", l.env()),
+            _ => (*mode, Vec::new()),
+        };
+        let extra_env: Vec<(&str, &str)> = extra_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let service = if service_mode == "mps" && devices > 1 {
             // One daemon for every device, as a host of several GPUs runs mps.
             let mut args = server_args.to_string();
             if setup.backend == "sim" {
@@ -226,7 +258,7 @@ fn run(
             }
             Service::start("mps-daemon", &setup.server(), &setup.backend, &args)
         } else {
-            Service::start(mode, &setup.server(), &setup.backend, server_args)
+            Service::start(service_mode, &setup.server(), &setup.backend, server_args)
         };
         for w in workloads {
             if *mode == "one-context" && !scales(w) {
@@ -247,11 +279,13 @@ fn run(
                     (0..n)
                         .map(|i| {
                             let device = (i as u32 % devices).to_string();
-                            Spec::new(workload, &[("CUDA_VISIBLE_DEVICES", device.as_str())])
+                            let mut env = extra_env.clone();
+                            env.push(("CUDA_VISIBLE_DEVICES", device.as_str()));
+                            Spec::new(workload, &env)
                         })
                         .collect()
                 } else {
-                    vec![Spec::new(workload, &[]); n]
+                    vec![Spec::new(workload, &extra_env); n]
                 };
                 let g = Instant::now();
                 let footprint = *w == "footprint";
@@ -275,6 +309,7 @@ fn run(
         .into_iter()
         .filter(|m| modes.contains(m))
         .collect();
+    drop(library);
     plot::write(
         &record::series(&records),
         &ordered,
@@ -292,6 +327,16 @@ fn run(
 }
 
 impl Setup {
+    /// The directory of mps's driver library: the one named, else this binary's.
+    fn mps_cuda_lib(&self) -> PathBuf {
+        self.mps_cuda_lib.clone().unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("the path of this program");
+            exe.parent()
+                .expect("a program has a directory")
+                .to_path_buf()
+        })
+    }
+
     /// The mps-server binary: the one named, else the one next to this binary.
     fn server(&self) -> PathBuf {
         self.server.clone().unwrap_or_else(|| {

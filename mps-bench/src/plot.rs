@@ -28,6 +28,7 @@ fn colour(mode: &str) -> RGBColor {
         "native" => RGBColor(140, 140, 140),
         "nvidia-mps" => RGBColor(40, 150, 60),
         "one-context" => RGBColor(220, 130, 30),
+        "mps-transparent" => RGBColor(150, 60, 180),
         _ => RGBColor(30, 90, 200),
     }
 }

@@ -40,7 +40,8 @@ fn ratio(a: Option<&Record>, b: Option<&Record>, key: &str) -> String {
 }
 
 /// The table: per workload and client count, a row of completed/asked and one per figure, a
-/// column per mode, and mps against each other mode.
+/// column per mode, mps against each other mode, and mps-transparent against mps (the cost of
+/// the transparent library).
 pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
     let mut rows: Vec<(String, usize, String)> = Vec::new();
     for r in records {
@@ -56,13 +57,19 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
             .iter()
             .find(|r| r.mode == m && r.workload == w && r.asked == n)
     };
-    let against: Vec<&str> = match modes.contains(&"mps") {
-        true => modes.iter().copied().filter(|m| *m != "mps").collect(),
-        false => Vec::new(),
-    };
+    let mut against: Vec<(&str, &str)> = Vec::new();
+    if modes.contains(&"mps") {
+        let others = modes
+            .iter()
+            .filter(|m| !["mps", "mps-transparent"].contains(m));
+        against.extend(others.map(|m| ("mps", *m)));
+        if modes.contains(&"mps-transparent") {
+            against.push(("mps-transparent", "mps"));
+        }
+    }
     let mut s = format!("| workload | N | figure | {} |", modes.join(" | "));
-    for m in &against {
-        s += &format!(" mps/{m} |");
+    for (a, b) in &against {
+        s += &format!(" {a}/{b} |");
     }
     s += &format!("\n|{}\n", " --- |".repeat(3 + modes.len() + against.len()));
     for (w, n, k) in rows {
@@ -75,10 +82,10 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
             };
             line += &format!(" {cell} |");
         }
-        for m in &against {
+        for (a, b) in &against {
             let cell = match k.as_str() {
                 "completed" => String::new(),
-                k => ratio(find("mps", &w, n), find(m, &w, n), k),
+                k => ratio(find(a, &w, n), find(b, &w, n), k),
             };
             line += &format!(" {cell} |");
         }
@@ -151,6 +158,29 @@ mod tests {
         );
         assert!(
             t.contains("| spin | 8 | kernels_per_s | 300.0000 | 330.0000 | 1.10x |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn mps_transparent_is_set_against_mps() {
+        let records = [
+            record("nvidia-mps", 8, 8, 300.0),
+            record("mps", 8, 8, 400.0),
+            record("mps-transparent", 8, 8, 380.0),
+        ];
+        let t = table(&records, &["nvidia-mps", "mps", "mps-transparent"]);
+        assert!(
+            t.starts_with(
+                "| workload | N | figure | nvidia-mps | mps | mps-transparent | \
+                 mps/nvidia-mps | mps-transparent/mps |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| spin | 8 | kernels_per_s | 300.0000 | 400.0000 | 380.0000 | 1.33x | 0.95x |"
+            ),
             "{t}"
         );
     }

@@ -110,7 +110,7 @@ fn svg_texts(file: &Path) -> Vec<String> {
 
 #[test]
 fn the_harness_runs_the_mps_mode_and_writes_finite_figures_and_a_plot() {
-    let workloads = "spin,tiny,infer,rtt,launch-rate";
+    let workloads = "spin,tiny,infer,infer-graph,rtt,launch-rate";
     let args = [
         "--modes",
         "mps",
@@ -124,10 +124,15 @@ fn the_harness_runs_the_mps_mode_and_writes_finite_figures_and_a_plot() {
     };
     let records = records(&out.join("bench.json"));
     // What each workload must report, per client count.
-    let expected: [(&str, &[usize], &[&str]); 5] = [
+    let expected: [(&str, &[usize], &[&str]); 6] = [
         ("spin", &[1, 2], &["kernels_per_s", "wall_s"]),
         ("tiny", &[1, 2], &["kernels_per_s", "wall_s"]),
         ("infer", &[1, 2], &["requests_per_s", "median_us", "p99_us"]),
+        (
+            "infer-graph",
+            &[1, 2],
+            &["requests_per_s", "median_us", "p99_us"],
+        ),
         ("rtt", &[1], &["median_us", "p99_us"]),
         ("launch-rate", &[1], &["launches_per_s", "with_sync_per_s"]),
     ];
@@ -176,6 +181,111 @@ fn the_harness_runs_the_mps_mode_and_writes_finite_figures_and_a_plot() {
         std::fs::read_to_string(out.join("throughput.svg")).unwrap()
     );
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Whether mps's driver library is built next to mps-bench (else says the test is skipped).
+fn mps_cuda_built(test: &str) -> bool {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let built = bench.with_file_name("libmpscuda.so").exists();
+    if !built {
+        skip(
+            test,
+            "libmpscuda.so is not built (cargo test --workspace builds it)",
+        );
+    }
+    built
+}
+
+#[test]
+fn the_transparent_mode_runs_the_native_workers_through_mps_cuda() {
+    if !mps_cuda_built("the_transparent_mode_runs_the_native_workers_through_mps_cuda") {
+        return;
+    }
+    // The native workers as they are, through the library against a simulator server (the
+    // library is found next to mps-bench, its default). Each worker checks that the driver it
+    // loaded is that library before it makes a call, so a completed record is one measured
+    // through it.
+    let args = [
+        "--modes",
+        "mps,mps-transparent",
+        "--clients",
+        "1,2",
+        "--workloads",
+        "spin,infer,rtt,launch-rate",
+    ];
+    let Some((table, out)) = bench("run", &args) else {
+        return;
+    };
+    let records = records(&out.join("bench.json"));
+    let expected: [(&str, &[usize], &[&str]); 4] = [
+        ("spin", &[1, 2], &["kernels_per_s"]),
+        ("infer", &[1, 2], &["requests_per_s", "p99_us"]),
+        ("rtt", &[1], &["median_us", "p99_us"]),
+        ("launch-rate", &[1], &["launches_per_s"]),
+    ];
+    let per_mode = expected.iter().map(|e| e.1.len()).sum::<usize>();
+    assert_eq!(records.len(), 2 * per_mode, "{records:?}");
+    for (workload, counts, keys) in expected {
+        for n in counts {
+            let r = records
+                .iter()
+                .find(|r| {
+                    r["mode"] == "mps-transparent" && r["workload"] == workload && r["asked"] == *n
+                })
+                .unwrap_or_else(|| panic!("no mps-transparent {workload} N={n} in {records:?}"));
+            let values = checked(r);
+            for k in keys {
+                assert!(values.contains_key(*k), "no {k} in {r}");
+            }
+            let row = format!("| {workload} | {n} | completed | {n}/{n} | {n}/{n} |");
+            assert!(table.contains(&row), "missing {row:?} in\n{table}");
+        }
+    }
+    let texts = svg_texts(&out.join("throughput.svg"));
+    assert!(texts.iter().any(|t| t == "mps-transparent"), "{texts:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_transparent_worker_refuses_a_driver_library_other_than_the_one_named() {
+    if !mps_cuda_built("a_transparent_worker_refuses_a_driver_library_other_than_the_one_named") {
+        return;
+    }
+    // A worker whose library path leads to a libcuda.so other than the file it was told to
+    // expect (here: mps's library, while the expected file is mps-run) must stop before its
+    // first driver call, naming both.
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let links = std::env::temp_dir().join(format!("mps-bench-other-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&links);
+    std::fs::create_dir_all(&links).unwrap();
+    std::os::unix::fs::symlink(
+        bench.with_file_name("libmpscuda.so"),
+        links.join("libcuda.so"),
+    )
+    .unwrap();
+    let expected = bench.with_file_name("mps-run");
+    // The worker's start line must be an inherited pipe: bash hands it one as descriptor 3.
+    let run = Command::new("bash")
+        .args([
+            "-c",
+            "exec \"$0\" worker --mode mps-transparent --workload rtt --ptx \"$1\" \
+             --start-fd 3 3< <(:)",
+        ])
+        .arg(&bench)
+        .arg(ptx())
+        .env("LD_LIBRARY_PATH", &links)
+        .env("MPS_BENCH_LIBCUDA", &expected)
+        .env("MPS_PIPE_DIRECTORY", links.join("no-server"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&links);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("loaded the CUDA driver from")
+            && stderr.contains(&format!("not mps's library {}", expected.display())),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -228,15 +338,30 @@ fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
     let bin = built.join(format!("bench-gpu-test-{}", std::process::id()));
     let out = std::env::temp_dir().join(format!("mps-bench-gpu-{}", std::process::id()));
     std::fs::create_dir_all(&bin).unwrap();
-    for b in ["mps-bench", "mps-server", "mps-control"] {
+    let transparent = built.join("libmpscuda.so").exists();
+    let mut files = vec!["mps-bench", "mps-server", "mps-control"];
+    if transparent {
+        files.push("libmpscuda.so");
+    } else {
+        skip(
+            "scripts_bench_gpu_runs_the_parts_and_writes_its_files: mps-transparent",
+            "libmpscuda.so is not built (cargo test --workspace builds it)",
+        );
+    }
+    for b in &files {
         let _ = std::fs::remove_file(bin.join(b));
         std::fs::hard_link(built.join(b), bin.join(b)).unwrap();
     }
+    let modes = if transparent {
+        "mps,mps-transparent"
+    } else {
+        "mps"
+    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let run = Command::new(root.join("scripts/bench-gpu"))
         .arg(&bin)
         .arg(&out)
-        .args(["--backend", "sim", "--modes", "mps", "--clients", "1,2"])
+        .args(["--backend", "sim", "--modes", modes, "--clients", "1,2"])
         .args(["--workloads", "spin,infer", "--no-quotas"])
         .output()
         .unwrap();
@@ -247,6 +372,13 @@ fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
         tables.contains("| infer | 2 | completed | 2/2 |"),
         "{tables}"
     );
+    if transparent {
+        // The mps-transparent workers found the library in BIN_DIR (--mps-cuda-lib).
+        assert!(
+            tables.contains("| infer | 2 | completed | 2/2 | 2/2 |"),
+            "{tables}"
+        );
+    }
     let log = std::fs::read_to_string(out.join("bench.log")).unwrap();
     for line in ["== run: ", "== total: ", "mps-server"] {
         assert!(log.contains(line), "no {line:?} in {log}");
