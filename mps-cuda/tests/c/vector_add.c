@@ -31,8 +31,8 @@ int main(int argc, char **argv) {
     CHECK(cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev));
     CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
     CHECK(cuDeviceGetAttribute(&clock, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
-    ASSERT(sms > 0 && warp == 32 && major > 0 && total > 0, "sms %d warp %d cc %d mem %zu", sms,
-           warp, major, total);
+    ASSERT(sms > 0 && warp == 32 && major > 0 && clock > 0 && total > 0,
+           "sms %d warp %d cc %d clock %d kHz mem %zu", sms, warp, major, clock, total);
     /* An attribute past CU_DEVICE_ATTRIBUTE_MAX is refused, as the driver refuses it. */
     EXPECT(cuDeviceGetAttribute(&clock, 100000, dev), CUDA_ERROR_INVALID_VALUE);
     CUuuid a, b;
