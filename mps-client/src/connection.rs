@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use mps_core::handshake::{DEFAULT_GROUP, Hello, Welcome};
 use mps_core::protocol::{self, Request};
@@ -14,6 +14,7 @@ use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
+use crate::attributes::DeviceReport;
 use crate::completions::Completions;
 use crate::copies::HostMapping;
 use crate::handles::DeviceInfo;
@@ -51,6 +52,8 @@ pub struct Client {
     pub(crate) lost: AtomicBool,
     /// Streams that capture a graph (see `graphs`).
     pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
+    /// The device's attributes and UUID, fetched on the first question (see `attributes`).
+    pub(crate) report: OnceLock<DeviceReport>,
 }
 
 impl std::fmt::Debug for Client {
@@ -177,6 +180,7 @@ impl Client {
             host_alloc_lock: Mutex::new(()),
             lost: AtomicBool::new(false),
             capturing: Mutex::default(),
+            report: OnceLock::new(),
         }
     }
 

@@ -28,6 +28,7 @@
 //! the shared-memory rings (`transport`). The C ABI (`libmpsclient`, `include/mps.h`) is the
 //! crate `mps-client-c`, built on this one.
 
+mod attributes;
 mod completions;
 mod connection;
 mod copies;

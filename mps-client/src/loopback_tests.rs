@@ -253,3 +253,76 @@ fn a_stream_of_another_client_is_refused_before_anything_is_submitted() {
     assert!(e.message.contains("function 0x8"), "{e}");
     assert_eq!(server.commands.available().unwrap(), 0);
 }
+
+/// A page of device attributes as the server sends it: `attrs`, of `total`, then `uuid`.
+fn attribute_page(
+    seq: u64,
+    attrs: &[(i32, i32)],
+    total: u64,
+    uuid: Option<[u8; 16]>,
+) -> Completion {
+    let mut c = Completion::reply(seq, [attrs.len() as u64, total, uuid.is_some() as u64, 0]);
+    let mut data = Vec::new();
+    for &(attribute, value) in attrs {
+        data.extend_from_slice(bytemuck::bytes_of(&mps_core::protocol::DeviceAttribute {
+            attribute,
+            value,
+        }));
+    }
+    data.extend(uuid.iter().flatten());
+    c.data[..data.len()].copy_from_slice(&data);
+    c.data_len = data.len() as u32;
+    c
+}
+
+#[test]
+fn device_attributes_are_fetched_in_pages_once_then_answered_here() {
+    let (client, mut server) = pair();
+    let uuid = *b"0123456789abcdef";
+    std::thread::scope(|s| {
+        let first = s.spawn(|| client.device_attribute(13));
+        let (cmd, _) = server.next();
+        assert_eq!(
+            Request::decode(&cmd, &[]).unwrap(),
+            Request::DeviceAttributes { first: 0 }
+        );
+        server.complete(attribute_page(
+            cmd.seq,
+            &[(13, 1_980_000), (16, 132)],
+            3,
+            Some(uuid),
+        ));
+        let (cmd, _) = server.next();
+        assert_eq!(
+            Request::decode(&cmd, &[]).unwrap(),
+            Request::DeviceAttributes { first: 2 }
+        );
+        server.complete(attribute_page(cmd.seq, &[(75, 9)], 3, Some(uuid)));
+        assert_eq!(first.join().unwrap().unwrap(), 1_980_000);
+    });
+    // From the cache: nothing more is submitted (a submission would wait for a reply forever).
+    assert_eq!(client.device_attribute(16).unwrap(), 132);
+    assert_eq!(client.device_attribute(75).unwrap(), 9);
+    assert_eq!(client.device_uuid().unwrap(), Some(uuid));
+    let missing = client.device_attribute(14).unwrap_err();
+    assert_eq!(missing.status, Status::InvalidValue, "{missing}");
+    assert!(
+        missing.message.contains("attribute 14 of loopback"),
+        "{missing}"
+    );
+    assert!(server.commands.pop().unwrap().is_none());
+}
+
+#[test]
+fn a_server_that_stops_short_of_its_attribute_count_is_an_error() {
+    let (client, mut server) = pair();
+    std::thread::scope(|s| {
+        let first = s.spawn(|| client.device_attribute(13));
+        let (cmd, _) = server.next();
+        server.complete(attribute_page(cmd.seq, &[(13, 1)], 2, None));
+        let (cmd, _) = server.next();
+        server.complete(attribute_page(cmd.seq, &[], 2, None));
+        let e = first.join().unwrap().unwrap_err();
+        assert!(e.message.contains("reported 1 of its 2"), "{e}");
+    });
+}

@@ -26,7 +26,7 @@ pub use crate::handshake::{
 };
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Size of one submission slot: one cache line.
 pub const SLOT_BYTES: usize = 64;
@@ -46,6 +46,8 @@ pub const MAX_MODULE_BYTES: u64 = 256 << 20;
 pub const COMPLETION_DATA_BYTES: usize = 200;
 /// (offset, size) pairs of parameter info one completion carries.
 pub const PARAMS_PER_REPLY: usize = COMPLETION_DATA_BYTES / 8;
+/// [`DeviceAttribute`] pairs one completion carries (with room for a 16-byte UUID after them).
+pub const ATTRIBUTES_PER_REPLY: usize = (COMPLETION_DATA_BYTES - 16) / 8;
 
 /// Bits of [`Command::flags`].
 pub mod flags {
@@ -149,6 +151,8 @@ crate::wire_enum! {
         GraphExecDestroy = 32 => "graph_exec_destroy",
         /// Run an executable graph in a stream.
         GraphLaunch = 33 => "graph_launch",
+        /// A page of the device's attributes, and its UUID.
+        DeviceAttributes = 34 => "device_attributes",
     }
 }
 
@@ -283,6 +287,13 @@ pub enum Request<'a> {
         function: u64,
         first: u32,
     },
+    /// The device's attributes (`cuDeviceGetAttribute`'s), from the `first`th of those the
+    /// server reports: a reply's data holds up to [`ATTRIBUTES_PER_REPLY`] [`DeviceAttribute`]s
+    /// and its values are `[in this page, reported in all, 1 if the UUID is known else 0,
+    /// 0]`; the UUID (`cuDeviceGetUuid`'s 16 bytes) follows the page in the data when known.
+    DeviceAttributes {
+        first: u32,
+    },
     Launch {
         function: u64,
         grid: Dim3,
@@ -384,6 +395,7 @@ impl Request<'_> {
             Request::ModuleUnload { .. } => Opcode::ModuleUnload,
             Request::GetFunction { .. } => Opcode::GetFunction,
             Request::ParamInfo { .. } => Opcode::ParamInfo,
+            Request::DeviceAttributes { .. } => Opcode::DeviceAttributes,
             Request::Launch { .. } => Opcode::Launch,
             Request::StreamCreate { .. } => Opcode::StreamCreate,
             Request::StreamDestroy { .. } => Opcode::StreamDestroy,
@@ -443,6 +455,7 @@ impl Request<'_> {
                 payload = name;
             }
             Request::ParamInfo { function, first } => args = [function, first as u64, 0, 0, 0],
+            Request::DeviceAttributes { first } => args[0] = first as u64,
             Request::Launch {
                 function,
                 grid,
@@ -597,6 +610,10 @@ impl Request<'_> {
                 function: a[0],
                 first: u32::try_from(a[1])
                     .map_err(|_| Error::invalid_value("parameter index out of range"))?,
+            },
+            Opcode::DeviceAttributes => Request::DeviceAttributes {
+                first: u32::try_from(a[0])
+                    .map_err(|_| Error::invalid_value("attribute index out of range"))?,
             },
             Opcode::Launch => {
                 let (gx, gy) = unpack(a[1]);
@@ -781,6 +798,19 @@ pub struct ParamInfo {
     pub size: u32,
 }
 
+/// One device attribute: a `CUdevice_attribute` value and what the device answers for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct DeviceAttribute {
+    /// The attribute (`CUdevice_attribute`).
+    pub attribute: i32,
+    /// Its value.
+    pub value: i32,
+}
+
+const _: () =
+    assert!(ATTRIBUTES_PER_REPLY * size_of::<DeviceAttribute>() + 16 <= COMPLETION_DATA_BYTES);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -857,6 +887,7 @@ mod tests {
                 function: 4,
                 first: 25,
             },
+            Request::DeviceAttributes { first: 50 },
             Request::Launch {
                 function: 4,
                 grid: Dim3 { x: 1, y: 2, z: 3 },

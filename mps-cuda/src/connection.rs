@@ -15,7 +15,7 @@ use crate::{errors, log};
 /// What a call into the server gives: its value, or the CUDA result of its failure.
 pub(crate) type Res<T> = Result<T, CUresult>;
 
-fn fail(e: Error) -> CUresult {
+pub(crate) fn fail(e: Error) -> CUresult {
     log::failure(&e.message);
     errors::from_status(e.status)
 }
@@ -52,6 +52,17 @@ impl Connection {
 
     pub(crate) fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Device attribute `attribute` as the server reported it (fetched once, then kept by the
+    /// client); `InvalidValue` for one it did not report.
+    pub(crate) fn reported_attribute(&self, attribute: i32) -> mps_core::Result<i32> {
+        self.client.device_attribute(attribute)
+    }
+
+    /// The device's UUID as the server reported it, if it did.
+    pub(crate) fn reported_uuid(&self) -> Option<[u8; 16]> {
+        self.client.device_uuid().ok().flatten()
     }
 
     // ----- memory -----

@@ -1,20 +1,19 @@
-//! `cuInit` and the device: answered in the library from what the server reported when this
-//! process connected (name, memory, SMs, compute capability), never by asking it again.
+//! `cuInit` and the device: answered in the library from what the server reported, never by
+//! asking it again: name, memory, SMs and compute capability at connect; every device
+//! attribute and the UUID on the first question (the server reads them from its driver, or
+//! the simulator from its documented table).
 //!
-//! Device attributes come from four sources (docs/TRANSPARENT.md lists them): the server's
-//! report; CUDA's limits that hold for every compute capability CUDA 13 supports; CUDA's
-//! per-compute-capability table, for the capabilities listed in `PER_CC`; and what mps itself
-//! offers (no managed memory, say). Any other attribute is a fact of the GPU that the server does
-//! not report (clock rates, PCI location, ...): it is answered 0, "not known", because cudart
-//! reads every attribute at start (to fill `cudaDeviceProp`) and stops if one fails; with
-//! `MPS_CUDA_LOG` set the library says once which ones it answered so.
+//! An attribute comes from the server's report, except those mps decides whatever the GPU
+//! (`MPS`: no managed memory, say), which docs/TRANSPARENT.md lists. One the server did not
+//! report is refused with CUDA_ERROR_INVALID_VALUE, as the driver refuses one it does not know.
 
 use std::ffi::c_char;
 
 use cudarc::driver::sys::CUdevice_attribute as A;
+use mps_core::Status;
 
 use crate::abi::{CUdevice, CUresult, CUuuid, DRIVER_VERSION};
-use crate::connection::{Device, Res};
+use crate::connection::{Connection, Device, Res, fail};
 use crate::driver::{self, check, driver, entry, put};
 use crate::log;
 
@@ -85,9 +84,16 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdev
     })
 }
 
-/// The device's UUID as mps knows it: the server does not report the GPU's own, so this is a
-/// name-based UUID (version 8) of the server's device description, stable for one device.
-pub(crate) fn uuid(d: &Device) -> [u8; 16] {
+/// The device's UUID: the server's report of it (the GPU's own, or the simulator's), else a
+/// name-based UUID made here.
+pub(crate) fn uuid_of(conn: &Connection) -> [u8; 16] {
+    conn.reported_uuid()
+        .unwrap_or_else(|| name_based_uuid(conn.device()))
+}
+
+/// A name-based UUID (version 8) of the server's device description, stable for one device,
+/// for a server that reports no UUID.
+pub(crate) fn name_based_uuid(d: &Device) -> [u8; 16] {
     // FNV-1a, twice with different offsets, over the description.
     let text = format!(
         "{}|{}|{}|{}.{}",
@@ -106,7 +112,8 @@ pub(crate) fn uuid(d: &Device) -> [u8; 16] {
 }
 
 fn get_uuid(out: *mut CUuuid, dev: CUdevice) -> Res<()> {
-    let u = uuid(device(dev)?);
+    device(dev)?;
+    let u = uuid_of(&driver()?.conn);
     let mut v = CUuuid { bytes: [0; 16] };
     for (b, x) in v.bytes.iter_mut().zip(u) {
         *b = x as c_char;
@@ -143,46 +150,6 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     })
 }
 
-/// CUDA's limits for every compute capability from 7.5 on (the CUDA C++ Programming Guide's
-/// technical specifications).
-const EVERY_CC: &[(A, i32)] = &[
-    (A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, i32::MAX),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535),
-    (
-        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
-        48 * 1024,
-    ),
-    (A::CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 64 * 1024),
-    (A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32),
-    (A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 64 * 1024),
-    (
-        A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
-        64 * 1024,
-    ),
-];
-
-/// The same table's figures that differ by compute capability: (major, minor), then threads
-/// per SM, shared memory per SM, shared memory per block on opt-in, blocks per SM.
-const PER_CC: &[((u32, u32), [i32; 4])] = &[
-    ((7, 5), [1024, 64 * 1024, 64 * 1024, 16]),
-    ((8, 0), [2048, 164 * 1024, 163 * 1024, 32]),
-    ((8, 6), [1536, 100 * 1024, 99 * 1024, 16]),
-    ((8, 9), [1536, 100 * 1024, 99 * 1024, 24]),
-    ((9, 0), [2048, 228 * 1024, 227 * 1024, 32]),
-];
-
-const PER_CC_ATTRIBUTES: [A; 4] = [
-    A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
-    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-    A::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR,
-];
-
 /// What a client of mps has, whatever the GPU: one context shared by many processes (compute
 /// mode default, MPS enabled), concurrent kernels, and none of what the library does not offer
 /// (managed memory, registering host memory, memory pools, virtual memory management,
@@ -211,37 +178,33 @@ const MPS: &[(A, i32)] = &[
     (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1),
 ];
 
-/// The value of attribute `attrib`, or why there is none.
-pub(crate) fn attribute(d: &Device, attrib: i32) -> Res<i32> {
-    let is = |a: A| a as i32 == attrib;
-    if is(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
-        return Ok(d.sm_count as i32);
-    }
-    if is(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) {
-        return Ok(d.cc.0 as i32);
-    }
-    if is(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) {
-        return Ok(d.cc.1 as i32);
-    }
-    if let Some((_, v)) = EVERY_CC.iter().chain(MPS).find(|(a, _)| is(*a)) {
+/// The value of attribute `attrib` of device `d`: mps's own answer where the library decides it
+/// (`MPS`), else what the server reported (`reported`). One the server did not report is
+/// refused with CUDA_ERROR_INVALID_VALUE, as the driver refuses one it does not know, and said
+/// once on stderr.
+pub(crate) fn attribute(d: &Device, attrib: i32, reported: mps_core::Result<i32>) -> Res<i32> {
+    if let Some((_, v)) = MPS.iter().find(|(a, _)| *a as i32 == attrib) {
         return Ok(*v);
     }
-    if let Some(i) = PER_CC_ATTRIBUTES.iter().position(|a| is(*a))
-        && let Some((_, values)) = PER_CC.iter().find(|(cc, _)| *cc == d.cc)
-    {
-        return Ok(values[i]);
+    match reported {
+        Ok(v) => Ok(v),
+        Err(e) if e.status == Status::InvalidValue => {
+            log::once(&format!("attribute {attrib}"), || {
+                format!(
+                    "cuDeviceGetAttribute: attribute {attrib} of {} is not reported by the mps \
+                     server; returning CUDA_ERROR_INVALID_VALUE",
+                    d.name
+                )
+            });
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        }
+        Err(e) => Err(fail(e)),
     }
-    if attrib <= 0 || attrib >= A::CU_DEVICE_ATTRIBUTE_MAX as i32 {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    log::detail_once(&format!("attribute {attrib}"), || {
-        format!(
-            "cuDeviceGetAttribute: attribute {attrib} of {} is not reported by the mps server; \
-             answering 0 (not known)",
-            d.name
-        )
-    });
-    Ok(0)
+}
+
+/// Attribute `attrib` of the connection's device (see [`attribute`]).
+pub(crate) fn attribute_of(conn: &Connection, attrib: i32) -> Res<i32> {
+    attribute(conn.device(), attrib, conn.reported_attribute(attrib))
 }
 
 /// # Safety
@@ -253,7 +216,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuDeviceGetAttribute", || {
-        let v = attribute(device(dev)?, attrib)?;
+        device(dev)?;
+        let v = attribute_of(&driver()?.conn, attrib)?;
         // SAFETY: the caller guarantees a non-null `value` is writable.
         unsafe { put(value, v) }
     })
@@ -272,46 +236,45 @@ mod tests {
         }
     }
 
+    fn not_reported() -> mps_core::Result<i32> {
+        Err(mps_core::Error::invalid_value("not reported"))
+    }
+
     #[test]
-    fn attributes_come_from_the_report_the_tables_or_nowhere() {
+    fn attributes_are_the_servers_but_for_what_mps_decides() {
         let d = h200();
-        let get = |a: A| attribute(&d, a as i32);
-        assert_eq!(get(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), Ok(132));
-        assert_eq!(get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), Ok(9));
-        assert_eq!(get(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE), Ok(32));
+        let clock = A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE as i32;
+        assert_eq!(attribute(&d, clock, Ok(1_980_000)), Ok(1_980_000));
+        // The GPU has managed memory; a client of mps does not.
+        let managed = A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY as i32;
+        assert_eq!(attribute(&d, managed, Ok(1)), Ok(0));
+        assert_eq!(attribute(&d, managed, not_reported()), Ok(0));
+    }
+
+    #[test]
+    fn an_attribute_the_server_did_not_report_is_refused_as_the_driver_refuses_it() {
+        let d = h200();
         assert_eq!(
-            get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-            Ok(232_448)
-        );
-        assert_eq!(get(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE), Ok(0));
-        assert_eq!(attribute(&d, 0), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
-        assert_eq!(
-            attribute(&d, 100_000),
+            attribute(&d, 100_000, not_reported()),
             Err(CUresult::CUDA_ERROR_INVALID_VALUE)
         );
-        // A compute capability without a row: its per-capability figures are not guessed.
-        let other = Device {
-            cc: (12, 0),
-            ..h200()
-        };
-        assert_eq!(
-            attribute(
-                &other,
-                A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR as i32
-            ),
-            Ok(0)
+        // A lost server is not an unknown attribute.
+        let lost = mps_core::Error::new(Status::Connection, "gone");
+        assert_ne!(
+            attribute(&d, 13, Err(lost)),
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
         );
     }
 
     #[test]
-    fn the_uuid_is_stable_marked_version_8_and_differs_between_devices() {
-        let a = uuid(&h200());
-        assert_eq!(a, uuid(&h200()));
+    fn the_name_based_uuid_is_stable_marked_version_8_and_differs_between_devices() {
+        let a = name_based_uuid(&h200());
+        assert_eq!(a, name_based_uuid(&h200()));
         assert_eq!(a[6] >> 4, 8);
         assert_eq!(a[8] >> 6, 2);
         assert_ne!(
             a,
-            uuid(&Device {
+            name_based_uuid(&Device {
                 sm_count: 66,
                 ..h200()
             })

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, device_zero, handle_of, to_cucontext};
-use crate::device::{attribute, uuid};
+use crate::device::{attribute_of, uuid_of};
 use crate::driver::{check, driver, entry, lock, put};
 use crate::log;
 
@@ -396,9 +396,8 @@ impl Identity {
         let devices = driver()
             .ok()
             .map(|d| {
-                let dev = d.conn.device();
-                let pci = [50, 33, 34].map(|a| attribute(dev, a).unwrap_or(0));
-                vec![(uuid(dev), pci)]
+                let pci = [50, 33, 34].map(|a| attribute_of(&d.conn, a).unwrap_or(0));
+                vec![(uuid_of(&d.conn), pci)]
             })
             .unwrap_or_default();
         Identity {

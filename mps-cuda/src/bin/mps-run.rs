@@ -4,8 +4,9 @@
 //! Where the library is, in order: `$MPS_CUDA_LIBRARY_DIR`; `../lib/mps/` beside the launcher
 //! (an installed package: `/usr/bin/mps-run`, `/usr/lib/mps/libcuda.so.1`); the launcher's own
 //! directory in a cargo build (`target/<profile>/libmpscuda.so`, whose soname is
-//! `libcuda.so.1`), for which a directory `mps-cuda-lib/` holding the link `libcuda.so.1` is made
-//! beside it.
+//! `libcuda.so.1`), for which a directory `mps-cuda-lib/` holding the links `libcuda.so.1` and
+//! `libcuda.so` is made beside it. Both names: a program that loads the driver by the unversioned
+//! name (cudarc tries `libcuda.so` first) would otherwise find NVIDIA's ahead of ours.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 const SONAME: &str = "libcuda.so.1";
+/// The unversioned name some programs load the driver by.
+const DEV_NAME: &str = "libcuda.so";
 /// The library's file in a cargo build, and the link to it from `mps-cuda-lib/`.
 const BUILT: &str = "libmpscuda.so";
 const LINK_TARGET: &str = "../libmpscuda.so";
@@ -39,13 +42,16 @@ fn library_dir(exe: &Path) -> Result<PathBuf, String> {
     let built = bin.join(BUILT);
     if built.exists() {
         let dir = bin.join("mps-cuda-lib");
-        let link = dir.join(SONAME);
-        if std::fs::read_link(&link).ok().as_deref() != Some(Path::new(LINK_TARGET)) {
+        for name in [SONAME, DEV_NAME] {
+            let link = dir.join(name);
+            if std::fs::read_link(&link).ok().as_deref() == Some(Path::new(LINK_TARGET)) {
+                continue;
+            }
             std::fs::create_dir_all(&dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             // Made under a temporary name and renamed, so that launchers started together
             // never see a half-made link.
-            let tmp = dir.join(format!(".{SONAME}.{}", std::process::id()));
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
             std::os::unix::fs::symlink(LINK_TARGET, &tmp)
                 .and_then(|()| std::fs::rename(&tmp, &link))

@@ -176,6 +176,25 @@ static int failures = 0;
         }                                                                            \
     } while (0)
 
+/* Whether the checks that hold only through mps run: what CUDA leaves undefined (a handle used
+ * after it is destroyed, memory freed twice), which mps answers with an error, and mps's own
+ * refusals and limits. `MPS_ONLY=1` (set by the tests that run the programs through mps) turns
+ * them on; natively they are left out, so that a program prints the same and passes either way. */
+static inline int mps_only(void) {
+    const char *v = getenv("MPS_ONLY");
+    return v && *v && *v != '0';
+}
+
+/* For a program that checks only what mps itself does: exits 2, saying so, unless `mps_only()`.
+ * scripts/cuda-runtime-compare does not run such programs natively. */
+static inline void requires_mps(const char *what) {
+    if (!mps_only()) {
+        fprintf(stderr, "%s checks only what mps does: run it through mps-run with MPS_ONLY=1\n",
+                what);
+        exit(2);
+    }
+}
+
 /* The whole file at `path`, NUL-terminated (as cuModuleLoadData takes PTX). */
 static inline char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");

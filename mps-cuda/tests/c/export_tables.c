@@ -2,6 +2,7 @@
  * NVIDIA's size word; the runtime interface's primary context left inactive until retained, and
  * current before that; context-local storage kept per context, a miss INVALID_HANDLE, and the
  * destructors run when a context goes; the tools entries; the integrity check's constants.
+ * These are the library's own tables, so: through mps only (MPS_ONLY=1).
  * Usage: export_tables <test_kernels.ptx> (not used) */
 #include <string.h>
 
@@ -36,6 +37,7 @@ static void on_destroy(CUcontext ctx, void *key, void *value) {
 }
 
 int main(void) {
+    requires_mps("export_tables");
     CHECK(cuInit(0));
 
     /* 6bd5fb6c: [2] is the primary context, not retained; it may be made current first. */

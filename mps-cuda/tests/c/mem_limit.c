@@ -1,11 +1,12 @@
 /* cuMemGetInfo under a client memory limit (MPS_PINNED_DEVICE_MEM_LIMIT set by the test to
  * 0=64M): the limit is the total, allocations come off the free figure, and what does not fit is
- * CUDA_ERROR_OUT_OF_MEMORY. Usage: mem_limit <test_kernels.ptx> */
+ * CUDA_ERROR_OUT_OF_MEMORY. Through mps only (MPS_ONLY=1). Usage: mem_limit <test_kernels.ptx> */
 #include "cuda_api.h"
 
 #define MIB (1024ull * 1024ull)
 
 int main(void) {
+    requires_mps("mem_limit");
     CUcontext ctx;
     CHECK(cuInit(0));
     CHECK(cuCtxCreate_v2(&ctx, 0, 0));

@@ -19,9 +19,9 @@ int main(int argc, char **argv) {
     CHECK(cuDriverGetVersion(&version));
     ASSERT(version == 13000, "driver version %d", version);
     CHECK(cuDeviceGetCount(&count));
-    ASSERT(count == 1, "%d devices", count);
+    ASSERT(count >= 1, "%d devices", count);
     CHECK(cuDeviceGet(&dev, 0));
-    EXPECT(cuDeviceGet(&dev, 1), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT(cuDeviceGet(&dev, count), CUDA_ERROR_INVALID_DEVICE);
     char name[256] = {0};
     CHECK(cuDeviceGetName(name, sizeof name, dev));
     size_t total = 0;
@@ -30,12 +30,11 @@ int main(int argc, char **argv) {
     CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     CHECK(cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev));
     CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-    /* Not reported by the server: 0, "not known", never another GPU's figure. */
-    clock = -1;
     CHECK(cuDeviceGetAttribute(&clock, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
-    ASSERT(clock == 0, "clock rate %d", clock);
-    ASSERT(sms > 0 && warp == 32 && major > 0 && total > 0, "sms %d warp %d cc %d mem %zu", sms,
-           warp, major, total);
+    ASSERT(sms > 0 && warp == 32 && major > 0 && clock > 0 && total > 0,
+           "sms %d warp %d cc %d clock %d kHz mem %zu", sms, warp, major, clock, total);
+    /* An attribute past CU_DEVICE_ATTRIBUTE_MAX is refused, as the driver refuses it. */
+    EXPECT(cuDeviceGetAttribute(&clock, 100000, dev), CUDA_ERROR_INVALID_VALUE);
     CUuuid a, b;
     CHECK(cuDeviceGetUuid_v2(&a, dev));
     CHECK(cuDeviceGetUuid_v2(&b, dev));
@@ -59,11 +58,12 @@ int main(int argc, char **argv) {
     CHECK(cuCtxPushCurrent_v2(ctx));
 
     CUmodule mod;
-    CUfunction add, saxpy;
+    CUfunction add, saxpy, missing;
     CHECK(cuModuleLoadData(&mod, ptx));
     CHECK(cuModuleGetFunction(&add, mod, "add_f32"));
     CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy_f32"));
-    EXPECT(cuModuleGetFunction(&saxpy, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
+    /* Into a handle of its own: the driver may write to it even when it fails. */
+    EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
     size_t off = 0, size = 0;
     CHECK(cuFuncGetParamInfo(add, 3, &off, &size));
     ASSERT(off == 24 && size == 8, "add_f32 parameter 3 at %zu, %zu bytes", off, size);
@@ -88,17 +88,19 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i++) wrong += hc[i] != 3.0f * (float)i;
     ASSERT(wrong == 0, "%d of %d sums wrong", wrong, N);
 
-    /* The same through cuLaunchKernelEx (into db: a + b = 3i again); a launch attribute is
-     * refused. */
+    /* The same through cuLaunchKernelEx (into db: a + b = 3i again). */
     void *ex_params[] = {&da, &db, &db, &n};
     CUlaunchConfig config = {64, 1, 1, 256, 1, 1, 0, NULL, NULL, 0};
     CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
     CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
     ASSERT(hc[N - 1] == 3.0f * (float)(N - 1), "cuLaunchKernelEx: %f", hc[N - 1]);
-    CUlaunchAttribute cluster = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
+    if (mps_only()) {
+        /* Launch attributes are not supported through mps: refused, never ignored. */
+        CUlaunchAttribute cluster = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
+    }
 
     /* saxpy through `extra`: dc = 0.5 * da + dc, from a buffer laid out as the kernel's
      * parameters are (float at 0, pointers at 8 and 16, count at 24). */
@@ -134,17 +136,22 @@ int main(int argc, char **argv) {
     memcpy(&first, &hc[N - 1], 4);
     ASSERT(first == value, "fill_u32 wrote %#x", first);
     CHECK(cuLibraryUnload(lib));
-    EXPECT(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, fill_params, NULL),
-           CUDA_ERROR_INVALID_HANDLE);
+    /* Handles used after their module, library or context is gone: CUDA leaves that undefined
+     * (NVIDIA's driver may succeed or crash); mps refuses them. */
+    if (mps_only())
+        EXPECT(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, fill_params, NULL),
+               CUDA_ERROR_INVALID_HANDLE);
 
     CHECK(cuMemFree_v2(da));
     CHECK(cuMemFree_v2(db));
     CHECK(cuModuleUnload(mod));
-    EXPECT(cuLaunchKernel(add, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+    if (mps_only())
+        EXPECT(cuLaunchKernel(add, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
+               CUDA_ERROR_INVALID_HANDLE);
     CHECK(cuCtxDestroy_v2(ctx)); /* frees dc with it */
     CHECK(cuCtxGetCurrent(&cur));
     ASSERT(cur == NULL, "the destroyed context is still current");
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
+    if (mps_only()) EXPECT(cuCtxSetCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
 
     /* The primary context, as cudart uses it. */
     CUcontext primary;

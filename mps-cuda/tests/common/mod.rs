@@ -7,9 +7,42 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The workspace root.
+/// The workspace root (`MPS_ROOT` overrides it, for test executables run on another machine).
 pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("MPS_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
+/// This crate's directory in the workspace (under `root()`).
+pub(crate) fn crate_dir() -> PathBuf {
+    root().join("mps-cuda")
+}
+
+/// Records that `test` checked nothing, and why: `SKIPPED: <test>: <reason>` on stderr (past
+/// the harness's capture), appended to `$MPS_TEST_SKIP_LOG` if set. Under CI (`CI` set, as
+/// `.ci/run` does), what a test needs must be there: the test fails instead.
+#[allow(dead_code)] // each suite compiles this module; programs.rs skips nothing
+pub(crate) fn skip(test: &str, reason: &str) {
+    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    assert!(!in_ci, "{test}: {reason}; CI must provide it (.ci/run)");
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    if let Some(path) = std::env::var_os("MPS_TEST_SKIP_LOG") {
+        use std::io::Write;
+        // One append of one short line: lines of tests running at once do not interleave.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            panic!(
+                "cannot record the skip in {}: {e}",
+                Path::new(&path).display()
+            );
+        }
+    }
 }
 
 /// `target/<profile>`, from this test executable's path (`target/<profile>/deps/..`).
@@ -18,11 +51,25 @@ pub(crate) fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// Builds the library, the launcher and the server (cargo builds neither a package's cdylib
-/// for its integration tests nor another package's binaries), once per test run.
+/// The directory holding the library (`libmpscuda.so`), the launcher (`mps-run`) and the
+/// server (`mps-server`): `$MPS_PREBUILT_DIR` when set (as `scripts/test-gpu run` sets it on a
+/// machine without cargo), else this build's, built once per test run (cargo builds neither a
+/// package's cdylib for its integration tests nor another package's binaries).
 pub(crate) fn built() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("MPS_PREBUILT_DIR") {
+            let dir = PathBuf::from(dir);
+            for f in ["libmpscuda.so", "mps-run", "mps-server"] {
+                assert!(
+                    dir.join(f).exists(),
+                    "MPS_PREBUILT_DIR {} has no {f}: run scripts/test-gpu build, or unset it \
+                     to build with cargo",
+                    dir.display()
+                );
+            }
+            return dir;
+        }
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args([
             "build",

@@ -18,6 +18,13 @@ int main() {
            p.maxGridSize[0], p.maxGridSize[1], p.maxGridSize[2]);
     printf("shared per block %zu, registers per block %d\n", p.sharedMemPerBlock, p.regsPerBlock);
     printf("memory %zu MiB\n", p.totalGlobalMem >> 20);
+    // Facts of the GPU itself (CUDA 13 asks for the clock by attribute).
+    int clock = 0, l2 = 0, bus = 0;
+    CHECK(cudaDeviceGetAttribute(&clock, cudaDevAttrClockRate, 0));
+    CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    CHECK(cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, 0));
+    EXPECT(clock > 0 && l2 > 0 && bus > 0);
+    printf("clock %d kHz, L2 %d bytes, memory bus %d bits\n", clock, l2, bus);
     printf("device_props: done\n");
     return 0;
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{BackendKind, Dim3, ParamInfo};
+use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3, ParamInfo};
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
@@ -40,6 +40,11 @@ pub struct DeviceInfo {
     pub limits: DeviceLimits,
     /// Which backend.
     pub kind: BackendKind,
+    /// Every device attribute the device reports (`cuDeviceGetAttribute`'s), sorted by
+    /// attribute; clients answer `cuDeviceGetAttribute` from these.
+    pub attributes: Vec<DeviceAttribute>,
+    /// The device's UUID (`cuDeviceGetUuid`'s), where the device reports one.
+    pub uuid: Option<[u8; 16]>,
 }
 
 /// Host memory a copy reads or writes: shared pages (a host buffer, the staging area) or, for a

@@ -15,7 +15,8 @@ use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleTable};
 use mps_core::limits::check_geometry;
 use mps_core::protocol::{
-    self, Command, Completion, CompletionKind, HostBufferFd, HostRef, Opcode, Request, flags,
+    self, ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
+    HostRef, Opcode, Request, flags,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -390,6 +391,7 @@ impl<B: Backend> SessionCore<B> {
             Request::ModuleUnload { module } => self.module_unload(module),
             Request::GetFunction { module, name } => self.get_function(module, name),
             Request::ParamInfo { function, first } => self.param_info(seq, function, first),
+            Request::DeviceAttributes { first } => Ok(self.device_attributes(seq, first)),
             Request::StreamCreate { priority } => {
                 let slot = self.streams.take_slot()?;
                 // A below-normal client's streams get the device's least urgent priority (the
@@ -454,6 +456,33 @@ impl<B: Backend> SessionCore<B> {
                 Ok(Answer::Values([ms.to_bits() as u64, 0, 0, 0]))
             }
         }
+    }
+
+    /// A page of the device's attributes from the `first`th, and its UUID when known (the
+    /// layout [`Request::DeviceAttributes`] documents).
+    fn device_attributes(&self, seq: u64, first: u32) -> Answer {
+        let info = self.backend.info();
+        let all = &info.attributes;
+        let rest = all.get(first as usize..).unwrap_or(&[]);
+        let page = &rest[..rest.len().min(ATTRIBUTES_PER_REPLY)];
+        let mut c = Completion::reply(
+            seq,
+            [
+                page.len() as u64,
+                all.len() as u64,
+                info.uuid.is_some() as u64,
+                0,
+            ],
+        );
+        let bytes = bytemuck::cast_slice::<DeviceAttribute, u8>(page);
+        c.data[..bytes.len()].copy_from_slice(bytes);
+        let mut len = bytes.len();
+        if let Some(uuid) = info.uuid {
+            c.data[len..len + 16].copy_from_slice(&uuid);
+            len += 16;
+        }
+        c.data_len = len as u32;
+        Answer::Full(Box::new(c))
     }
 
     /// Queues stream-ordered work, publishing the command's stream progress if it asks.

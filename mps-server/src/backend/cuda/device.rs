@@ -1,13 +1,13 @@
 //! What the server reports of its device, read from the driver: name, memory, SMs, compute
-//! capability and launch limits.
+//! capability, launch limits, every attribute the driver answers and the UUID.
 
 use std::ffi::CStr;
 
 use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute_enum as A, CUfunction};
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{BackendKind, Dim3};
+use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3};
 
-use super::driver::{DriverError, attribute, check, check_on};
+use super::driver::{DriverError, all_attributes, attribute, check, check_on, uuid};
 use crate::backend::DeviceInfo;
 
 /// Describes device `dev`; `units` splits its SM count into the partition units.
@@ -44,6 +44,12 @@ pub(super) fn describe(
         ),
         limits: limits(dev)?,
         kind: BackendKind::Cuda,
+        attributes: all_attributes(dev)?
+            .into_iter()
+            .map(|(attribute, value)| DeviceAttribute { attribute, value })
+            .collect(),
+        // A driver without cuDeviceGetUuid_v2's answer leaves the client to make one up.
+        uuid: uuid(dev).ok(),
     })
 }
 

@@ -197,6 +197,56 @@ pub fn attribute(dev: CUdevice, attr: CUdevice_attribute) -> Result<i32, DriverE
     Ok(value)
 }
 
+/// Every attribute of device `dev` from 1 to `CU_DEVICE_ATTRIBUTE_MAX` that the driver answers,
+/// as (attribute, value), in order; an attribute the driver refuses (one it does not know, or a
+/// number CUDA left unused) is left out.
+pub fn all_attributes(dev: CUdevice) -> Result<Vec<(i32, i32)>, DriverError> {
+    // The numbers are asked as plain ints: some in the range are no variant of cudarc's enum,
+    // so the function is taken from the driver with its C signature rather than through the
+    // enum-typed binding.
+    type GetAttribute = unsafe extern "C" fn(*mut i32, i32, CUdevice) -> CUresult;
+    let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
+    let mut found = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+    // SAFETY: the name is NUL-terminated; the call writes one pointer and one status.
+    let r = unsafe {
+        sys::cuGetProcAddress_v2(
+            c"cuDeviceGetAttribute".as_ptr(),
+            &mut pfn,
+            12000,
+            0,
+            &mut found,
+        )
+    };
+    check_on(r, "cuGetProcAddress", || "cuDeviceGetAttribute".into())?;
+    if pfn.is_null() {
+        return Err(
+            DriverError::new(E::CUDA_ERROR_NOT_FOUND, "cuGetProcAddress")
+                .on(format!("cuDeviceGetAttribute: {found:?}")),
+        );
+    }
+    // SAFETY: the driver documents cuDeviceGetAttribute as
+    // `CUresult (int *pi, CUdevice_attribute attrib, CUdevice dev)`, the enum an int in C.
+    let get: GetAttribute = unsafe { std::mem::transmute(pfn) };
+    let mut all = Vec::new();
+    for attr in 1..CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX as i32 {
+        let mut value = 0;
+        // SAFETY: writes one int; the driver checks `attr` and `dev`.
+        if unsafe { get(&mut value, attr, dev) } == E::CUDA_SUCCESS {
+            all.push((attr, value));
+        }
+    }
+    Ok(all)
+}
+
+/// The UUID of device `dev` (`cuDeviceGetUuid_v2`).
+pub fn uuid(dev: CUdevice) -> Result<[u8; 16], DriverError> {
+    let mut u = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: writes one CUuuid.
+    let r = unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) };
+    check_on(r, "cuDeviceGetUuid_v2", || format!("device {dev}"))?;
+    Ok(u.bytes.map(|b| b as u8))
+}
+
 /// Whether a failure leaves the context unusable: every later call of any thread fails with it,
 /// and only a new process gets a working context.
 pub fn is_sticky(code: CUresult) -> bool {

@@ -9,6 +9,7 @@
 //! told, and every later call fails, as on a GPU (whose kernel fault ends the context of the
 //! process); this is what lets the server's recovery be tested without one.
 
+mod attributes;
 mod fatbin;
 mod kernels;
 pub mod memory;
@@ -145,6 +146,8 @@ impl SimBackend {
                 cc: (9, 0),
                 limits: DeviceLimits::SM_90,
                 kind: BackendKind::Sim,
+                attributes: attributes::attributes(cfg.sm_count),
+                uuid: Some(attributes::uuid(0)),
             },
             memory: Arc::new(DeviceMemory::new(cfg.memory_bytes)?),
             epoch: Instant::now(),
@@ -164,6 +167,7 @@ impl SimBackend {
     /// simulates a device of its own, with its own memory.
     pub fn as_device(mut self, device: u32) -> SimBackend {
         self.info.name = format!("mps simulator {device}");
+        self.info.uuid = Some(attributes::uuid(device));
         self
     }
 }
