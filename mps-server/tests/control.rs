@@ -1288,3 +1288,14 @@ fn the_daemons_flags_set_the_defaults_its_commands_report() {
         "{sms:?}"
     );
 }
+
+/// `--server-arg` reaches every server the daemon starts: here a limit per client.
+#[test]
+fn server_args_reach_the_daemons_servers() {
+    let d = TestDaemon::start_with(&["--server-arg=--max-streams", "--server-arg=1"]);
+    let c = d.client();
+    c.stream_create(0).unwrap();
+    let e = c.stream_create(0).unwrap_err();
+    assert_eq!(e.status, Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("--max-streams"), "{}", e.message);
+}

@@ -476,3 +476,40 @@ fn a_thread_that_cannot_start_is_a_refusal_not_an_abort() {
     set_address_space_limit(pid, u64::MAX);
     server.client().mem_alloc(4096).unwrap();
 }
+
+/// The third stream of a client of a server started with `--max-streams 2` is refused, with the
+/// limit and its flag named; the limits are the operator's, not the defaults.
+#[test]
+fn a_stream_past_the_operators_max_streams_is_refused_with_the_limit_named() {
+    let server = TestServer::start_with(&["--max-streams", "2"]);
+    let c = server.client();
+    let streams = [c.stream_create(0).unwrap(), c.stream_create(0).unwrap()];
+    let e = c.stream_create(0).unwrap_err();
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("max_streams"), "{}", e.message);
+    assert!(e.message.contains("--max-streams"), "{}", e.message);
+    // A stream given back is room for the next.
+    c.stream_destroy(streams[0]).unwrap();
+    c.stream_create(0).unwrap();
+}
+
+#[test]
+fn a_host_buffer_past_the_operators_max_host_bytes_is_refused_with_the_limit_named() {
+    let server = TestServer::start_with(&["--max-host-bytes", "1MiB"]);
+    let c = server.client();
+    let b = c.host_alloc(768 << 10).unwrap();
+    let e = c.host_alloc(512 << 10).unwrap_err();
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("--max-host-bytes"), "{}", e.message);
+    c.host_free(b).unwrap();
+    c.host_alloc(512 << 10).unwrap();
+}
+
+/// Limits past what the protocol allows are refused at start, naming the flag.
+#[test]
+fn limits_past_the_protocols_ceilings_are_refused_at_start() {
+    let err = refused_start(&["--max-streams".as_ref(), "256".as_ref()]);
+    assert!(err.contains("--max-streams"), "{err}");
+    let err = refused_start(&["--max-module-bytes".as_ref(), "1GiB".as_ref()]);
+    assert!(err.contains("--max-module-bytes"), "{err}");
+}

@@ -80,6 +80,12 @@ struct Args {
     /// bound is written to metrics.addr in the pipe directory.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// A word for the command line of every server the daemon starts, repeatable, e.g.
+    /// --server-arg=--max-streams --server-arg=16 for the limits per client of mps-server(1).
+    /// The options the daemon sets itself (directories, device, defaults, backend) are refused
+    /// by the server as given twice.
+    #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
+    server_args: Vec<String>,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -111,6 +117,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     if let Some(scope) = &args.sim_fault_scope {
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
+    server_args.extend(args.server_args.iter().cloned());
     let devices = devices_to_serve(args)?;
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),
