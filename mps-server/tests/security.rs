@@ -215,7 +215,18 @@ fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() 
 #[test]
 fn connections_beyond_the_per_user_limit_are_refused_with_the_limit_named() {
     let server = TestServer::start_with(&["--max-clients-per-user", "3"]);
-    let mut clients: Vec<_> = (0..3).map(|_| server.client()).collect();
+    // The connection TestServer made to see the server up keeps its place until the server has
+    // seen it close: each of the three is admitted once that place is free.
+    let mut clients: Vec<_> = (0..3)
+        .map(|_| {
+            let mut admitted = None;
+            wait_until("the start-up probe's place was never freed", || {
+                admitted = mpsclient::Client::connect(Some(&server.dir)).ok();
+                admitted.is_some()
+            });
+            admitted.unwrap()
+        })
+        .collect();
     let e = match mpsclient::Client::connect(Some(&server.dir)) {
         Ok(_) => panic!("a fourth client of one user was admitted"),
         Err(e) => e,
