@@ -122,6 +122,11 @@ struct Args {
     /// Milliseconds a new connection has for its whole hello before it is dropped.
     #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     hello_timeout_ms: u64,
+    /// Checks the options (the limits against the protocol's ceilings included) and exits
+    /// without serving: 0 when a server would start with them. mps-control checks its
+    /// --server-arg words this way when it starts.
+    #[arg(long)]
+    check_options: bool,
     #[command(flatten)]
     client: ClientLimitArgs,
 }
@@ -322,6 +327,9 @@ fn main() -> std::process::ExitCode {
     if let Err(e) = client_limits.check() {
         eprintln!("mps-server: {}", e.message);
         return std::process::ExitCode::FAILURE;
+    }
+    if args.check_options {
+        return std::process::ExitCode::SUCCESS;
     }
     let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
     if let Err(e) = init_logging(&log_dir, &args.log_name) {

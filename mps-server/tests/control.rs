@@ -1299,3 +1299,24 @@ fn server_args_reach_the_daemons_servers() {
     assert_eq!(e.status, Status::QuotaExceeded, "{}", e.message);
     assert!(e.message.contains("--max-streams"), "{}", e.message);
 }
+
+/// A `--server-arg` every server would refuse keeps the daemon from starting, with the server's
+/// reason.
+#[test]
+fn server_args_a_server_would_refuse_stop_the_daemon_at_start() {
+    let dir = temp_dir("bad-server-arg");
+    let out = Command::new(control_bin())
+        .args(["-f", "--backend", "sim", "--server"])
+        .arg(server_bin())
+        .arg("--pipe-dir")
+        .arg(&dir)
+        .arg("--log-dir")
+        .arg(&dir)
+        .args(["--server-arg=--max-streams", "--server-arg=999"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--max-streams"), "{err}");
+    assert!(!dir.join("control.sock").exists(), "{err}");
+}

@@ -118,6 +118,9 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
     server_args.extend(args.server_args.iter().cloned());
+    if !args.server_args.is_empty() {
+        check_server_args(&server_bin, &server_args)?;
+    }
     let devices = devices_to_serve(args)?;
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),
@@ -159,6 +162,30 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     daemon.run(&STOP);
     let _ = daemon.pipe_dir().remove("metrics.addr");
     Ok(())
+}
+
+/// Refuses to start on server options that every server would refuse (a misspelt option, a
+/// limit past the protocol's ceiling), instead of failing each client later: the server checks
+/// them itself (`--check-options`).
+fn check_server_args(server_bin: &std::path::Path, server_args: &[String]) -> Result<(), String> {
+    let out = std::process::Command::new(server_bin)
+        .args(server_args)
+        .arg("--check-options")
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run {} to check its options: {e}",
+                server_bin.display()
+            )
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} refuses the options {server_args:?} (from --server-arg): {}",
+        server_bin.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
 }
 
 /// The device ordinals the daemon serves: those asked for (`--devices`), each of which must
