@@ -125,9 +125,13 @@ impl Client {
                 format!("handshake with {}: {e}", path.display()),
             )
         };
-        socket::send(&sock, bytemuck::bytes_of(&hello), &[]).map_err(io)?;
+        // A server that refuses this connection at once (a limit on connections) may close it
+        // before the hello is sent: its refusal is still there to read, and says more than the
+        // broken pipe.
+        let sent = socket::send(&sock, bytemuck::bytes_of(&hello), &[]);
         let mut welcome: Welcome = bytemuck::Zeroable::zeroed();
-        let fds = socket::recv(&sock, bytemuck::bytes_of_mut(&mut welcome), 2).map_err(io)?;
+        let fds = socket::recv(&sock, bytemuck::bytes_of_mut(&mut welcome), 2)
+            .map_err(|e| io(sent.err().unwrap_or(e)))?;
         welcome.check(&path.display())?;
         let layout = Layout::from_welcome(&welcome)?;
         let [client_fd, server_fd]: [_; 2] = fds.try_into().map_err(|_| {

@@ -62,9 +62,15 @@ fn served(dir: &Path, group: &str) -> Result<Vec<u32>> {
     };
     let hello = Hello::count_devices(group)
         .map_err(|e| Error::invalid_value(format!("MPS_GROUP: {}", e.message)))?;
-    socket::send(&sock, bytemuck::bytes_of(&hello), &[]).map_err(io)?;
+    // Nothing goes to a socket that neither this user nor root serves.
+    socket::check_server(&sock, &path)?;
+    // A server that refuses this connection at once (a limit on connections) may close it
+    // before the hello is sent: its refusal is still there to read, and says more than the
+    // broken pipe.
+    let sent = socket::send(&sock, bytemuck::bytes_of(&hello), &[]);
     let mut list: DeviceList = bytemuck::Zeroable::zeroed();
-    socket::recv(&sock, bytemuck::bytes_of_mut(&mut list), 0).map_err(io)?;
+    socket::recv(&sock, bytemuck::bytes_of_mut(&mut list), 0)
+        .map_err(|e| io(sent.err().unwrap_or(e)))?;
     if list.status != Status::Success as u32 {
         // A refusal: the rest of a welcome follows.
         let mut welcome: Welcome = bytemuck::Zeroable::zeroed();

@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
 use mps_ipc::trust;
+use mps_server::Limits as ClientLimits;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
@@ -121,6 +122,70 @@ struct Args {
     /// Milliseconds a new connection has for its whole hello before it is dropped.
     #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     hello_timeout_ms: u64,
+    /// Checks the options (the limits against the protocol's ceilings included) and exits
+    /// without serving: 0 when a server would start with them. mps-control checks its
+    /// --server-arg words this way when it starts.
+    #[arg(long)]
+    check_options: bool,
+    #[command(flatten)]
+    client: ClientLimitArgs,
+}
+
+/// What one client may hold; a request past a limit is refused with MPS_ERROR_QUOTA_EXCEEDED
+/// and a message naming the limit. The defaults are `session::Limits::default()`.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Limits per client")]
+struct ClientLimitArgs {
+    /// Streams a client may create besides its default stream (each a thread of the
+    /// simulator, a driver stream on a GPU); at most 255.
+    #[arg(long, default_value_t = ClientLimits::default().max_streams)]
+    max_streams: usize,
+    /// Events a client may hold.
+    #[arg(long, default_value_t = ClientLimits::default().max_events)]
+    max_events: usize,
+    /// Modules a client may hold loaded.
+    #[arg(long, default_value_t = ClientLimits::default().max_modules)]
+    max_modules: usize,
+    /// Kernel handles a client may hold.
+    #[arg(long, default_value_t = ClientLimits::default().max_functions)]
+    max_functions: usize,
+    /// Host buffers (mps_host_alloc) a client may hold.
+    #[arg(long, default_value_t = ClientLimits::default().max_host_buffers)]
+    max_host_buffers: usize,
+    /// Bytes of all of a client's host buffers together, e.g. 64GiB: each maps that much of
+    /// the server's address space and, once touched, of its memory.
+    #[arg(long, default_value = "64GiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_host_bytes: u64,
+    /// Bytes of one module image, e.g. 256MiB (held by the server while it is uploaded); at
+    /// most 256MiB.
+    #[arg(long, default_value = "256MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_module_bytes: u64,
+    /// Kernel entries of one PTX module.
+    #[arg(long, default_value_t = ClientLimits::default().max_module_entries)]
+    max_module_entries: usize,
+    /// Captured graphs a client may hold, and executable graphs (each counted on its own).
+    #[arg(long, default_value_t = ClientLimits::default().max_graphs)]
+    max_graphs: usize,
+    /// Commands one stream capture may record (each a node of the graph).
+    #[arg(long, default_value_t = ClientLimits::default().max_graph_commands)]
+    max_graph_commands: usize,
+}
+
+impl ClientLimitArgs {
+    fn limits(&self) -> ClientLimits {
+        ClientLimits {
+            max_streams: self.max_streams,
+            max_events: self.max_events,
+            max_modules: self.max_modules,
+            max_functions: self.max_functions,
+            max_host_buffers: self.max_host_buffers,
+            max_host_bytes: self.max_host_bytes,
+            max_module_bytes: self.max_module_bytes,
+            max_module_entries: self.max_module_entries,
+            max_graphs: self.max_graphs,
+            max_graph_commands: self.max_graph_commands,
+        }
+    }
 }
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
@@ -247,6 +312,14 @@ fn main() -> std::process::ExitCode {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS) };
     }
     let args = Args::parse();
+    let client_limits = args.client.limits();
+    if let Err(e) = client_limits.check() {
+        eprintln!("mps-server: {}", e.message);
+        return std::process::ExitCode::FAILURE;
+    }
+    if args.check_options {
+        return std::process::ExitCode::SUCCESS;
+    }
     let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
     if let Err(e) = init_logging(&log_dir, &args.log_name) {
         eprintln!("mps-server: {e}");
@@ -281,6 +354,7 @@ fn main() -> std::process::ExitCode {
             max_pending: args.max_pending_hellos,
             hello_timeout: std::time::Duration::from_millis(args.hello_timeout_ms),
         },
+        client_limits,
         device: args.device,
     };
     let result = match args.backend {
@@ -300,5 +374,31 @@ fn main() -> std::process::ExitCode {
             tracing::error!("{e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size flags' defaults are written as text: they must be the session's defaults.
+    #[test]
+    fn client_limit_flags_default_to_the_session_defaults() {
+        let args = Args::try_parse_from(["mps-server"]).unwrap();
+        assert_eq!(args.client.limits(), ClientLimits::default());
+    }
+
+    #[test]
+    fn client_limit_flags_reach_the_limits() {
+        let args = Args::try_parse_from([
+            "mps-server",
+            "--max-streams",
+            "2",
+            "--max-host-bytes",
+            "1GiB",
+        ])
+        .unwrap();
+        let limits = args.client.limits();
+        assert_eq!((limits.max_streams, limits.max_host_bytes), (2, 1 << 30));
     }
 }

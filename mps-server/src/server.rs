@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub max_sm_reserve: u32,
     /// Connections admitted and how long a hello may take.
     pub limits: ConnectionLimits,
+    /// What each client may hold (streams, events, modules, host buffers, ...).
+    pub client_limits: Limits,
     /// The device ordinal served: clients asking for another are refused.
     pub device: u32,
 }
@@ -102,6 +104,7 @@ impl<B: Backend> Server<B> {
     /// over by a server whose context failed, see [`crate::recovery`]).
     pub fn adopt(backend: Arc<B>, cfg: ServerConfig, listener: UnixListener) -> Result<Server<B>> {
         let path = cfg.pipe_dir.join(SOCKET_NAME);
+        cfg.client_limits.check()?;
         // The accept loop also reads hellos: it must never block in accept.
         listener.set_nonblocking(true).map_err(|e| {
             Error::internal(format!("cannot make {} non-blocking: {e}", path.display()))
@@ -293,6 +296,7 @@ impl<B: Backend> Server<B> {
         let registry = self.registry.clone();
         let workers = self.workers.clone();
         let device = self.cfg.device;
+        let limits = self.cfg.client_limits;
         let stream = Arc::new(stream);
         let sock = stream.clone();
         let spawned = std::thread::Builder::new()
@@ -305,7 +309,7 @@ impl<B: Backend> Server<B> {
                             backend,
                             handles,
                             registry,
-                            limits: Limits::default(),
+                            limits,
                             waits,
                         };
                         match Session::new(env, id, peer, channel, socket) {

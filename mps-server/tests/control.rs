@@ -546,7 +546,8 @@ fn device_memory_limits_hold() {
     }
     let d = TestDaemon::start();
     for bad in [
-        vec!["set_default_device_pinned_mem_limit", "1", "1G"],
+        // A device the daemon does not serve (it serves what the machine has).
+        vec!["set_default_device_pinned_mem_limit", "99", "1G"],
         vec!["set_default_device_pinned_mem_limit", "0", "lots"],
         vec!["set_default_device_pinned_mem_limit", "0"],
     ] {
@@ -1288,4 +1289,36 @@ fn the_daemons_flags_set_the_defaults_its_commands_report() {
         sms.sms * 2 >= sms.device_sms && sms.sms < sms.device_sms,
         "{sms:?}"
     );
+}
+
+/// `--server-arg` reaches every server the daemon starts: here a limit per client.
+#[test]
+fn server_args_reach_the_daemons_servers() {
+    let d = TestDaemon::start_with(&["--server-arg=--max-streams", "--server-arg=1"]);
+    let c = d.client();
+    c.stream_create(0).unwrap();
+    let e = c.stream_create(0).unwrap_err();
+    assert_eq!(e.status, Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("--max-streams"), "{}", e.message);
+}
+
+/// A `--server-arg` every server would refuse keeps the daemon from starting, with the server's
+/// reason.
+#[test]
+fn server_args_a_server_would_refuse_stop_the_daemon_at_start() {
+    let dir = temp_dir("bad-server-arg");
+    let out = Command::new(control_bin())
+        .args(["-f", "--backend", "sim", "--server"])
+        .arg(server_bin())
+        .arg("--pipe-dir")
+        .arg(&dir)
+        .arg("--log-dir")
+        .arg(&dir)
+        .args(["--server-arg=--max-streams", "--server-arg=999"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--max-streams"), "{err}");
+    assert!(!dir.join("control.sock").exists(), "{err}");
 }

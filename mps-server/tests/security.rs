@@ -215,7 +215,18 @@ fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() 
 #[test]
 fn connections_beyond_the_per_user_limit_are_refused_with_the_limit_named() {
     let server = TestServer::start_with(&["--max-clients-per-user", "3"]);
-    let mut clients: Vec<_> = (0..3).map(|_| server.client()).collect();
+    // The connection TestServer made to see the server up keeps its place until the server has
+    // seen it close: each of the three is admitted once that place is free.
+    let mut clients: Vec<_> = (0..3)
+        .map(|_| {
+            let mut admitted = None;
+            wait_until("the start-up probe's place was never freed", || {
+                admitted = mpsclient::Client::connect(Some(&server.dir)).ok();
+                admitted.is_some()
+            });
+            admitted.unwrap()
+        })
+        .collect();
     let e = match mpsclient::Client::connect(Some(&server.dir)) {
         Ok(_) => panic!("a fourth client of one user was admitted"),
         Err(e) => e,
@@ -475,4 +486,41 @@ fn a_thread_that_cannot_start_is_a_refusal_not_an_abort() {
     assert!(server.is_alive(), "the server died; log:\n{}", server.log());
     set_address_space_limit(pid, u64::MAX);
     server.client().mem_alloc(4096).unwrap();
+}
+
+/// The third stream of a client of a server started with `--max-streams 2` is refused, with the
+/// limit and its flag named; the limits are the operator's, not the defaults.
+#[test]
+fn a_stream_past_the_operators_max_streams_is_refused_with_the_limit_named() {
+    let server = TestServer::start_with(&["--max-streams", "2"]);
+    let c = server.client();
+    let streams = [c.stream_create(0).unwrap(), c.stream_create(0).unwrap()];
+    let e = c.stream_create(0).unwrap_err();
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("max_streams"), "{}", e.message);
+    assert!(e.message.contains("--max-streams"), "{}", e.message);
+    // A stream given back is room for the next.
+    c.stream_destroy(streams[0]).unwrap();
+    c.stream_create(0).unwrap();
+}
+
+#[test]
+fn a_host_buffer_past_the_operators_max_host_bytes_is_refused_with_the_limit_named() {
+    let server = TestServer::start_with(&["--max-host-bytes", "1MiB"]);
+    let c = server.client();
+    let b = c.host_alloc(768 << 10).unwrap();
+    let e = c.host_alloc(512 << 10).unwrap_err();
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{}", e.message);
+    assert!(e.message.contains("--max-host-bytes"), "{}", e.message);
+    c.host_free(b).unwrap();
+    c.host_alloc(512 << 10).unwrap();
+}
+
+/// Limits past what the protocol allows are refused at start, naming the flag.
+#[test]
+fn limits_past_the_protocols_ceilings_are_refused_at_start() {
+    let err = refused_start(&["--max-streams".as_ref(), "256".as_ref()]);
+    assert!(err.contains("--max-streams"), "{err}");
+    let err = refused_start(&["--max-module-bytes".as_ref(), "1GiB".as_ref()]);
+    assert!(err.contains("--max-module-bytes"), "{err}");
 }

@@ -80,6 +80,12 @@ struct Args {
     /// bound is written to metrics.addr in the pipe directory.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// A word for the command line of every server the daemon starts, repeatable, e.g.
+    /// --server-arg=--max-streams --server-arg=16 for the limits per client of mps-server(1).
+    /// The options the daemon sets itself (directories, device, defaults, backend) are refused
+    /// by the server as given twice.
+    #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
+    server_args: Vec<String>,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -110,6 +116,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     }
     if let Some(scope) = &args.sim_fault_scope {
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
+    }
+    server_args.extend(args.server_args.iter().cloned());
+    if !args.server_args.is_empty() {
+        check_server_args(&server_bin, &server_args)?;
     }
     let devices = devices_to_serve(args)?;
     let daemon = Daemon::bind(DaemonConfig {
@@ -152,6 +162,30 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     daemon.run(&STOP);
     let _ = daemon.pipe_dir().remove("metrics.addr");
     Ok(())
+}
+
+/// Refuses to start on server options that every server would refuse (a misspelt option, a
+/// limit past the protocol's ceiling), instead of failing each client later: the server checks
+/// them itself (`--check-options`).
+fn check_server_args(server_bin: &std::path::Path, server_args: &[String]) -> Result<(), String> {
+    let out = std::process::Command::new(server_bin)
+        .args(server_args)
+        .arg("--check-options")
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run {} to check its options: {e}",
+                server_bin.display()
+            )
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} refuses the options {server_args:?} (from --server-arg): {}",
+        server_bin.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
 }
 
 /// The device ordinals the daemon serves: those asked for (`--devices`), each of which must

@@ -52,18 +52,22 @@ impl Default for Limits {
 
 impl Limits {
     /// Checks settings that the protocol bounds: streams by the channel's progress slots, module
-    /// images by what a client may send.
+    /// images by what a client may send. The message names the field and the mps-server flag
+    /// that sets it.
     pub fn check(&self) -> Result<()> {
         if self.max_streams >= MAX_STREAMS {
             return Err(Error::invalid_value(format!(
-                "max_streams {} is more than the {} streams a client's channel has slots for",
+                "max_streams (--max-streams) {} is more than the {} streams a client's channel \
+                 has slots for; set it to {} or less",
                 self.max_streams,
+                MAX_STREAMS - 1,
                 MAX_STREAMS - 1
             )));
         }
         if self.max_module_bytes > MAX_MODULE_BYTES {
             return Err(Error::invalid_value(format!(
-                "max_module_bytes {} is more than the protocol's {MAX_MODULE_BYTES}",
+                "max_module_bytes (--max-module-bytes) {} is more than the {MAX_MODULE_BYTES} \
+                 bytes the protocol lets a client send; set it to {MAX_MODULE_BYTES} or less",
                 self.max_module_bytes
             )));
         }
@@ -71,10 +75,15 @@ impl Limits {
     }
 }
 
-/// The refusal of a request that would take a client past `limit` (a field of [`Limits`]).
+/// The refusal of a request that would take a client past `limit` (a field of [`Limits`]),
+/// naming the limit and the flag that sets it (a completion carries 200 bytes of message: the
+/// suffix is kept short).
 pub(crate) fn exceeded(limit: &str, what: String) -> Error {
     Error::new(
         Status::QuotaExceeded,
-        format!("{what} (the server's {limit} limit per client)"),
+        format!(
+            "{what} ({limit} per client, mps-server --{})",
+            limit.replace('_', "-")
+        ),
     )
 }
