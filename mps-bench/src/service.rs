@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 
 const NV_PIPE: &str = "/tmp/mps-bench-nvidia-pipe";
 const NV_LOG: &str = "/tmp/mps-bench-nvidia-log";
+/// The environment of NVIDIA MPS's daemon and of its clients.
+const NV_ENV: [(&str, &str); 2] = [
+    ("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE),
+    ("CUDA_MPS_LOG_DIRECTORY", NV_LOG),
+];
 /// NVIDIA's daemon and the server it starts (`argv[0]` of each).
 const NV_PROCESSES: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
 
@@ -83,9 +88,11 @@ impl Service {
                     std::fs::create_dir_all(d)
                         .unwrap_or_else(|e| panic!("cannot create {d} for NVIDIA MPS: {e}"));
                 }
+                // Not through `Service::Nvidia.client_env()`: that temporary's drop would quit
+                // the daemon the moment it started.
                 let ok = Command::new("nvidia-cuda-mps-control")
                     .arg("-d")
-                    .envs(Service::Nvidia.client_env())
+                    .envs(NV_ENV)
                     .status()
                     .is_ok_and(|s| s.success());
                 assert!(ok, "nvidia-cuda-mps-control -d failed (is it installed?)");
@@ -131,10 +138,7 @@ impl Service {
     /// The environment that makes a worker a client of this service.
     pub(crate) fn client_env(&self) -> Vec<(&'static str, &'static str)> {
         match self {
-            Service::Nvidia => vec![
-                ("CUDA_MPS_PIPE_DIRECTORY", NV_PIPE),
-                ("CUDA_MPS_LOG_DIRECTORY", NV_LOG),
-            ],
+            Service::Nvidia => NV_ENV.to_vec(),
             Service::Mps(_) | Service::MpsDaemon(_) => {
                 vec![("MPS_PIPE_DIRECTORY", mps_dirs().0.as_str())]
             }
