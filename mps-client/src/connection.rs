@@ -157,13 +157,11 @@ impl Client {
         Ok(client)
     }
 
-    /// A client with id `id` over a channel whose handshake is done.
-    pub(crate) fn over(
-        id: u32,
-        socket: UnixStream,
-        channel: Channel,
-        device: DeviceInfo,
-    ) -> Client {
+    /// A client with id `id` over a channel whose handshake is done: for a server in the same
+    /// process (the server's own tests drive it against this client in memory). `socket` is the
+    /// client's end of the connection, on which host buffers arrive.
+    #[doc(hidden)]
+    pub fn over(id: u32, socket: UnixStream, channel: Channel, device: DeviceInfo) -> Client {
         Client {
             id,
             submitter: Mutex::new(Submitter::new(

@@ -23,6 +23,7 @@ use crate::backend::{Backend, ClientContext, DeviceInfo, FaultSink, Op, Publish}
 use crate::registry::{Defaults, Registry};
 use recorder::{Recorder, Submitted};
 
+mod against_client;
 mod device;
 mod graphs;
 mod isolation;
