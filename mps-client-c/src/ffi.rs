@@ -6,6 +6,9 @@
 //! pointer it is given for NULL, and never dereferences an `mps_client *` it did not hand out:
 //! client pointers are looked up in a registry, so a stale or foreign one is
 //! `MPS_ERROR_INVALID_HANDLE`, not undefined behaviour.
+//!
+//! Past 600 lines: one exported function per entry of `include/mps.h`, each with its `# Safety`
+//! section; splitting them would split the header's order.
 
 #![allow(non_camel_case_types)]
 

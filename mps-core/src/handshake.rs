@@ -6,6 +6,8 @@
 //! [`HostBufferFd`] carries each host buffer's descriptor. Every message is `#[repr(C)]` and
 //! [`bytemuck::Pod`]; this module encodes, decodes and checks them and does no I/O, so client,
 //! server, daemon and tests share one definition of what a valid peer says.
+//!
+//! Past 600 lines because of its tests, at the end, which try every refusal of each message.
 
 use bytemuck::{Pod, Zeroable};
 

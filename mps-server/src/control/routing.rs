@@ -7,6 +7,9 @@
 //! fresh server at once, and lists the failed one as `FAULT` until it has drained its clients
 //! and exited; clients handed to it in the meantime come back ([`wire::RETURN`]) and go to the
 //! fresh one.
+//!
+//! Just past 600 lines: routing, starting servers and the recovery hand-back are one state (the
+//! table of servers) and are kept together.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
