@@ -5,7 +5,6 @@
 
 pub mod backend;
 pub mod control;
-pub mod fs_trust;
 pub mod intake;
 mod outbox;
 pub mod process;

@@ -294,9 +294,10 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
 /// file is opened without following a link, must be this user's, and is kept at mode 0600:
 /// the log names every client's pid and uid.
 fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
-    let opened =
-        trust::private_dir(dir, 0o700).map_err(|e| format!("the log directory: {}", e.message))?;
-    let file = trust::open_private_file(&opened, dir, name, 0o600).map_err(|e| e.message)?;
+    let file = trust::TrustedDir::open(dir, 0o700)
+        .map_err(|e| format!("the log directory: {}", e.message))?
+        .append_file(name, 0o600, None)
+        .map_err(|e| e.message)?;
     init_logging_to(file);
     Ok(())
 }

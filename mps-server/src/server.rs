@@ -2,7 +2,7 @@
 //! hellos, [`crate::intake`]), the handshake, and the hand-over of each client to the session
 //! workers.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -13,7 +13,7 @@ use mps_core::handshake::{DeviceInfoWire, DeviceList, Hello, Welcome};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::socket::{self, Peer, SOCKET_NAME};
-use mps_ipc::trust;
+use mps_ipc::trust::TrustedDir;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::backend::Backend;
@@ -83,20 +83,10 @@ impl<B: Backend> Server<B> {
     /// or refusing one that another user owns or can write ([`mps_ipc::trust`]). Fails if
     /// another server answers on it; a stale socket file from a server that died is replaced.
     pub fn bind(backend: Arc<B>, cfg: ServerConfig) -> Result<Server<B>> {
-        let dir = &cfg.pipe_dir;
-        let opened = trust::private_dir(dir, 0o700)
+        let dir = TrustedDir::open(&cfg.pipe_dir, 0o700)
             .map_err(|e| Error::new(e.status, format!("the pipe directory: {}", e.message)))?;
-        // Nobody else can rename the checked directory or one above it (they are this user's
-        // or root's, and sticky where others may write), so the path still leads to it.
-        if !trust::is_same_dir(&opened, dir) {
-            return Err(Error::new(
-                Status::PermissionDenied,
-                format!("{} changed while it was being checked", dir.display()),
-            ));
-        }
-        let path = dir.join(SOCKET_NAME);
         // Only this user (and root) may connect; the handshake checks the uid again.
-        let listener = listen(&path, 0o600)?;
+        let listener = dir.listen(SOCKET_NAME, 0o600)?;
         Self::adopt(backend, cfg, listener)
     }
 
@@ -388,45 +378,6 @@ fn device_wire<B: Backend>(backend: &B) -> DeviceInfoWire {
         info.cc,
         info.kind,
     )
-}
-
-/// Listens on `path` with permissions `mode`, set on the socket before it is bound (the file
-/// `bind` creates takes the socket's mode), never by path afterwards. Fails if something already
-/// answers there (another server or daemon); a stale socket file left by one that died is
-/// replaced. The directory must be one only this user or root can write (see
-/// [`mps_ipc::trust::private_dir`]).
-pub(crate) fn listen(path: &Path, mode: u32) -> Result<UnixListener> {
-    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
-    use nix::sys::stat::{Mode, fchmod, umask};
-    let denied = |what: String| Error::new(Status::PermissionDenied, what);
-    if UnixStream::connect(path).is_ok() {
-        return Err(denied(format!(
-            "{} is already served (another mps-server or mps-control listens there); stop it \
-             or choose another pipe directory",
-            path.display()
-        )));
-    }
-    let _ = std::fs::remove_file(path);
-    let fail = |what: &str, e: nix::Error| denied(format!("{what} {}: {e}", path.display()));
-    let sock = nix::sys::socket::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(|e| fail("cannot create a socket for", e))?;
-    fchmod(&sock, Mode::from_bits_truncate(mode))
-        .map_err(|e| fail("cannot set the mode of the socket for", e))?;
-    let addr = UnixAddr::new(path).map_err(|e| fail("cannot bind to", e))?;
-    // The umask would still take bits away (0666 must stay 0666 for the daemon's clients). It
-    // is the process's: this runs at start-up, before any thread that creates files.
-    let old = umask(Mode::empty());
-    let bound = nix::sys::socket::bind(sock.as_raw_fd(), &addr);
-    umask(old);
-    bound.map_err(|e| fail("cannot listen on", e))?;
-    nix::sys::socket::listen(&sock, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
-        .map_err(|e| fail("cannot listen on", e))?;
-    Ok(UnixListener::from(sock))
 }
 
 /// Waits up to 200 ms for a connection on `l`, so accept loops can look at their stop flag;

@@ -210,7 +210,7 @@ fn a_pipe_directory_owned_by_another_user_is_refused() {
     let log = dir("fs-log", 0o700);
     let err = refused(start(&pipe, &log), "a pipe directory owned by nobody");
     assert!(
-        err.contains(&format!("belongs to uid {}", nobody.uid)),
+        err.contains(&format!("is owned by uid {}", nobody.uid)),
         "{err}"
     );
     assert!(!pipe.join("mps.sock").exists());

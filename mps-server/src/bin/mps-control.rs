@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use mps_core::units::parse_size;
+use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
 use mps_server::control::{
     CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
 };
-use mps_server::fs_trust::TrustedDir;
 use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
 use mps_server::registry::Defaults;
 

@@ -34,8 +34,8 @@ use mps_ipc::socket::SOCKET_NAME;
 pub use command::{Command, Target};
 use routing::ServerProc;
 
-use crate::fs_trust::TrustedDir;
 use crate::server::wait_readable;
+use mps_ipc::trust::TrustedDir;
 
 /// The operators' socket in the pipe directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
