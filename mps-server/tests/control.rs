@@ -4,153 +4,14 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use std::io::Write;
 
+use common::daemon::TestDaemon;
 use common::*;
 use mpsclient::{Client, Status, Stream};
-
-struct TestDaemon {
-    dir: std::path::PathBuf,
-    child: Child,
-}
-
-impl TestDaemon {
-    fn start() -> TestDaemon {
-        Self::start_with(&[])
-    }
-
-    fn start_with(extra: &[&str]) -> TestDaemon {
-        Self::start_serving(&server_bin(), extra)
-    }
-
-    /// A daemon that starts `server` as its servers' binary.
-    fn start_serving(server: &std::path::Path, extra: &[&str]) -> TestDaemon {
-        let dir = temp_dir("control");
-        let child = Command::new(control_bin())
-            .arg("-f")
-            .args([
-                "--backend",
-                &backend(),
-                "--sim-memory",
-                "256MiB",
-                "--server",
-            ])
-            .arg(server)
-            .arg("--pipe-dir")
-            .arg(&dir)
-            .arg("--log-dir")
-            .arg(&dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let d = TestDaemon { dir, child };
-        d.wait_for_socket("control.sock");
-        d
-    }
-
-    /// The daemon's log directory's file `name`.
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
-    }
-
-    /// Waits until the log `name` contains `needle`; returns the log.
-    fn wait_for_log(&self, name: &str, needle: &str) -> String {
-        wait_until(
-            &format!("{name} to say {needle:?}"),
-            || self.log(name),
-            |log| log.contains(needle),
-        )
-    }
-
-    fn wait_for_socket(&self, name: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(self.dir.join(name)).is_err() {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Runs `mps-control <words>` against this daemon.
-    fn ctl(&self, words: &[&str]) -> Output {
-        Command::new(control_bin())
-            .arg("--pipe-dir")
-            .arg(&self.dir)
-            .args(words)
-            .output()
-            .unwrap()
-    }
-
-    fn ctl_ok(&self, words: &[&str]) -> String {
-        let out = self.ctl(words);
-        assert!(
-            out.status.success(),
-            "{words:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn servers(&self) -> Vec<u32> {
-        self.ctl_ok(&["get_server_list"])
-            .lines()
-            // A line is a server's pid, and FAULT after it while a failed server drains.
-            .map(|l| l.split_whitespace().next().unwrap_or("").parse().unwrap())
-            .collect()
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(Some(&self.dir)).expect("connect through the daemon")
-    }
-
-    /// This test binary, run again as a client of this daemon to play `role` in `test`, with
-    /// `env`.
-    fn role(&self, test: &str, role: &str, env: &[(&str, &str)]) -> Command {
-        self.role_of(&std::env::current_exe().unwrap(), test, role, env)
-    }
-
-    /// [`TestDaemon::role`], played by the test binary `exe` (a copy of this one).
-    fn role_of(
-        &self,
-        exe: &std::path::Path,
-        test: &str,
-        role: &str,
-        env: &[(&str, &str)],
-    ) -> Command {
-        let mut cmd = Command::new(exe);
-        cmd.args([test, "--exact", "--nocapture"])
-            .env("MPS_TEST_ROLE", role)
-            .env("MPS_PIPE_DIRECTORY", &self.dir)
-            .envs(env.iter().copied());
-        cmd
-    }
-
-    /// Runs [`TestDaemon::role`] to its end; it must succeed.
-    fn run_role(&self, test: &str, role: &str, env: &[(&str, &str)]) {
-        let out = self.role(test, role, env).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{test} as {role} with {env:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// The column `name` of the first row of client process `pid` in `status`.
-    fn status_field(&self, pid: u32, name: &str) -> Option<String> {
-        let status = self.ctl_ok(&["status"]);
-        let header = status.lines().find(|l| l.contains(name))?;
-        let column = header.split_whitespace().position(|h| h == name)?;
-        status
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
-            .and_then(|l| l.split_whitespace().nth(column).map(str::to_string))
-    }
-}
 
 /// Starts `cmd` with standard input and output piped, and returns it with the first line it
 /// printed that `said` accepts; the rest of its output is read on a thread of its own, so the
@@ -173,15 +34,6 @@ fn spawn_until(mut cmd: Command, said: impl Fn(&str) -> bool) -> (Child, String)
 fn release(mut child: Child) {
     let _ = child.stdin.take().unwrap().write_all(b"go\n");
     assert!(child.wait().unwrap().success(), "a client failed");
-}
-
-impl Drop for TestDaemon {
-    fn drop(&mut self) {
-        let _ = self.ctl(&["quit", "-t", "1"]);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// The log of this user's server of group `default`.
@@ -208,13 +60,13 @@ fn the_daemon_routes_clients_to_one_server_per_group() {
         touch(&Client::connect(None).unwrap());
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let a = d.client();
     touch(&a);
     let b = d.client();
     touch(&b);
     assert_eq!(
-        d.servers().len(),
+        d.server_pids().len(),
         1,
         "two clients of one group share a server"
     );
@@ -224,7 +76,7 @@ fn the_daemon_routes_clients_to_one_server_per_group() {
         &[("MPS_GROUP", "critical")],
     );
     assert_eq!(
-        d.servers().len(),
+        d.server_pids().len(),
         2,
         "a second group gets a server of its own"
     );
@@ -252,21 +104,21 @@ fn a_bad_group_name_is_refused_with_the_reason() {
         assert!(e.message.contains("MPS_GROUP"), "{e}");
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     d.run_role(
         "a_bad_group_name_is_refused_with_the_reason",
         "bad",
         &[("MPS_GROUP", "../escape")],
     );
-    assert!(d.servers().is_empty());
+    assert!(d.server_pids().is_empty());
 }
 
 #[test]
 fn operator_commands_work_and_bad_ones_get_one_line_errors() {
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let c = d.client();
     touch(&c);
-    let pids = d.servers();
+    let pids = d.server_pids();
     assert_eq!(pids.len(), 1);
     let pid = pids[0].to_string();
     assert_eq!(d.ctl_ok(&["get_server_status", &pid]), "ACTIVE\n");
@@ -310,14 +162,14 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     // Shutting a server down ends its clients' connections; the next client gets a new one.
     // Without -f the server is asked to stop (SIGTERM) and given time to: it stops by itself.
     assert!(d.ctl_ok(&["shutdown_server", &pid]).contains("stopped"));
-    assert!(d.servers().is_empty());
+    assert!(d.server_pids().is_empty());
     d.wait_for_log("control.log", &format!("server stopped pid={pid}"));
     d.wait_for_log(&server_log(), "stopping");
     let e = c.mem_alloc(16).unwrap_err();
     assert_eq!(e.status, Status::Connection, "{e}");
     let fresh = d.client();
     touch(&fresh);
-    let again = d.servers();
+    let again = d.server_pids();
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].to_string(), pid);
     // -f gives it no time: it is killed (SIGKILL) right after it is asked.
@@ -326,7 +178,7 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
         d.ctl_ok(&["shutdown_server", &second, "-f"])
             .contains("stopped")
     );
-    assert!(d.servers().is_empty());
+    assert!(d.server_pids().is_empty());
     d.wait_for_log("control.log", &format!("server killed pid={second}"));
     assert!(
         !d.log("control.log")
@@ -340,11 +192,7 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
     // The daemon outlived every bad command; quit stops it and its servers.
     let mut d = d;
     assert_eq!(d.ctl_ok(&["quit", "-t", "2"]), "quitting\n");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while d.child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "daemon did not quit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the daemon to exit after quit", || d.exited(), |e| *e);
     assert!(!d.dir.join("mps.sock").exists());
     let server = nix::unistd::Pid::from_raw(again[0] as i32);
     assert!(
@@ -358,9 +206,9 @@ fn operator_commands_work_and_bad_ones_get_one_line_errors() {
 #[test]
 fn quit_gives_servers_its_timeout_to_stop() {
     for (secs, fate) in [("5", "stopped"), ("0", "killed")] {
-        let mut d = TestDaemon::start();
+        let mut d = TestDaemon::start("control", &[]);
         touch(&d.client());
-        let pid = d.servers()[0];
+        let pid = d.server_pids()[0];
         assert_eq!(d.ctl_ok(&["quit", "-t", secs]), "quitting\n");
         let log = d.wait_for_log("control.log", &format!("server {fate} pid={pid}"));
         let other = if fate == "killed" {
@@ -372,11 +220,7 @@ fn quit_gives_servers_its_timeout_to_stop() {
             !log.contains(&format!("server {other} pid={pid}")),
             "quit -t {secs}:\n{log}"
         );
-        wait_until(
-            "the daemon to exit after quit",
-            || d.child.try_wait().unwrap(),
-            Option::is_some,
-        );
+        wait_until("the daemon to exit after quit", || d.exited(), |e| *e);
     }
 }
 
@@ -457,20 +301,20 @@ fn a_fault_in_one_group_leaves_another_group_untouched() {
         println!("faulted: {e}");
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let c = d.client();
     let n = 4096u64;
     let p = c.mem_alloc(n * 4).unwrap();
     c.memset_d32(p, 0x5eed, n, Stream::DEFAULT).unwrap();
     c.synchronize().unwrap();
-    let mine = d.servers();
+    let mine = d.server_pids();
     d.run_role(TEST, "faulter", &[("MPS_GROUP", "faulty")]);
     // The other group's server stays, its client's data is as it was, and new work runs.
     assert!(
-        d.servers().contains(&mine[0]),
+        d.server_pids().contains(&mine[0]),
         "this group's server {} is gone: {:?}",
         mine[0],
-        d.servers()
+        d.server_pids()
     );
     let mut words = vec![0u8; (n * 4) as usize];
     c.memcpy_dtoh(&mut words, p, Stream::DEFAULT).unwrap();
@@ -544,7 +388,7 @@ fn device_memory_limits_hold() {
         );
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     for bad in [
         // A device the daemon does not serve (it serves what the machine has).
         vec!["set_default_device_pinned_mem_limit", "99", "1G"],
@@ -581,7 +425,7 @@ fn device_memory_limits_hold() {
     child("1=64K,0=128K", 128 << 10);
 
     // A live change for one server applies to its new clients.
-    let pid = d.servers()[0].to_string();
+    let pid = d.server_pids()[0].to_string();
     d.ctl_ok(&["set_device_pinned_mem_limit", &pid, "0", "2MiB"]);
     assert_eq!(d.client().mem_get_info().unwrap().1, 2 << 20);
     assert_eq!(
@@ -593,12 +437,12 @@ fn device_memory_limits_hold() {
 
 #[test]
 fn clients_are_listed_counted_and_terminated() {
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let a = d.client();
     let b = d.client();
     touch(&a);
     touch(&b);
-    let pid = d.servers()[0].to_string();
+    let pid = d.server_pids()[0].to_string();
     let me = std::process::id().to_string();
     assert_eq!(d.ctl_ok(&["get_client_list", &pid]), format!("{me}\n"));
     // With -v, one line per connection with its counters.
@@ -672,7 +516,7 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
             binary.display()
         );
     }
-    let d = TestDaemon::start_serving(&server, &[]);
+    let d = TestDaemon::start_serving("control", &server, &[]);
     touch(&d.client());
     let out = d
         .role_of(&exe, TEST, "other-user", &[])
@@ -686,7 +530,7 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let servers = d.servers();
+    let servers = d.server_pids();
     assert_eq!(servers.len(), 2, "one server per user");
     let uids: Vec<u32> = servers
         .iter()
@@ -711,14 +555,17 @@ fn each_user_gets_a_server_of_their_own_running_as_them() {
 
 #[test]
 fn metrics_are_served_in_prometheus_text_format() {
-    let d = TestDaemon::start_with(&[
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--device-pinned-mem-limit",
-        "64MiB",
-        "--active-thread-percentage",
-        "50",
-    ]);
+    let d = TestDaemon::start(
+        "control",
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--device-pinned-mem-limit",
+            "64MiB",
+            "--active-thread-percentage",
+            "50",
+        ],
+    );
     let c = d.client();
     touch(&c);
     let held = c.mem_alloc(1 << 20).unwrap();
@@ -828,7 +675,7 @@ fn client_priorities_hold() {
         }
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let normal = d.client();
     touch(&normal);
     let spawn = |role: &str, level: &str| {
@@ -846,7 +693,7 @@ fn client_priorities_hold() {
     );
 
     let low = spawn("low", "1");
-    let server = d.servers()[0];
+    let server = d.server_pids()[0];
     // (The refused client's session thread, if it had one, may still be ending.)
     wait_for_value(
         "nice values of the normal and below-normal session threads",
@@ -1000,7 +847,7 @@ fn sm_shares_and_reservations_hold() {
         );
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let spawn = |env: &[(&str, &str)]| sm_client(&d, "sm_shares_and_reservations_hold", env);
     for bad in [
         vec!["set_default_active_thread_percentage", "0"],
@@ -1024,7 +871,7 @@ fn sm_shares_and_reservations_hold() {
     // The simulator has 16 SMs. A first client has them all.
     let c = d.client();
     assert_eq!(sms_of(&c), "16/16");
-    let pid = d.servers()[0].to_string();
+    let pid = d.server_pids()[0].to_string();
 
     // A reservation takes SMs from everyone else; a share caps a client within the rest.
     let (reserver, said) = spawn(&[("MPS_SM_RESERVE", "25")]);
@@ -1158,11 +1005,11 @@ fn sm_partitions_hold_on_the_gpu() {
         skip(TEST, "needs a GPU (MPS_TEST_BACKEND=cuda)");
         return;
     }
-    let d = TestDaemon::start();
+    let d = TestDaemon::start("control", &[]);
     let c = d.client();
     let device = c.sm_info().unwrap().device_sms;
     assert_eq!(sms_of(&c), format!("{device}/{device}"));
-    let pid = d.servers()[0].to_string();
+    let pid = d.server_pids()[0].to_string();
     // Four blocks per SM, each resident for a while: the device spreads them over every SM a
     // client's partition holds.
     let blocks = 4 * device;
@@ -1263,16 +1110,19 @@ fn sm_partitions_hold_on_the_gpu() {
 
 #[test]
 fn the_daemons_flags_set_the_defaults_its_commands_report() {
-    let d = TestDaemon::start_with(&[
-        "--active-thread-percentage",
-        "50",
-        "--max-sm-reservation",
-        "20",
-        "--client-priority",
-        "1",
-        "--device-pinned-mem-limit",
-        "64MiB",
-    ]);
+    let d = TestDaemon::start(
+        "control",
+        &[
+            "--active-thread-percentage",
+            "50",
+            "--max-sm-reservation",
+            "20",
+            "--client-priority",
+            "1",
+            "--device-pinned-mem-limit",
+            "64MiB",
+        ],
+    );
     assert_eq!(d.ctl_ok(&["get_default_active_thread_percentage"]), "50\n");
     assert_eq!(d.ctl_ok(&["get_max_sm_reservation", "default"]), "20\n");
     assert_eq!(d.ctl_ok(&["get_default_client_priority"]), "1\n");
@@ -1294,7 +1144,7 @@ fn the_daemons_flags_set_the_defaults_its_commands_report() {
 /// `--server-arg` reaches every server the daemon starts: here a limit per client.
 #[test]
 fn server_args_reach_the_daemons_servers() {
-    let d = TestDaemon::start_with(&["--server-arg=--max-streams", "--server-arg=1"]);
+    let d = TestDaemon::start("control", &["--server-arg=--max-streams", "--server-arg=1"]);
     let c = d.client();
     c.stream_create(0).unwrap();
     let e = c.stream_create(0).unwrap_err();

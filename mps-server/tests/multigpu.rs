@@ -10,201 +10,48 @@ mod common;
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use common::daemon::{ServerRow, TestDaemon};
 use common::*;
 use mps_core::handshake::{Hello, Welcome};
 use mps_ipc::socket;
 use mpsclient::ffi::{mps_client, mps_connect_device, mps_device_count, mps_disconnect};
 use mpsclient::{Client, Dim3, Status, Stream};
 
-/// How long a state may take to appear before a test fails.
-const DEADLINE: Duration = Duration::from_secs(20);
-
 fn grid(x: u32) -> Dim3 {
     Dim3 { x, y: 1, z: 1 }
 }
 
-/// The control daemon of two devices in a temporary pipe directory, stopped on drop.
-struct Daemon {
-    dir: std::path::PathBuf,
-    child: Child,
+/// The control daemon of two devices (`--sim-devices 2` on the simulator; the GPUs the driver
+/// sees otherwise) with `extra` arguments; `None` (after saying so) where fewer than two exist.
+fn two_devices(test: &str, extra: &[&str]) -> Option<TestDaemon> {
+    let d = daemon(extra);
+    let count = Client::device_count(Some(&d.dir)).unwrap();
+    if count < 2 {
+        skip(
+            test,
+            &format!("it needs two devices, the daemon serves {count}"),
+        );
+        return None;
+    }
+    Some(d)
 }
 
-impl Daemon {
-    /// Starts it with `extra` arguments; `None` (after saying so) where fewer than two devices
-    /// exist.
-    fn start(test: &str, extra: &[&str]) -> Option<Daemon> {
-        let d = Daemon::spawn(extra);
-        let count = Client::device_count(Some(&d.dir)).unwrap();
-        if count < 2 {
-            skip(
-                test,
-                &format!("it needs two devices, the daemon serves {count}"),
-            );
-            return None;
-        }
-        Some(d)
-    }
-
-    /// Starts it with `extra` arguments and waits until it answers.
-    fn spawn(extra: &[&str]) -> Daemon {
-        let dir = temp_dir("multigpu");
-        let child = Command::new(control_bin())
-            .arg("-f")
-            .args(["--backend", &backend(), "--sim-devices", "2"])
-            .args(["--sim-memory", "256MiB"])
-            .args(extra)
-            .arg("--server")
-            .arg(server_bin())
-            .arg("--pipe-dir")
-            .arg(&dir)
-            .arg("--log-dir")
-            .arg(&dir)
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let d = Daemon { dir, child };
-        wait_for(
-            "the daemon's start",
-            || UnixStream::connect(d.dir.join("control.sock")).ok(),
-            || d.log(),
-        );
-        d
-    }
-
-    fn ctl(&self, line: &str) -> String {
-        let out = Command::new(control_bin())
-            .arg("--pipe-dir")
-            .arg(&self.dir)
-            .args(line.split_whitespace())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// (pid, routed, state, device) of every server, from `status`.
-    fn servers(&self) -> Vec<Server> {
-        let status = self.ctl("status");
-        let table = status.split("\n\n").next().unwrap_or_default();
-        let mut lines = table.lines();
-        let header: Vec<&str> = lines
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
-        let col = |name: &str| {
-            header
-                .iter()
-                .position(|h| *h == name)
-                .unwrap_or_else(|| panic!("no {name} column in status:\n{status}"))
-        };
-        let (pid, routed, state, device) = (
-            col("SERVER-PID"),
-            col("ROUTED"),
-            col("STATE"),
-            col("DEVICE"),
-        );
-        lines
-            .map(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                Server {
-                    pid: w[pid].parse().unwrap(),
-                    routed: w[routed].parse().unwrap(),
-                    state: w[state].to_string(),
-                    device: w[device].parse().unwrap(),
-                }
-            })
-            .collect()
-    }
-
-    /// The servers of `device`.
-    fn servers_of(&self, device: u32) -> Vec<Server> {
-        self.servers()
-            .into_iter()
-            .filter(|s| s.device == device)
-            .collect()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("control.log")).unwrap_or_default()
-    }
-
-    /// This test binary, run again in `role` of `test` as a client of this daemon, with `env`;
-    /// it must succeed.
-    fn run_role(&self, test: &str, role: &str, env: &[(&str, &str)]) {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture"])
-            .env("MPS_TEST_ROLE", role)
-            .env("MPS_PIPE_DIRECTORY", &self.dir)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{test} as {role} with {env:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+/// The daemon as [`two_devices`] starts it, whatever the number of devices.
+fn daemon(extra: &[&str]) -> TestDaemon {
+    let args = [&["--sim-devices", "2"], extra].concat();
+    TestDaemon::launch("multigpu", &server_bin(), &args, |cmd| {
+        cmd.env_remove("CUDA_VISIBLE_DEVICES");
+    })
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new(control_bin())
-            .arg("--pipe-dir")
-            .arg(&self.dir)
-            .arg("quit")
-            .output();
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if self.child.try_wait().ok().flatten().is_some() {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A server as `status` lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Server {
-    pid: u32,
-    routed: u64,
-    state: String,
-    device: u32,
-}
-
-/// Polls `probe` until it gives a value, failing after [`DEADLINE`] with `what` and `context`.
-fn wait_for<T>(
-    what: &str,
-    mut probe: impl FnMut() -> Option<T>,
-    context: impl Fn() -> String,
-) -> T {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < until,
-            "{what} did not happen:\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// The servers of `device`, from `status`.
+fn on_device(d: &TestDaemon, device: u32) -> Vec<ServerRow> {
+    d.servers()
+        .into_iter()
+        .filter(|s| s.device == device)
+        .collect()
 }
 
 /// Fills `n` words with `value` on `c`'s device and checks what comes back.
@@ -252,7 +99,7 @@ fn refusal_for_device(dir: &Path, device: u32) -> mpsclient::Error {
 #[test]
 fn a_client_of_device_1_reaches_the_server_of_device_1() {
     let test = "a_client_of_device_1_reaches_the_server_of_device_1";
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     assert_eq!(Client::device_count(Some(&d.dir)).unwrap(), 2);
@@ -270,18 +117,22 @@ fn a_client_of_device_1_reaches_the_server_of_device_1() {
         "{servers:?}"
     );
     let pid = servers[0].pid;
-    assert_eq!(d.ctl("get_server_list 1"), format!("{pid}\n"));
-    assert_eq!(d.ctl("get_server_list 0"), "");
-    assert!(d.log().contains("started a server"), "{}", d.log());
+    assert_eq!(d.ctl_line("get_server_list 1"), format!("{pid}\n"));
+    assert_eq!(d.ctl_line("get_server_list 0"), "");
+    assert!(
+        d.log("control.log").contains("started a server"),
+        "{}",
+        d.log("control.log")
+    );
 
     // Device 0 gets a server of its own.
     let c0 = Client::connect(Some(&d.dir)).unwrap();
     assert_eq!(c0.device(), 0);
     assert_sim_device(&c0, 0);
-    let zero = d.servers_of(0);
+    let zero = on_device(&d, 0);
     assert_eq!(zero.len(), 1, "{zero:?}");
     assert_ne!(zero[0].pid, pid);
-    assert_eq!(d.servers_of(1)[0].pid, pid);
+    assert_eq!(on_device(&d, 1)[0].pid, pid);
 
     // A device this process does not see, and a device the daemon does not serve.
     let e = Client::connect_device(Some(&d.dir), 2).unwrap_err();
@@ -309,13 +160,16 @@ fn memory_limits_are_per_device() {
         assert_eq!(e.status, Status::QuotaExceeded, "{e}");
         return;
     }
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     // The operator's default, per device: device 1's new servers give 1 MiB per client.
-    d.ctl("set_default_device_pinned_mem_limit 1 1MiB");
-    assert_eq!(d.ctl("get_default_device_pinned_mem_limit 1"), "1048576\n");
-    assert_eq!(d.ctl("get_default_device_pinned_mem_limit 0"), "0\n");
+    d.ctl_line("set_default_device_pinned_mem_limit 1 1MiB");
+    assert_eq!(
+        d.ctl_line("get_default_device_pinned_mem_limit 1"),
+        "1048576\n"
+    );
+    assert_eq!(d.ctl_line("get_default_device_pinned_mem_limit 0"), "0\n");
     let c0 = Client::connect_device(Some(&d.dir), 0).unwrap();
     let c1 = Client::connect_device(Some(&d.dir), 1).unwrap();
     c0.mem_alloc(2 << 20).unwrap();
@@ -351,7 +205,7 @@ fn memory_limits_are_per_device() {
 #[test]
 fn one_process_works_on_both_devices_at_once() {
     let test = "one_process_works_on_both_devices_at_once";
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     let clients: Vec<Client> = (0..2)
@@ -405,7 +259,7 @@ fn cuda_visible_devices_picks_and_renumbers_devices() {
         }
         _ => {}
     }
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     d.run_role(test, "only-1", &[("CUDA_VISIBLE_DEVICES", "1")]);
@@ -425,15 +279,15 @@ fn cuda_visible_devices_picks_and_renumbers_devices() {
 fn a_fault_on_one_device_leaves_the_other_serving() {
     let test = "a_fault_on_one_device_leaves_the_other_serving";
     // The simulator's fault model of a GPU: a fault ends the whole context.
-    let Some(d) = Daemon::start(test, &["--sim-fault-scope", "context"]) else {
+    let Some(d) = two_devices(test, &["--sim-fault-scope", "context"]) else {
         return;
     };
     let c0 = Client::connect_device(Some(&d.dir), 0).unwrap();
     let c1 = Client::connect_device(Some(&d.dir), 1).unwrap();
     fill_and_check(&c1, 1, 4096);
-    let one = d.servers_of(1);
+    let one = on_device(&d, 1);
     assert_eq!(one.len(), 1, "{one:?}");
-    let old0 = d.servers_of(0)[0].pid;
+    let old0 = on_device(&d, 0)[0].pid;
 
     // A kernel fault on device 0.
     let m = c0.module_load(&ptx()).unwrap();
@@ -455,17 +309,17 @@ fn a_fault_on_one_device_leaves_the_other_serving() {
     wait_for(
         "a fresh server for device 0",
         || {
-            let zero = d.servers_of(0);
+            let zero = on_device(&d, 0);
             zero.iter()
                 .any(|s| s.pid != old0 && s.state == "ACTIVE")
                 .then_some(())
         },
-        || d.ctl("status"),
+        || d.ctl_line("status"),
     );
     for round in 0..10 {
         fill_and_check(&c1, 100 + round, 4096);
     }
-    assert_eq!(d.servers_of(1), one);
+    assert_eq!(on_device(&d, 1), one);
     // A new client of device 0 is served by the fresh server.
     drop(c0);
     let fresh = Client::connect_device(Some(&d.dir), 0).unwrap();
@@ -503,7 +357,7 @@ fn a_standalone_server_serves_its_own_device_only() {
 #[test]
 fn the_c_abi_counts_devices_and_connects_to_each() {
     let test = "the_c_abi_counts_devices_and_connects_to_each";
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     let dir = std::ffi::CString::new(d.dir.as_os_str().as_encoded_bytes()).unwrap();
@@ -532,7 +386,7 @@ fn the_c_abi_counts_devices_and_connects_to_each() {
 #[test]
 fn the_daemon_serves_the_devices_it_is_given() {
     let test = "the_daemon_serves_the_devices_it_is_given";
-    let Some(d) = Daemon::start(test, &[]) else {
+    let Some(d) = two_devices(test, &[]) else {
         return;
     };
     drop(d);
@@ -553,7 +407,7 @@ fn the_daemon_serves_the_devices_it_is_given() {
     assert!(said.contains("--devices names device 5"), "{said}");
 
     // Device 1 alone: it is the clients' device 0, and device 0 is not served.
-    let d = Daemon::spawn(&["--devices", "1"]);
+    let d = daemon(&["--devices", "1"]);
     assert_eq!(Client::device_count(Some(&d.dir)).unwrap(), 1);
     let c = Client::connect(Some(&d.dir)).unwrap();
     assert_sim_device(&c, 1);

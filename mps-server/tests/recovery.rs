@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::TestDaemon;
 use common::*;
 use mpsclient::{Client, Dim3, Status, Stream};
 
@@ -90,26 +91,6 @@ fn served(c: &Client, value: u32) {
     Work::on(c).round(value);
 }
 
-/// Polls `probe` until it gives a value, failing after [`DEADLINE`] with `what` and `context`.
-fn wait_for<T>(
-    what: &str,
-    mut probe: impl FnMut() -> Option<T>,
-    context: impl Fn() -> String,
-) -> T {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < until,
-            "{what} did not happen:\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A client process of group `group` that works, checking every result, until a line arrives on
 /// its standard input; it then prints how many rounds it did and exits (non-zero on any error).
 struct Bystander {
@@ -170,87 +151,13 @@ impl Bystander {
     }
 }
 
-/// The control daemon in a temporary pipe directory, stopped on drop.
-struct Daemon {
-    dir: std::path::PathBuf,
-    child: Child,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let dir = temp_dir("recovery");
-        let child = Command::new(control_bin())
-            .arg("-f")
-            .args(["--backend", &backend(), "--sim-memory", "256MiB"])
-            .args(GPU_FAULTS)
-            .arg("--server")
-            .arg(server_bin())
-            .arg("--pipe-dir")
-            .arg(&dir)
-            .arg("--log-dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let d = Daemon { dir, child };
-        wait_for(
-            "the daemon's start",
-            || std::os::unix::net::UnixStream::connect(d.dir.join("control.sock")).ok(),
-            || d.log(),
-        );
-        d
-    }
-
-    fn ctl(&self, line: &str) -> String {
-        let out = Command::new(control_bin())
-            .arg("--pipe-dir")
-            .arg(&self.dir)
-            .args(line.split_whitespace())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// (pid, state) of each server of `group`, from `status`.
-    fn servers_of(&self, group: &str) -> Vec<(u32, String)> {
-        let status = self.ctl("status");
-        let servers = status.split("\n\n").next().unwrap_or_default();
-        servers
-            .lines()
-            .skip(1)
-            .filter_map(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                (w.get(2) == Some(&group)).then(|| (w[0].parse().unwrap(), w[5].to_string()))
-            })
-            .collect()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("control.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new(control_bin())
-            .arg("--pipe-dir")
-            .arg(&self.dir)
-            .args(["quit", "-t", "1"])
-            .output();
-        let until = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// (pid, state) of each server of `group`, from `status`.
+fn of_group(d: &TestDaemon, group: &str) -> Vec<(u32, String)> {
+    d.servers()
+        .into_iter()
+        .filter(|s| s.group == group)
+        .map(|s| (s.pid, s.state))
+        .collect()
 }
 
 #[test]
@@ -260,24 +167,24 @@ fn with_the_daemon_a_faulted_group_is_served_by_a_fresh_server_and_others_never_
     if role().is_some() {
         return Bystander::play();
     }
-    let d = Daemon::start();
+    let d = TestDaemon::start("recovery", &GPU_FAULTS);
     // Group a is this process's (the default group); group b's client is another process.
     let a = "default";
-    let victim = d.client_of_a();
+    let victim = d.client();
     served(&victim, 7);
     let bystander = Bystander::start(TEST, &d.dir, "b");
-    let [(old, ref state)] = d.servers_of(a)[..] else {
-        panic!("not one server for group a:\n{}", d.ctl("status"));
+    let [(old, ref state)] = of_group(&d, a)[..] else {
+        panic!("not one server for group a:\n{}", d.ctl_line("status"));
     };
     assert_eq!(state, "ACTIVE");
-    let [(b_server, _)] = d.servers_of("b")[..] else {
-        panic!("not one server for group b:\n{}", d.ctl("status"));
+    let [(b_server, _)] = of_group(&d, "b")[..] else {
+        panic!("not one server for group b:\n{}", d.ctl_line("status"));
     };
 
     let faulted = Instant::now();
     let e = fault(&victim);
     assert_context_failed(&e, "the client whose kernel faulted");
-    let fresh = d.client_of_a();
+    let fresh = d.client();
     served(&fresh, 9);
     let took = faulted.elapsed();
     println!(
@@ -290,19 +197,23 @@ fn with_the_daemon_a_faulted_group_is_served_by_a_fresh_server_and_others_never_
     // The victim keeps hearing what happened.
     assert_context_failed(&victim.mem_alloc(16).unwrap_err(), "the victim, later");
     // The old server is listed as faulted while it drains, beside the fresh one.
-    let servers = d.servers_of(a);
+    let servers = of_group(&d, a);
     assert!(servers.contains(&(old, "FAULT".into())), "{servers:?}");
     assert!(
         servers.iter().any(|(p, s)| *p != old && s == "ACTIVE"),
         "{servers:?}"
     );
-    let list = d.ctl("get_server_list");
+    let list = d.ctl_line("get_server_list");
     assert!(list.lines().any(|l| l == format!("{old} FAULT")), "{list}");
-    assert_eq!(d.ctl(&format!("get_server_status {old}")), "FAULT\n");
-    assert!(d.log().contains("device context failed"), "{}", d.log());
+    assert_eq!(d.ctl_line(&format!("get_server_status {old}")), "FAULT\n");
+    assert!(
+        d.log("control.log").contains("device context failed"),
+        "{}",
+        d.log("control.log")
+    );
 
     // Group b's client worked through all of it, on its own server.
-    assert_eq!(d.servers_of("b"), vec![(b_server, "ACTIVE".to_string())]);
+    assert_eq!(of_group(&d, "b"), vec![(b_server, "ACTIVE".to_string())]);
     let rounds = bystander.finish();
     assert!(rounds > 1, "the bystander did {rounds} rounds");
 
@@ -310,17 +221,10 @@ fn with_the_daemon_a_faulted_group_is_served_by_a_fresh_server_and_others_never_
     drop(victim);
     wait_for(
         "the faulted server's exit",
-        || (!d.servers_of(a).iter().any(|(p, _)| *p == old)).then_some(()),
-        || d.ctl("status"),
+        || (!of_group(&d, a).iter().any(|(p, _)| *p == old)).then_some(()),
+        || d.ctl_line("status"),
     );
     served(&fresh, 11);
-}
-
-impl Daemon {
-    /// A client of group a (the default group), through the daemon.
-    fn client_of_a(&self) -> Client {
-        Client::connect(Some(&self.dir)).expect("connect through the daemon")
-    }
 }
 
 /// The fresh server a standalone server started, as its log names it; killed on drop, whatever

@@ -2,6 +2,8 @@
 //! protocol client that can misbehave on purpose, and child client processes.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod daemon;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -304,6 +306,27 @@ pub fn wait_until<T: std::fmt::Debug>(
         assert!(
             Instant::now() < deadline,
             "{what}: still {seen:?} after {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Probes until `probe` gives a value, for up to [`WAIT`]; past the deadline it fails with
+/// `what` and `context()` (a log, say).
+pub fn wait_for<T>(
+    what: &str,
+    mut probe: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {WAIT:?}:\n{}",
+            context()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
