@@ -6,6 +6,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use mpsclient::{Client, Dim3, Status, Stream};
@@ -23,7 +24,8 @@ struct Request {
     output: *mut f32,
 }
 
-fn capture_request(c: &Client, stream: Stream) -> Request {
+/// Captures a request on `stream`, waiting `pause` after each captured command.
+fn capture_request(c: &Client, stream: Stream, pause: Duration) -> Request {
     let bytes = (N * 4) as u64;
     let m = c.module_load(&ptx()).unwrap();
     let add = c.module_get_function(m, "add_f32").unwrap();
@@ -44,6 +46,7 @@ fn capture_request(c: &Client, stream: Stream) -> Request {
         )
     };
     c.memcpy_htod(x, src, stream).unwrap();
+    std::thread::sleep(pause);
     let (xb, ob, nb) = (
         x.0.to_le_bytes(),
         one.0.to_le_bytes(),
@@ -58,6 +61,7 @@ fn capture_request(c: &Client, stream: Stream) -> Request {
     for _ in 0..CHAIN {
         c.launch(add, grid, block, 0, stream, &[&xb, &ob, &xb, &nb])
             .unwrap();
+        std::thread::sleep(pause);
     }
     c.memcpy_dtoh(dst, x, stream).unwrap();
     let graph = c.stream_end_capture(stream).unwrap();
@@ -103,7 +107,7 @@ fn a_captured_request_replays_correctly_many_times() {
     let server = TestServer::start();
     let c = server.client();
     let s = c.stream_create(0).unwrap();
-    let r = capture_request(&c, s);
+    let r = capture_request(&c, s, Duration::ZERO);
     replay(&c, &r, s, 300, 0);
     // Into another stream, and the default one.
     let t = c.stream_create(0).unwrap();
@@ -118,6 +122,18 @@ fn a_captured_request_replays_correctly_many_times() {
     assert_eq!(e.status, Status::InvalidHandle, "{e}");
 }
 
+/// A capture that stays open across many of the server's busy-time samples (on a GPU, every
+/// 5 ms it asks the streams with work pending whether they are idle; asking a capturing stream
+/// would invalidate its capture) ends with its graph, which replays correctly.
+#[test]
+fn a_capture_open_across_the_servers_busy_samples_is_kept() {
+    let server = TestServer::start();
+    let c = server.client();
+    let s = c.stream_create(0).unwrap();
+    let r = capture_request(&c, s, Duration::from_millis(15));
+    replay(&c, &r, s, 5, 3);
+}
+
 #[test]
 fn clients_replay_their_graphs_at_the_same_time() {
     let server = TestServer::start();
@@ -127,7 +143,7 @@ fn clients_replay_their_graphs_at_the_same_time() {
             scope.spawn(move || {
                 let c = server.client();
                 let s = c.stream_create(0).unwrap();
-                let r = capture_request(&c, s);
+                let r = capture_request(&c, s, Duration::ZERO);
                 replay(&c, &r, s, 100, seed);
             });
         }

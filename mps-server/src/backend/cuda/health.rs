@@ -7,7 +7,10 @@
 //! Busy time is sampled, not measured: every few milliseconds the thread asks each client stream
 //! that was given work since it was last seen idle whether it has work pending, and credits the
 //! interval to the clients whose streams do. (Timing every command with events would cost two
-//! driver calls per launch.) An idle stream is not asked, so idle clients cost nothing.
+//! driver calls per launch.) An idle stream is not asked, so idle clients cost nothing. A
+//! capturing stream is never asked either: `cuStreamQuery` on it would invalidate its client's
+//! capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at `cuStreamEndCapture`), whatever the
+//! capture mode.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,6 +35,8 @@ struct Live {
     submitted: Arc<AtomicU64>,
     /// `submitted` as it was when a query last found the stream idle.
     idle_at: u64,
+    /// Set (under the list's lock) before the stream begins capturing, cleared after it ends.
+    capturing: bool,
 }
 
 /// Every client stream, for busy-time sampling. A stream leaves the list before it is
@@ -57,6 +62,7 @@ impl LiveStreams {
             busy: busy.clone(),
             submitted: submitted.clone(),
             idle_at: submitted.load(Ordering::Acquire),
+            capturing: false,
         });
     }
 
@@ -65,19 +71,26 @@ impl LiveStreams {
         self.lock().retain(|l| l.raw != raw);
     }
 
-    /// Credits `interval` to every client with work pending on one of its streams.
-    fn sample(&self, interval: Duration) {
+    /// Marks `raw` as capturing or not. Marking waits for a sample in progress, so once it
+    /// returns `true` no query of `raw` is under way or will start until it is marked `false`.
+    pub(super) fn set_capturing(&self, raw: CUstream, capturing: bool) {
+        for s in self.lock().iter_mut().filter(|s| s.raw == raw) {
+            s.capturing = capturing;
+        }
+    }
+
+    /// Credits `interval` to every client with work pending on one of its streams, asking each
+    /// stream with `query` (`cuStreamQuery`).
+    fn sample(&self, interval: Duration, mut query: impl FnMut(CUstream) -> CUresult) {
         let mut live = self.lock();
         let mut credited: Vec<*const AtomicU64> = Vec::new();
         for s in live.iter_mut() {
             // Read before the query: a submission after it is seen at the next sample.
             let submitted = s.submitted.load(Ordering::Acquire);
-            if submitted == s.idle_at {
+            if submitted == s.idle_at || s.capturing {
                 continue;
             }
-            // SAFETY: the stream is live: it leaves this list (under this lock) before it is
-            // destroyed.
-            let r = unsafe { sys::cuStreamQuery(s.raw) };
+            let r = query(s.raw);
             if r == CUresult::CUDA_SUCCESS {
                 s.idle_at = submitted;
             }
@@ -120,7 +133,9 @@ pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
                 std::thread::sleep(POLL);
                 let now = Instant::now();
                 if now - sampled >= BUSY_SAMPLE {
-                    live.sample(now - sampled);
+                    // SAFETY: the sampler asks only streams in the list, which leave it (under
+                    // the lock it holds while asking) before they are destroyed.
+                    live.sample(now - sampled, |raw| unsafe { sys::cuStreamQuery(raw) });
                     sampled = now;
                 }
                 // SAFETY: queries our own stream.
@@ -142,4 +157,49 @@ pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
         })
         .map(drop)
         .map_err(|e| Error::internal(format!("cannot start the health thread: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(n: usize) -> CUstream {
+        std::ptr::without_provenance_mut(n)
+    }
+
+    #[test]
+    fn a_capturing_stream_is_never_queried_and_others_are_credited() {
+        let live = LiveStreams::default();
+        let (busy_a, busy_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (sub_a, sub_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        live.add(raw(1), &busy_a, &sub_a);
+        live.add(raw(2), &busy_b, &sub_b);
+        sub_a.fetch_add(1, Ordering::Release);
+        sub_b.fetch_add(1, Ordering::Release);
+        live.set_capturing(raw(1), true);
+        let mut asked = Vec::new();
+        let tick = Duration::from_millis(5);
+        live.sample(tick, |s| {
+            asked.push(s as usize);
+            CUresult::CUDA_ERROR_NOT_READY
+        });
+        assert_eq!(asked, [2], "the capturing stream was queried");
+        assert_eq!(busy_a.load(Ordering::Relaxed), 0);
+        assert_eq!(busy_b.load(Ordering::Relaxed), tick.as_nanos() as u64);
+        // Once the capture ends, the stream is asked again.
+        live.set_capturing(raw(1), false);
+        asked.clear();
+        live.sample(tick, |s| {
+            asked.push(s as usize);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(asked, [1, 2]);
+        // Idle streams (nothing submitted since) are not asked at all.
+        asked.clear();
+        live.sample(tick, |s| {
+            asked.push(s as usize);
+            CUresult::CUDA_SUCCESS
+        });
+        assert!(asked.is_empty(), "{asked:?}");
+    }
 }
