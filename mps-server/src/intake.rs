@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -311,8 +311,8 @@ impl Intake {
                 let e = Error::new(
                     Status::Connection,
                     format!(
-                        "{} connections were waiting for their hello, the limit (mps-server \
-                         --max-pending-hellos); this one had waited longest and was dropped",
+                        "{} connections were waiting for their hello, the limit \
+                         (--max-pending-hellos); this one had waited longest and was dropped",
                         self.gate.limits().max_pending
                     ),
                 );
@@ -394,6 +394,96 @@ impl Intake {
             }
         }
         Ok(extra_ready.to_vec())
+    }
+}
+
+/// How long the accept loop sleeps at most between looks at whether it should go on.
+const STOP_CHECK: Duration = Duration::from_millis(200);
+
+/// How often failed accepts are logged at most.
+const LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Accepts connections on `listener` while `open()` holds, admitting each through `gate` and
+/// reading every hello on this one thread ([`Intake`]); `settle` is given what became of them
+/// (a complete hello to serve, a refusal to log). When `accept` fails for want of descriptors
+/// or memory, the listener is left out of the poll for a while (10 ms, doubling to 1 s) instead
+/// of being retried at once, and the failure is logged at most once per 10 s.
+pub(crate) fn accept_loop(
+    listener: &UnixListener,
+    gate: &Arc<Gate>,
+    open: impl Fn() -> bool,
+    mut settle: impl FnMut(&mut Vec<Outcome>),
+) -> Result<()> {
+    let mut intake = Intake::new(gate.clone());
+    let mut backoff = Backoff::default();
+    let mut accept_errors = Throttle::new(LOG_PERIOD);
+    let mut outcomes = Vec::new();
+    while open() {
+        let now = Instant::now();
+        // While accept fails, the listener stays readable: leave it out of the poll.
+        let listen = backoff.until.is_none_or(|t| now >= t);
+        let wait = backoff
+            .until
+            .filter(|_| !listen)
+            .map_or(STOP_CHECK, |t| STOP_CHECK.min(t - now));
+        let fds = [listener.as_fd()];
+        let extra: &[_] = if listen { &fds } else { &[] };
+        let ready = intake
+            .poll(extra, wait, &mut outcomes)
+            .map_err(|e| Error::internal(format!("poll on the listener: {e}")))?;
+        settle(&mut outcomes);
+        if !ready.first().copied().unwrap_or(false) || !open() {
+            continue;
+        }
+        // Accept everything waiting, so a burst of connections costs one wake-up.
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    backoff.reset();
+                    intake.take(stream, Instant::now(), &mut outcomes);
+                    settle(&mut outcomes);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let pause = backoff.fail(Instant::now());
+                    if let Some(left_out) = accept_errors.admit(Instant::now()) {
+                        tracing::warn!(
+                            "accept failed: {e}; pausing accepts for {} ms ({left_out} more \
+                             failures since the last report; {} connections wait for their \
+                             hello)",
+                            pause.as_millis(),
+                            intake.len()
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pauses after failed accepts: 10 ms after the first, doubling to 1 s.
+#[derive(Debug, Default)]
+struct Backoff {
+    pause: Option<Duration>,
+    until: Option<Instant>,
+}
+
+impl Backoff {
+    fn fail(&mut self, now: Instant) -> Duration {
+        let pause = self.pause.map_or(Duration::from_millis(10), |p| {
+            (p * 2).min(Duration::from_secs(1))
+        });
+        self.pause = Some(pause);
+        self.until = Some(now + pause);
+        pause
+    }
+
+    fn reset(&mut self) {
+        self.pause = None;
+        self.until = None;
     }
 }
 

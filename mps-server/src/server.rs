@@ -19,7 +19,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::backend::Backend;
 use crate::control::wire;
 use crate::intake::{
-    DEFAULT_LIMITS, Gate, Intake, Limits as ConnectionLimits, Outcome, Throttle, Ticket,
+    DEFAULT_LIMITS, Gate, Limits as ConnectionLimits, Outcome, Throttle, Ticket, accept_loop,
 };
 use crate::recovery::Recovery;
 use crate::registry::{Defaults, Registry};
@@ -147,59 +147,9 @@ impl<B: Backend> Server<B> {
     /// reads every hello that is not yet complete; a client whose hello is in is handed to the
     /// session workers.
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
-        let mut intake = Intake::new(self.gate.clone());
-        let mut backoff = Backoff::default();
-        let mut accept_errors = Throttle::new(LOG_PERIOD);
-        let mut outcomes = Vec::new();
-        while !stop.load(Ordering::Relaxed) && !self.recovery.failed() {
-            let now = Instant::now();
-            // While accept fails for want of descriptors or memory, the listener stays readable:
-            // leave it out of the poll for a while instead of spinning on it.
-            let listen = backoff.until.is_none_or(|t| now >= t);
-            let wait = backoff
-                .until
-                .filter(|_| !listen)
-                .map_or(STOP_CHECK, |t| STOP_CHECK.min(t - now));
-            let listener = [self.listener.as_fd()];
-            let extra: &[_] = if listen { &listener } else { &[] };
-            let ready = intake
-                .poll(extra, wait, &mut outcomes)
-                .map_err(|e| Error::internal(format!("poll on the listener: {e}")))?;
-            self.settle(&mut outcomes);
-            if !ready.first().copied().unwrap_or(false) {
-                continue;
-            }
-            // A failed context takes no client: waiting connections are the fresh server's.
-            if self.recovery.failed() {
-                break;
-            }
-            // Accept everything waiting, so a burst of connections costs one wake-up.
-            loop {
-                match self.listener.accept() {
-                    Ok((stream, _)) => {
-                        backoff.reset();
-                        intake.take(stream, Instant::now(), &mut outcomes);
-                        self.settle(&mut outcomes);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        let pause = backoff.fail(Instant::now());
-                        if let Some(left_out) = accept_errors.admit(Instant::now()) {
-                            tracing::warn!(
-                                "accept failed: {e}; pausing accepts for {} ms ({left_out} \
-                                 more failures since the last report; {} connections wait for \
-                                 their hello)",
-                                pause.as_millis(),
-                                intake.len()
-                            );
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+        // A failed context takes no client: waiting connections are the fresh server's.
+        let open = || !stop.load(Ordering::Relaxed) && !self.recovery.failed();
+        accept_loop(&self.listener, &self.gate, open, |o| self.settle(o))
     }
 
     /// Serves the connections whose hello is complete and logs (at a bounded rate) those
@@ -331,34 +281,8 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// How long the accept loop sleeps at most between looks at its stop flag.
-const STOP_CHECK: Duration = Duration::from_millis(200);
-
-/// How often a recurring warning (failed accepts, refused connections) is logged at most.
+/// How often refused connections are logged at most.
 const LOG_PERIOD: Duration = Duration::from_secs(10);
-
-/// Pauses after failed accepts: 10 ms after the first, doubling to 1 s.
-#[derive(Debug, Default)]
-struct Backoff {
-    pause: Option<Duration>,
-    until: Option<Instant>,
-}
-
-impl Backoff {
-    fn fail(&mut self, now: Instant) -> Duration {
-        let pause = self.pause.map_or(Duration::from_millis(10), |p| {
-            (p * 2).min(Duration::from_secs(1))
-        });
-        self.pause = Some(pause);
-        self.until = Some(now + pause);
-        pause
-    }
-
-    fn reset(&mut self) {
-        self.pause = None;
-        self.until = None;
-    }
-}
 
 impl<B: Backend> Drop for Server<B> {
     fn drop(&mut self) {

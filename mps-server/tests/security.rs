@@ -11,6 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::TestServer;
+use common::daemon::TestDaemon;
 use mps_core::protocol::{self, Hello};
 use mps_ipc::socket;
 
@@ -210,6 +211,45 @@ fn half_open_connections_beyond_the_cap_are_dropped_and_a_good_client_gets_in() 
     // A client that sends its hello at once is served although the list is full.
     let c = server.client();
     c.mem_alloc(4096).unwrap();
+}
+
+/// The daemon reads hellos as a server does: connections waiting for theirs cost it no thread,
+/// those beyond its --max-pending-hellos are dropped oldest first with the limit named, and a
+/// client that sends its hello at once is served.
+#[test]
+fn the_daemon_drops_half_open_connections_beyond_its_cap_without_a_thread_each() {
+    let d = TestDaemon::start(
+        "security-daemon",
+        &["--max-pending-hellos", "8", "--hello-timeout-ms", "600000"],
+    );
+    let pid = d.pid();
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    };
+    // A first client starts its server, so that the count below is the daemon's steady one.
+    d.client().mem_alloc(4096).unwrap();
+    let idle = threads();
+    let silent: Vec<UnixStream> = (0..20)
+        .map(|_| UnixStream::connect(d.dir.join(socket::SOCKET_NAME)).unwrap())
+        .collect();
+    let closed = || silent.iter().filter(|s| closed_by_server(s)).count();
+    wait_until(
+        "the daemon did not drop the connections beyond its cap",
+        || closed() >= 12,
+    );
+    for (i, s) in silent.iter().enumerate() {
+        assert_eq!(closed_by_server(s), i < 12, "connection {i}");
+    }
+    assert_eq!(
+        threads(),
+        idle,
+        "connections waiting for their hello cost the daemon threads"
+    );
+    let why = refusal(&silent[0]);
+    assert!(why.contains("--max-pending-hellos"), "{why}");
+    d.client().mem_alloc(4096).unwrap();
 }
 
 #[test]

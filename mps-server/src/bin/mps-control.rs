@@ -15,8 +15,9 @@ use mps_core::units::parse_size;
 use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
 use mps_server::control::{
-    CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, send_command,
+    CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, HelloLimits, send_command,
 };
+use mps_server::intake::DEFAULT_LIMITS;
 use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
 use mps_server::registry::Defaults;
 
@@ -86,6 +87,14 @@ struct Args {
     /// by the server as given twice.
     #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
     server_args: Vec<String>,
+    /// Connections that may wait for their hello at once; beyond it the one that has waited
+    /// longest is dropped (every hello is read on one thread: a waiting connection costs a
+    /// descriptor, never a thread).
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_pending, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_pending_hellos: usize,
+    /// Milliseconds a new connection has for its whole hello before it is dropped.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    hello_timeout_ms: u64,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -133,6 +142,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
             priority: args.client_priority,
             sm_share: args.active_thread_percentage,
             max_sm_reserve: args.max_sm_reservation,
+        },
+        hellos: HelloLimits {
+            max_pending: args.max_pending_hellos,
+            timeout: Duration::from_millis(args.hello_timeout_ms),
         },
     })
     .map_err(|e| e.to_string())?;

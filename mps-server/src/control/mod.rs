@@ -60,6 +60,27 @@ pub struct DaemonConfig {
     pub server_args: Vec<String>,
     /// What new servers' clients start from, until an operator command changes it.
     pub defaults: crate::registry::Defaults,
+    /// Connections that may wait for their hello at once, and how long each may take; the
+    /// daemon reads every hello on one thread, as a server does ([`crate::intake`]).
+    pub hellos: HelloLimits,
+}
+
+/// How many connections may wait for their hello at the daemon, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloLimits {
+    /// Connections waiting at once; beyond it the one that waited longest is dropped.
+    pub max_pending: usize,
+    /// Time from accept to a complete hello.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for HelloLimits {
+    fn default() -> HelloLimits {
+        HelloLimits {
+            max_pending: crate::intake::DEFAULT_LIMITS.max_pending,
+            timeout: crate::intake::DEFAULT_LIMITS.hello_timeout,
+        }
+    }
 }
 
 /// The daemon's state.
@@ -121,6 +142,10 @@ impl Daemon {
         // server); otherwise only this user may.
         let client_mode = if is_root() { 0o666 } else { 0o600 };
         let client_listener = pipe.listen(SOCKET_NAME, client_mode)?;
+        // The accept loop also reads hellos: it must never block in accept.
+        client_listener.set_nonblocking(true).map_err(|e| {
+            Error::internal(format!("cannot make the client socket non-blocking: {e}"))
+        })?;
         let control_listener = pipe.listen(CONTROL_SOCKET, 0o600)?;
         pipe.create_file(PID_FILE, 0o644).and_then(|mut f| {
             writeln!(f, "{}", std::process::id()).map_err(|e| {

@@ -28,8 +28,11 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
 use super::wire::{self, ServerAnswer, ServerRequest};
 use super::{Daemon, is_root};
+use crate::intake::{Gate, Outcome, Throttle, accept_loop};
 use crate::registry::ClientStats;
-use crate::server::{read_hello, wait_readable};
+
+/// How often refused clients are logged at most.
+const REFUSALS_LOGGED: Duration = Duration::from_secs(10);
 
 /// How long the daemon waits for a server's answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
@@ -215,33 +218,46 @@ impl Daemon {
             ),
         }
     }
-    /// Accepts clients until the daemon stops, each routed by a thread of its own.
+    /// Accepts clients until the daemon stops. One thread reads every hello (none gets a
+    /// thread of its own, whatever a local user opens), and routes each client whose hello is
+    /// complete; only the connections waiting for their hello are counted, and only that many
+    /// (`--max-pending-hellos`, the oldest dropped beyond it) for `--hello-timeout-ms` each.
     pub(super) fn accept_clients(self: &Arc<Self>) {
-        while !self.stop.load(Ordering::Relaxed) {
-            if !wait_readable(&self.client_listener).unwrap_or(false) {
-                continue;
+        let limits = crate::intake::Limits {
+            // A connection leaves the daemon's count when it is handed to its server, which
+            // counts it against its own limits from then on.
+            max_clients: usize::MAX,
+            max_clients_per_user: usize::MAX,
+            max_pending: self.cfg.hellos.max_pending,
+            hello_timeout: self.cfg.hellos.timeout,
+        };
+        let gate = Gate::new(limits);
+        let mut refusals = Throttle::new(REFUSALS_LOGGED);
+        let open = || !self.stop.load(Ordering::Relaxed);
+        let served = accept_loop(&self.client_listener, &gate, open, |outcomes| {
+            for o in outcomes.drain(..) {
+                match o {
+                    Outcome::Ready(p, hello) => self.route_hello(p.stream, p.peer, &hello),
+                    Outcome::Refused(peer, e) => {
+                        if let Some(left_out) = refusals.admit(Instant::now()) {
+                            tracing::warn!(
+                                pid = peer.pid,
+                                uid = peer.uid,
+                                "client refused: {} ({left_out} more refusals since the last \
+                                 report)",
+                                e.message
+                            );
+                        }
+                    }
+                    Outcome::Left(peer) => {
+                        tracing::debug!(pid = peer.pid, "a connection closed before its hello")
+                    }
+                }
             }
-            let Ok((stream, _)) = self.client_listener.accept() else {
-                continue;
-            };
-            // The hello may be slow to come; one thread per connection keeps others moving.
-            let d = self.clone();
-            let _ = std::thread::Builder::new()
-                .name("route".into())
-                .spawn(move || d.route(stream));
+        });
+        if let Err(e) = served {
+            tracing::error!("the daemon takes no more clients: {e}");
         }
-    }
-
-    fn route(self: &Arc<Self>, stream: UnixStream) {
-        let peer = match socket::peer(&stream) {
-            Ok(p) => p,
-            Err(e) => return tracing::warn!("SO_PEERCRED failed: {e}"),
-        };
-        let hello = match read_hello(&stream) {
-            Ok(h) => h,
-            Err(e) => return tracing::warn!(pid = peer.pid, "client refused: {e}"),
-        };
-        self.route_hello(stream, peer, &hello);
     }
 
     /// Routes a client whose hello has been read.

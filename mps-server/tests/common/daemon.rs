@@ -71,6 +71,11 @@ impl TestDaemon {
         d
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the daemon process has exited.
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
