@@ -69,6 +69,15 @@ struct Args {
     /// A listening socket handed over by a server whose context failed (set by that server).
     #[arg(long)]
     listen_fd: Option<i32>,
+    /// Keeps a standby server beside this one, its device context made in advance, which
+    /// takes the listening socket at once if this server's context fails (instead of a fresh
+    /// server making its context then). It costs a second context on the device. Standalone
+    /// servers only: under mps-control, the daemon's --standby does this.
+    #[arg(long, conflicts_with = "handoff_fd")]
+    standby: bool,
+    /// The pipe a standby server waits on for its go (set by the server it stands by for).
+    #[arg(long, requires = "listen_fd")]
+    standby_fd: Option<i32>,
     /// Session workers per client priority, each serving several clients' rings (default: one
     /// per CPU); 0 serves each client on a thread of its own.
     #[arg(long)]
@@ -189,6 +198,16 @@ impl ClientLimitArgs {
 }
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
+    if let Some(fd) = args.standby_fd {
+        tracing::info!("standing by, the device context made, until the server before fails");
+        match recovery::wait_for_go(fd, &STOP).map_err(|e| e.to_string())? {
+            recovery::Go::Serve => tracing::info!("the server before failed; serving"),
+            recovery::Go::Exit => {
+                tracing::info!("the server this one stood by for stopped; stopping");
+                return Ok(());
+            }
+        }
+    }
     let backend = Arc::new(backend);
     let server = match args.listen_fd {
         Some(fd) => recovery::inherited_listener(fd).and_then(|l| Server::adopt(backend, cfg, l)),
@@ -214,7 +233,7 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
             .try_clone()
             .map(Successor::Daemon)
             .map_err(|e| format!("cannot keep the daemon's socket: {e}"))?,
-        None => Successor::this_process().map_err(|e| e.to_string())?,
+        None => Successor::this_process(args.standby).map_err(|e| e.to_string())?,
     };
     server
         .recovery()

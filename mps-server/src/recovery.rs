@@ -10,9 +10,11 @@
 //!   back to it;
 //! - has a fresh server take new clients at once: under `mps-control` it tells the daemon over
 //!   their socket (a `FAILED` message), and the daemon starts a fresh server for the user and
-//!   group; a standalone server starts a fresh `mps-server` process itself and hands it the
-//!   listening socket, so connections waiting on it, and those still to come, go to the fresh
-//!   context;
+//!   group; a standalone server hands the listening socket to a fresh `mps-server` process, so
+//!   connections waiting on it, and those still to come, go to the fresh context. With
+//!   `--standby` that process was started with the server and has made its context already
+//!   ([`Standby`]): it only needs to be told to go, instead of a new process creating a context
+//!   (on a GPU most of a second) after the fault;
 //! - keeps answering its own clients with the fault's status and message (the backend told each
 //!   of them), and exits once they are gone, or after a bound ([`Recovery::drain`]).
 
@@ -40,31 +42,112 @@ pub enum Successor {
     Process {
         /// The program.
         program: PathBuf,
-        /// Its arguments, without the socket's (`--listen-fd` is added).
+        /// Its arguments, without the sockets' (`--listen-fd` and `--standby-fd` are added).
         args: Vec<OsString>,
+        /// Whether the process is started with the server, to stand by ([`Standby`]), rather
+        /// than after the fault.
+        standby: bool,
     },
 }
 
 impl Successor {
-    /// This very process started again: `/proc/self/exe` with this process's arguments, less a
-    /// `--listen-fd` it was given.
-    pub fn this_process() -> Result<Successor> {
+    /// This very process started again: `/proc/self/exe` with this process's arguments, less
+    /// the descriptors it was given (`--listen-fd`, `--standby-fd`); started at once to stand by
+    /// if `standby`.
+    pub fn this_process(standby: bool) -> Result<Successor> {
         let program = std::env::current_exe().map_err(|e| {
             Error::internal(format!(
                 "cannot find this program to start a fresh server after a fault: {e}"
             ))
         })?;
-        let mut args = Vec::new();
-        let mut given = std::env::args_os().skip(1);
-        while let Some(a) = given.next() {
-            if a == LISTEN_FD {
-                given.next();
-            } else if !a.to_string_lossy().starts_with(&format!("{LISTEN_FD}=")) {
-                args.push(a);
-            }
-        }
-        Ok(Successor::Process { program, args })
+        Ok(Successor::Process {
+            program,
+            args: without_descriptors(std::env::args_os().skip(1)),
+            standby,
+        })
     }
+}
+
+/// `args` less the options that pass descriptors (`--listen-fd N`, `--standby-fd=N`, ...):
+/// those are this process's own.
+fn without_descriptors(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut kept = Vec::new();
+    let mut given = args.into_iter();
+    while let Some(a) = given.next() {
+        let text = a.to_string_lossy();
+        if a == LISTEN_FD || a == STANDBY_FD {
+            given.next();
+        } else if !(text.starts_with(&format!("{LISTEN_FD}="))
+            || text.starts_with(&format!("{STANDBY_FD}=")))
+        {
+            kept.push(a);
+        }
+    }
+    kept
+}
+
+/// The option that tells a standby server where its go comes from (set by the server it stands
+/// by for).
+pub const STANDBY_FD: &str = "--standby-fd";
+
+/// A server process started beside this one with its listening socket: it makes its own device
+/// context at once, then waits ([`wait_for_go`]) to be told to serve the socket, which this
+/// server does when its context fails. It exits when this server does without a fault (the
+/// pipe it waits on closes), so it never outlives the server it stands by for.
+#[derive(Debug)]
+pub struct Standby {
+    pid: u32,
+    /// This server's end of the pipe the standby waits on.
+    go: std::fs::File,
+    child: std::process::Child,
+}
+
+impl Standby {
+    /// Tells the standby to serve; fails if it is gone (its context could not be made, say).
+    fn go(mut self) -> std::io::Result<u32> {
+        use std::io::Write;
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(std::io::Error::other(format!("it exited ({status})")));
+        }
+        self.go.write_all(b"g")?;
+        Ok(self.pid)
+    }
+}
+
+/// What a standby server is told.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Go {
+    /// Serve the listening socket: the server it stood by for failed.
+    Serve,
+    /// Exit: the server it stood by for stopped (or the process is asked to stop).
+    Exit,
+}
+
+/// Waits, as a standby server, on the pipe at `fd` (its `--standby-fd`) until it is told to
+/// serve, the pipe closes, or `stop` is raised.
+pub fn wait_for_go(fd: i32, stop: &AtomicBool) -> Result<Go> {
+    use std::io::Read;
+    let pipe = inherited(fd, STANDBY_FD)?;
+    let mut pipe = std::fs::File::from(pipe);
+    while !stop.load(Ordering::Relaxed) {
+        let mut fds = [nix::poll::PollFd::new(
+            pipe.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(200u16)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(Error::internal(format!("waiting on {STANDBY_FD}: {e}"))),
+        }
+        let mut byte = [0u8; 1];
+        return match pipe.read(&mut byte) {
+            Ok(1) => Ok(Go::Serve),
+            Ok(_) => Ok(Go::Exit),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(Error::internal(format!("reading {STANDBY_FD}: {e}"))),
+        };
+    }
+    Ok(Go::Exit)
 }
 
 /// The option that gives a fresh server the socket to serve.
@@ -187,8 +270,35 @@ impl Recovery {
         self.path_given_up.load(Ordering::Acquire)
     }
 
-    /// Starts the thread that, once the context fails, has `successor` take new clients.
+    /// Starts the thread that, once the context fails, has `successor` take new clients; a
+    /// successor process that stands by is started now.
     pub fn start(self: &Arc<Self>, successor: Successor) -> Result<()> {
+        let standby = match &successor {
+            Successor::Process {
+                program,
+                args,
+                standby: true,
+            } => match self.spawn_standby(program, args.clone()) {
+                Ok(s) => {
+                    tracing::info!(
+                        "a standby server (pid {}) makes its context, to serve {} at once if \
+                         this server's context fails",
+                        s.pid,
+                        self.socket_path.display()
+                    );
+                    Some(s)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot start a standby server ({}); after a fault a fresh one is \
+                         started instead",
+                        e.message
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
         let me = self.clone();
         std::thread::Builder::new()
             .name("recovery".into())
@@ -199,13 +309,13 @@ impl Recovery {
                 }
                 let why = e.clone().expect("set before the wait ended");
                 drop(e);
-                me.hand_over(&why, successor);
+                me.hand_over(&why, successor, standby);
             })
             .map(drop)
             .map_err(|e| Error::internal(format!("cannot start the recovery thread: {e}")))
     }
 
-    fn hand_over(&self, why: &Error, successor: Successor) {
+    fn hand_over(&self, why: &Error, successor: Successor, standby: Option<Standby>) {
         let clients = self.registry.connected();
         tracing::error!(
             pid = std::process::id(),
@@ -216,17 +326,44 @@ impl Recovery {
         );
         match successor {
             Successor::Daemon(daemon) => self.tell_daemon(&daemon, why),
-            Successor::Process { program, args } => match self.spawn(&program, args) {
-                Ok(pid) => tracing::info!(
-                    "a fresh server (pid {pid}) serves {} from now on",
+            Successor::Process { program, args, .. } => {
+                if let Some(standby) = standby {
+                    match standby.go() {
+                        Ok(pid) => {
+                            // The socket's path now leads to the standby.
+                            self.path_given_up.store(true, Ordering::Release);
+                            return tracing::info!(
+                                "the standby server (pid {pid}) serves {} from now on",
+                                self.socket_path.display()
+                            );
+                        }
+                        Err(e) => tracing::warn!(
+                            "the standby server is gone ({e}); starting a fresh server instead"
+                        ),
+                    }
+                }
+                self.spawn_fresh(&program, args)
+            }
+        }
+    }
+
+    /// Starts a fresh server after the fault, and says so.
+    fn spawn_fresh(&self, program: &PathBuf, args: Vec<OsString>) {
+        match self.spawn(program, args, None) {
+            Ok(child) => {
+                // The socket's path now leads to the fresh server.
+                self.path_given_up.store(true, Ordering::Release);
+                tracing::info!(
+                    "a fresh server (pid {}) serves {} from now on",
+                    child.id(),
                     self.socket_path.display()
-                ),
-                Err(e) => tracing::error!(
-                    "cannot start a fresh server after the fault: {}; start mps-server again \
-                     once this one has exited",
-                    e.message
-                ),
-            },
+                )
+            }
+            Err(e) => tracing::error!(
+                "cannot start a fresh server after the fault: {}; start mps-server again once \
+                 this one has exited",
+                e.message
+            ),
         }
     }
 
@@ -268,28 +405,50 @@ impl Recovery {
         }
     }
 
-    /// Starts `program` with `args` and the listening socket; returns its pid.
-    fn spawn(&self, program: &PathBuf, args: Vec<OsString>) -> Result<u32> {
-        let fd = self.listener.as_raw_fd();
+    /// Starts `program` with `args`, the listening socket and, for a standby, the read end of
+    /// its pipe (`--standby-fd`).
+    fn spawn(
+        &self,
+        program: &PathBuf,
+        args: Vec<OsString>,
+        standby: Option<&OwnedFd>,
+    ) -> Result<std::process::Child> {
+        let fds: Vec<i32> = std::iter::once(self.listener.as_raw_fd())
+            .chain(standby.map(AsRawFd::as_raw_fd))
+            .collect();
         let mut cmd = std::process::Command::new(program);
-        cmd.args(args).arg(LISTEN_FD).arg(fd.to_string());
+        cmd.args(args).arg(LISTEN_FD).arg(fds[0].to_string());
+        if let Some(&fd) = fds.get(1) {
+            cmd.arg(STANDBY_FD).arg(fd.to_string());
+        }
         // SAFETY: between fork and exec the child only calls fcntl, which is
-        // async-signal-safe, on a descriptor this process owns (`self.listener`).
+        // async-signal-safe, on descriptors this process owns (`self.listener`, the pipe).
         unsafe {
             cmd.pre_exec(move || {
-                // Descriptors are opened close-on-exec; this one must reach the fresh server.
-                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
+                // Descriptors are opened close-on-exec; these must reach the new server.
+                for &fd in &fds {
+                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| Error::internal(format!("cannot start {}: {e}", program.display())))?;
-        // The socket's path now leads to the fresh server.
-        self.path_given_up.store(true, Ordering::Release);
-        Ok(child.id())
+        cmd.spawn()
+            .map_err(|e| Error::internal(format!("cannot start {}: {e}", program.display())))
+    }
+
+    /// Starts a standby server: `program` with `args`, the listening socket and a pipe it waits
+    /// on for its go.
+    fn spawn_standby(&self, program: &PathBuf, args: Vec<OsString>) -> Result<Standby> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| Error::internal(format!("cannot make a pipe for a standby: {e}")))?;
+        let child = self.spawn(program, args, Some(&read))?;
+        Ok(Standby {
+            pid: child.id(),
+            go: std::fs::File::from(write),
+            child,
+        })
     }
 
     /// Once the context failed and the accept loop stopped: waits until every client is gone,
@@ -325,15 +484,29 @@ impl Recovery {
     }
 }
 
-/// The listening socket a server whose context failed handed to this process at `fd`.
+/// The listening socket a server whose context failed handed to this process at `fd` (or, for
+/// a standby, the server it stands by for).
 pub fn inherited_listener(fd: i32) -> Result<UnixListener> {
+    let listener = UnixListener::from(inherited(fd, LISTEN_FD)?);
+    match listener.local_addr() {
+        Ok(_) => Ok(listener),
+        Err(e) => Err(Error::new(
+            Status::InvalidValue,
+            format!("{LISTEN_FD} {fd} is not a listening Unix socket: {e}"),
+        )),
+    }
+}
+
+/// Descriptor `fd`, given to this process with `option` by the server it succeeds, made
+/// close-on-exec and owned.
+fn inherited(fd: i32, option: &str) -> Result<OwnedFd> {
     use std::os::fd::FromRawFd;
     let bad = |what: String| Error::new(Status::InvalidValue, what);
     // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open; nothing is assumed of it yet.
     if unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } == -1 {
         return Err(bad(format!(
-            "{LISTEN_FD} {fd}: no such descriptor (it is given by a server whose context \
-             failed; do not pass it by hand)"
+            "{option} {fd}: no such descriptor (it is given by the server this one succeeds; do \
+             not pass it by hand)"
         )));
     }
     // SAFETY: `fd` is open (checked above) and was handed to this process alone, by the server
@@ -343,12 +516,33 @@ pub fn inherited_listener(fd: i32) -> Result<UnixListener> {
         &owned,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
-    .map_err(|e| bad(format!("{LISTEN_FD} {fd}: {e}")))?;
-    let listener = UnixListener::from(owned);
-    match listener.local_addr() {
-        Ok(_) => Ok(listener),
-        Err(e) => Err(bad(format!(
-            "{LISTEN_FD} {fd} is not a listening Unix socket: {e}"
-        ))),
+    .map_err(|e| bad(format!("{option} {fd}: {e}")))?;
+    Ok(owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_successor_gets_the_arguments_less_the_descriptors_of_this_process() {
+        let args = [
+            "--standby",
+            "--listen-fd",
+            "7",
+            "--pipe-dir",
+            "/p",
+            "--standby-fd=9",
+            "--listen-fd=3",
+            "--standby-fd",
+            "4",
+            "--device",
+            "1",
+        ]
+        .map(OsString::from);
+        assert_eq!(
+            without_descriptors(args),
+            ["--standby", "--pipe-dir", "/p", "--device", "1"].map(OsString::from)
+        );
     }
 }

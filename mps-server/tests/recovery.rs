@@ -302,3 +302,121 @@ fn a_standalone_server_hands_its_socket_to_a_fresh_server_after_a_fault() {
         server.log()
     );
 }
+
+/// The pids the log names after `marker` (`"a standby server (pid "`, say), in order.
+fn pids_after(log: &str, marker: &str) -> Vec<i32> {
+    log.split(marker)
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.parse().ok())
+        .collect()
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not yet reaped).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+    }
+}
+
+/// Every standby server the log names is killed on drop, whatever the test's outcome.
+struct Standbys(std::path::PathBuf);
+
+impl Drop for Standbys {
+    fn drop(&mut self) {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        for pid in pids_after(&log, "a standby server (pid ") {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// With `--standby`, a standalone server keeps a server beside it whose context is made
+/// already: after a fault that one serves the socket (no new process, no new context), starts
+/// a standby of its own, and so recovers from a second fault too. A standby never outlives the
+/// server it stands by for.
+#[test]
+fn with_a_standby_a_standalone_server_is_replaced_at_once_and_again() {
+    let server = TestServer::start_with(&[GPU_FAULTS[0], GPU_FAULTS[1], "--standby"]);
+    let _standbys = Standbys(server.dir.join("server.log"));
+    let mut serving = server.pid() as i32;
+    for round in 0..2 {
+        // This round's standby has made its context.
+        let log = wait_for(
+            "the standby's context",
+            || {
+                let log = server.log();
+                (log.matches("standing by, the device context made").count() > round).then_some(log)
+            },
+            || server.log(),
+        );
+        let standby = *pids_after(&log, "a standby server (pid ")
+            .get(round)
+            .unwrap_or_else(|| panic!("round {round}: no standby was started:\n{log}"));
+        let victim = server.client();
+        served(&victim, 3);
+        let faulted = Instant::now();
+        assert_context_failed(&fault(&victim), "the client whose kernel faulted");
+        let fresh = server.client();
+        served(&fresh, 5);
+        let took = faulted.elapsed();
+        println!(
+            "fault to first fresh client served ({} backend, standalone with a standby, fault \
+             {}): {:.1} ms",
+            backend(),
+            round + 1,
+            took.as_secs_f64() * 1e3
+        );
+        assert!(took < DEADLINE, "recovery took {took:?}");
+        let log = server.wait_for_log(&format!("the standby server (pid {standby}) serves"));
+        assert!(
+            !log.contains("a fresh server (pid "),
+            "a fresh server was started although a standby stood by:\n{log}"
+        );
+        // The server that failed exits once its client is gone.
+        drop(victim);
+        wait_for(
+            "the failed server's exit",
+            || ended(serving).then_some(()),
+            || server.log(),
+        );
+        served(&fresh, 6);
+        serving = standby;
+        // The promoted standby starts a standby of its own (its "standing by" is the next
+        // round's wait, past this round's).
+        wait_for(
+            "the next standby",
+            || {
+                (pids_after(&server.log(), "a standby server (pid ").len() > round + 1)
+                    .then_some(())
+            },
+            || server.log(),
+        );
+    }
+    // Stopping the server that serves stops its standby too.
+    let log = server.log();
+    let last = *pids_after(&log, "a standby server (pid ").last().unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serving),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    wait_for(
+        "the standby's exit after its server stopped",
+        || ended(last).then_some(()),
+        || server.log(),
+    );
+    assert!(
+        server
+            .log()
+            .contains("the server this one stood by for stopped"),
+        "{}",
+        server.log()
+    );
+}
