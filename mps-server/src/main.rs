@@ -75,8 +75,9 @@ struct Args {
     /// servers only: under mps-control, the daemon's --standby does this.
     #[arg(long, conflicts_with = "handoff_fd")]
     standby: bool,
-    /// The pipe a standby server waits on for its go (set by the server it stands by for).
-    #[arg(long, requires = "listen_fd")]
+    /// The pipe a standby server waits on for its go (set by the server it stands by for, or
+    /// by mps-control).
+    #[arg(long)]
     standby_fd: Option<i32>,
     /// Session workers per client priority, each serving several clients' rings (default: one
     /// per CPU); 0 serves each client on a thread of its own.
@@ -199,6 +200,13 @@ impl ClientLimitArgs {
 
 fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
     if let Some(fd) = args.standby_fd {
+        if args.listen_fd.is_none() && args.handoff_fd.is_none() {
+            return Err(
+                "--standby-fd is given by the server a standby stands by for (with --listen-fd) \
+                 or by mps-control (with --handoff-fd); do not pass it by hand"
+                    .into(),
+            );
+        }
         tracing::info!("standing by, the device context made, until the server before fails");
         match recovery::wait_for_go(fd, &STOP).map_err(|e| e.to_string())? {
             recovery::Go::Serve => tracing::info!("the server before failed; serving"),

@@ -90,7 +90,7 @@ pub(crate) struct ClientEntry {
 }
 
 /// What a server's clients start from: the operator's settings.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Defaults {
     /// Device memory per client in bytes (0: no limit).
     pub mem_limit: u64,

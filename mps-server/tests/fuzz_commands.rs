@@ -47,6 +47,7 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         server_args: vec![],
         devices: vec![0, 1],
         defaults: DEFAULTS,
+        standby: false,
         hellos: Default::default(),
     })
     .unwrap();

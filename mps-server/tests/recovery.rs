@@ -420,3 +420,89 @@ fn with_a_standby_a_standalone_server_is_replaced_at_once_and_again() {
         server.log()
     );
 }
+
+/// With `mps-control --standby`, each group's server has a standby beside it (listed as
+/// `STANDBY`, its context made); after a fault the daemon tells the standby to go, and it takes
+/// the group's new clients at once; a new standby is started, and `quit` stops every one.
+#[test]
+fn with_standbys_the_daemon_hands_a_faulted_group_to_its_standby_at_once() {
+    let d = TestDaemon::start(
+        "recovery-standby",
+        &[GPU_FAULTS[0], GPU_FAULTS[1], "--standby"],
+    );
+    let server_log = format!("server-{}-default.log", nix::unistd::geteuid().as_raw());
+    let victim = d.client();
+    served(&victim, 3);
+    let standby_of = |d: &TestDaemon| {
+        d.servers()
+            .into_iter()
+            .find(|s| s.state == "STANDBY")
+            .map(|s| s.pid)
+    };
+    let standby = wait_for(
+        "the group's standby",
+        || standby_of(&d),
+        || d.ctl_line("status"),
+    );
+    wait_for(
+        "the standby's context",
+        || {
+            d.log(&server_log)
+                .contains("standing by, the device context made")
+                .then_some(())
+        },
+        || d.log(&server_log),
+    );
+    let active = |d: &TestDaemon| -> Vec<u32> {
+        let rows = of_group(d, "default").into_iter();
+        rows.filter(|(_, state)| state == "ACTIVE")
+            .map(|(p, _)| p)
+            .collect()
+    };
+    let [old] = active(&d)[..] else {
+        panic!("not one active server:\n{}", d.ctl_line("status"));
+    };
+
+    let faulted = Instant::now();
+    assert_context_failed(&fault(&victim), "the client whose kernel faulted");
+    let fresh = d.client();
+    served(&fresh, 5);
+    let took = faulted.elapsed();
+    println!(
+        "fault to first fresh client served ({} backend, with the daemon and a standby): {:.1} ms",
+        backend(),
+        took.as_secs_f64() * 1e3
+    );
+    assert!(took < DEADLINE, "recovery took {took:?}");
+    let log = d.wait_for_log("control.log", "the standby server takes the new clients");
+    assert!(log.contains(&format!("pid={standby}")), "{log}");
+    assert!(
+        !log.contains("cannot start a fresh server"),
+        "a fresh server was started although a standby stood by:\n{log}"
+    );
+    // The standby is the group's active server now, and a new standby stands beside it.
+    let rows = of_group(&d, "default");
+    assert!(
+        rows.contains(&(standby, "ACTIVE".to_string())) && rows.contains(&(old, "FAULT".into())),
+        "{}",
+        d.ctl_line("status")
+    );
+    let next = wait_for(
+        "a new standby",
+        || standby_of(&d).filter(|p| *p != standby),
+        || d.ctl_line("status"),
+    );
+    drop(victim);
+    wait_for(
+        "the failed server's exit",
+        || (!of_group(&d, "default").iter().any(|(p, _)| *p == old)).then_some(()),
+        || d.ctl_line("status"),
+    );
+    served(&fresh, 6);
+    drop(fresh);
+    drop(d);
+    assert!(
+        std::fs::read_to_string(format!("/proc/{next}/stat")).is_err(),
+        "the standby {next} outlived the daemon's quit"
+    );
+}

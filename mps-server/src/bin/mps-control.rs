@@ -87,6 +87,11 @@ struct Args {
     /// by the server as given twice.
     #[arg(long = "server-arg", allow_hyphen_values = true, value_name = "ARG")]
     server_args: Vec<String>,
+    /// Keeps a standby server, its device context made, beside each server, to take that
+    /// user and group's clients at once if its context fails (instead of a fresh server making
+    /// its context then). It costs a second context on the device per server.
+    #[arg(long)]
+    standby: bool,
     /// Connections that may wait for their hello at once; beyond it the one that has waited
     /// longest is dropped (every hello is read on one thread: a waiting connection costs a
     /// descriptor, never a thread).
@@ -143,6 +148,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
             sm_share: args.active_thread_percentage,
             max_sm_reserve: args.max_sm_reservation,
         },
+        standby: args.standby,
         hellos: HelloLimits {
             max_pending: args.max_pending_hellos,
             timeout: Duration::from_millis(args.hello_timeout_ms),

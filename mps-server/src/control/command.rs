@@ -286,12 +286,15 @@ impl Daemon {
                 .filter(|s| device.is_none_or(|d| d == s.device))
                 .map(|s| match s.state {
                     ServerState::Active => format!("{}\n", s.pid),
-                    ServerState::Fault => format!("{} {}\n", s.pid, s.state),
+                    ServerState::Fault | ServerState::Standby => {
+                        format!("{} {}\n", s.pid, s.state)
+                    }
                 })
                 .collect()),
             GetServerStatus { server } => self
                 .server_list()
                 .iter()
+                .chain(&self.standby_list())
                 .find(|s| s.pid == server)
                 .map(|s| format!("{}\n", s.state))
                 .ok_or_else(|| no_server(server)),
@@ -448,14 +451,19 @@ impl Daemon {
             "SERVER-PID  CLIENT-PID  MEM-BYTES     MEM-LIMIT     PRIORITY  SMS  SHARE%  \
              RESERVED%  LAUNCHES    COPIES      BYTES-COPIED  GPU-MS\n",
         );
-        for s in self.server_list() {
+        let standbys = self.standby_list();
+        for s in self.server_list().into_iter().chain(standbys) {
             let (pid, uid, group, routed) = (s.pid, s.uid, &s.group, s.routed);
             let up = s.uptime.as_secs();
             out += &format!(
                 "{pid:<11} {uid:<7} {group:<17} {routed:<7} {up:<9} {:<7} {}\n",
                 s.state, s.device
             );
-            // A server that does not answer still has its row above.
+            // A standby serves no client and is not asked (it reads nothing from the daemon
+            // before its go); a server that does not answer still has its row above.
+            if s.state == ServerState::Standby {
+                continue;
+            }
             for c in self.clients_of(pid).unwrap_or_default() {
                 clients += &format!(
                     "{pid:<11} {:<11} {:<13} {:<13} {:<9} {:<4} {:<7} {:<10} {:<11} {:<11} \

@@ -18,6 +18,7 @@
 mod command;
 mod metrics;
 mod routing;
+mod standby;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
@@ -60,6 +61,9 @@ pub struct DaemonConfig {
     pub server_args: Vec<String>,
     /// What new servers' clients start from, until an operator command changes it.
     pub defaults: crate::registry::Defaults,
+    /// Whether a standby server, its context made, waits beside each server to take its
+    /// clients at once if its context fails ([`standby`]).
+    pub standby: bool,
     /// Connections that may wait for their hello at once, and how long each may take; the
     /// daemon reads every hello on one thread, as a server does ([`crate::intake`]).
     pub hellos: HelloLimits,
@@ -106,6 +110,8 @@ pub struct Daemon {
     servers: Mutex<BTreeMap<(u32, String, u32), ServerProc>>,
     /// Servers whose device context failed, draining their clients.
     failed: Mutex<Vec<ServerProc>>,
+    /// With `standby`, a server per (user, group, device) waiting to take over.
+    standbys: Mutex<BTreeMap<(u32, String, u32), standby::Standby>>,
     stop: AtomicBool,
     client_listener: UnixListener,
     control_listener: UnixListener,
@@ -171,6 +177,7 @@ impl Daemon {
             default_max_reserve: AtomicU32::new(d.max_sm_reserve),
             servers: Mutex::new(BTreeMap::new()),
             failed: Mutex::new(Vec::new()),
+            standbys: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             client_listener,
             control_listener,
@@ -187,6 +194,16 @@ impl Daemon {
             .get(&device)
             .copied()
             .unwrap_or_else(|| self.default_mem_limit.load(Ordering::Relaxed))
+    }
+
+    /// What a server of `device` started now gives its clients.
+    fn server_defaults(&self, device: u32) -> crate::registry::Defaults {
+        crate::registry::Defaults {
+            mem_limit: self.default_mem_limit(device),
+            priority: self.default_priority.load(Ordering::Relaxed),
+            sm_share: self.default_share.load(Ordering::Relaxed),
+            max_sm_reserve: self.default_max_reserve.load(Ordering::Relaxed),
+        }
     }
 
     fn set_default_mem_limit(&self, device: u32, bytes: u64) {

@@ -29,7 +29,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use super::wire::{self, ServerAnswer, ServerRequest};
 use super::{Daemon, is_root};
 use crate::intake::{Gate, Outcome, Throttle, accept_loop};
-use crate::registry::ClientStats;
+use crate::registry::{ClientStats, Defaults};
 
 /// How often refused clients are logged at most.
 const REFUSALS_LOGGED: Duration = Duration::from_secs(10);
@@ -42,7 +42,9 @@ pub(super) struct ServerProc {
     uid: u32,
     group: String,
     device: u32,
-    child: Child,
+    /// What its clients start from, as the daemon's defaults were when it was started.
+    pub(super) defaults: Defaults,
+    pub(super) child: Child,
     link: Arc<Link>,
     started: Instant,
     clients: u64,
@@ -97,6 +99,9 @@ pub(super) enum ServerState {
     /// Its device context failed: a fresh server took its user and group; it tells its clients
     /// what happened and exits once they are gone.
     Fault,
+    /// It has made its context and waits to take its user and group's clients should the
+    /// active server's context fail (`mps-control --standby`).
+    Standby,
 }
 
 impl std::fmt::Display for ServerState {
@@ -104,6 +109,7 @@ impl std::fmt::Display for ServerState {
         f.write_str(match self {
             ServerState::Active => "ACTIVE",
             ServerState::Fault => "FAULT",
+            ServerState::Standby => "STANDBY",
         })
     }
 }
@@ -123,7 +129,7 @@ pub(super) struct ServerInfo {
 }
 
 impl ServerProc {
-    fn info(&self, state: ServerState) -> ServerInfo {
+    pub(super) fn info(&self, state: ServerState) -> ServerInfo {
         ServerInfo {
             pid: self.child.id(),
             uid: self.uid,
@@ -206,17 +212,30 @@ impl Daemon {
              clients are gone; new clients go to a fresh server: {why}"
         );
         self.failed().push(old);
-        match self.start_server(uid, group, device) {
-            Ok(fresh) => {
-                servers.insert(key, fresh);
-            }
-            Err(e) => tracing::error!(
+        if let Some(standby) = self.promote_standby(&key) {
+            tracing::info!(
                 uid,
                 group,
                 device,
-                "cannot start a fresh server ({e}); the next client tries again"
-            ),
+                pid = standby.child.id(),
+                "the standby server takes the new clients"
+            );
+            servers.insert(key.clone(), standby);
+        } else {
+            match self.start_server(uid, group, device, None) {
+                Ok(fresh) => {
+                    servers.insert(key.clone(), fresh);
+                }
+                Err(e) => tracing::error!(
+                    uid,
+                    group,
+                    device,
+                    "cannot start a fresh server ({e}); the next client tries again"
+                ),
+            }
         }
+        drop(servers);
+        self.keep_standby(&key);
     }
     /// Accepts clients until the daemon stops. One thread reads every hello (none gets a
     /// thread of its own, whatever a local user opens), and routes each client whose hello is
@@ -317,8 +336,9 @@ impl Daemon {
                     tracing::warn!(uid, group, pid = old.child.id(), "server had exited");
                     let _ = old.child.wait();
                 }
-                let s = self.start_server(uid, group, hello.device)?;
+                let s = self.start_server(uid, group, hello.device, None)?;
                 servers.insert(key.clone(), s);
+                self.keep_standby(&key);
             }
             let s = servers.get_mut(&key).expect("inserted above");
             match s.link.send(
@@ -347,7 +367,15 @@ impl Daemon {
         unreachable!("the loop returns on its second attempt")
     }
 
-    fn start_server(self: &Arc<Self>, uid: u32, group: &str, device: u32) -> Result<ServerProc> {
+    /// Starts the server of (`uid`, `group`, `device`); with `standby`, the read end of the pipe
+    /// it then waits on for its go before it serves ([`super::standby`]).
+    pub(super) fn start_server(
+        self: &Arc<Self>,
+        uid: u32,
+        group: &str,
+        device: u32,
+        standby: Option<&OwnedFd>,
+    ) -> Result<ServerProc> {
         // Device 0 keeps the names of a host with one device; `@` cannot occur in a group name.
         let name = match device {
             0 => format!("{uid}-{group}"),
@@ -370,18 +398,16 @@ impl Daemon {
         // Made here, private and not through a link, before the server appends to it by name.
         self.logs.append_file(&log_name, 0o600, owner)?;
         // The daemon keeps one end (close-on-exec); the server inherits the other.
+        // Both ends close-on-exec, so that no other server started meanwhile inherits one; the
+        // server's end is let through to it alone, between its fork and exec.
         let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
             AddressFamily::Unix,
             SockType::Stream,
             None,
-            SockFlag::empty(),
+            SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| fail(format!("socketpair: {e}")))?;
-        nix::fcntl::fcntl(
-            &ours,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )
-        .map_err(|e| fail(format!("fcntl: {e}")))?;
+        let defaults = self.server_defaults(device);
         let mut cmd = Command::new(&self.cfg.server_bin);
         cmd.arg("--pipe-dir")
             .arg(dir.path())
@@ -392,21 +418,39 @@ impl Daemon {
             .arg("--handoff-fd")
             .arg(theirs.as_raw_fd().to_string())
             .arg("--mem-limit")
-            .arg(self.default_mem_limit(device).to_string())
+            .arg(defaults.mem_limit.to_string())
             .arg("--client-priority")
-            .arg(self.default_priority.load(Ordering::Relaxed).to_string())
+            .arg(defaults.priority.to_string())
             .arg("--active-thread-percentage")
-            .arg(self.default_share.load(Ordering::Relaxed).to_string())
+            .arg(defaults.sm_share.to_string())
             .arg("--max-sm-reservation")
-            .arg(self.default_max_reserve.load(Ordering::Relaxed).to_string())
+            .arg(defaults.max_sm_reserve.to_string())
             .arg("--device")
             .arg(device.to_string())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some(pipe) = standby {
+            cmd.arg("--standby-fd").arg(pipe.as_raw_fd().to_string());
+        }
         if let Some((uid, gid)) = owner {
             cmd.uid(uid).gid(gid);
+        }
+        let inherited: Vec<i32> = std::iter::once(theirs.as_raw_fd())
+            .chain(standby.map(AsRawFd::as_raw_fd))
+            .collect();
+        // SAFETY: between fork and exec the child only calls fcntl, which is
+        // async-signal-safe, on descriptors this process owns (the socket's end, the pipe's).
+        unsafe {
+            cmd.pre_exec(move || {
+                for &fd in &inherited {
+                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
         }
         let child = cmd.spawn().map_err(|e| {
             fail(format!(
@@ -431,6 +475,7 @@ impl Daemon {
             uid,
             group: group.to_string(),
             device,
+            defaults,
             child,
             link: Arc::new(Link {
                 socket,
@@ -483,11 +528,12 @@ impl Daemon {
         }
     }
 
-    /// Stops every server, each given `grace` to finish.
+    /// Stops every server (standbys too), each given `grace` to finish.
     pub(super) fn shutdown_all(&self, grace: Duration) {
         let servers = std::mem::take(&mut *self.servers());
         let failed = std::mem::take(&mut *self.failed());
-        for mut s in servers.into_values().chain(failed) {
+        let standbys = self.take_standbys();
+        for mut s in servers.into_values().chain(failed).chain(standbys) {
             stop_server(&mut s, grace);
         }
     }
@@ -509,7 +555,7 @@ pub(super) fn no_server(pid: u32) -> Error {
 }
 
 /// Which server serves a client: its user, group and device ordinal.
-type ServerKey = (u32, String, u32);
+pub(super) type ServerKey = (u32, String, u32);
 
 /// Device ordinals as a list for a message ("0, 1").
 pub(super) fn device_names(devices: &[u32]) -> String {
@@ -603,7 +649,7 @@ fn reap_failed(daemon: &Daemon, pid: u32) {
 }
 
 /// SIGTERM, then SIGKILL after `grace`.
-fn stop_server(s: &mut ServerProc, grace: Duration) {
+pub(super) fn stop_server(s: &mut ServerProc, grace: Duration) {
     let pid = nix::unistd::Pid::from_raw(s.child.id() as i32);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + grace;
