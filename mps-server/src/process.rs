@@ -1,5 +1,6 @@
 //! What both binaries (`mps-server`, `mps-control`) set up the same way: logging to stderr and a
-//! file, the stop flag that SIGINT and SIGTERM raise, and directories from the environment.
+//! file, the stop flag that SIGINT and SIGTERM raise, directories from the environment, and the
+//! descriptors a server they start inherits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -45,4 +46,23 @@ pub fn init_logging_to(file: std::fs::File) {
                 .with_writer(std::sync::Mutex::new(file)),
         )
         .init();
+}
+
+/// Lets `fds` (opened close-on-exec, so that no other process started meanwhile inherits one)
+/// through to the program `cmd` starts, and to it alone: they are made inheritable in the child,
+/// between its fork and exec.
+pub(crate) fn inherit(cmd: &mut std::process::Command, fds: Vec<i32>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the child only calls fcntl, which is async-signal-safe, on
+    // descriptors the caller owns and keeps open until the child has started.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }

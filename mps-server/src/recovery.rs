@@ -21,7 +21,6 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -421,19 +420,7 @@ impl Recovery {
         if let Some(&fd) = fds.get(1) {
             cmd.arg(STANDBY_FD).arg(fd.to_string());
         }
-        // SAFETY: between fork and exec the child only calls fcntl, which is
-        // async-signal-safe, on descriptors this process owns (`self.listener`, the pipe).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Descriptors are opened close-on-exec; these must reach the new server.
-                for &fd in &fds {
-                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        crate::process::inherit(&mut cmd, fds);
         cmd.spawn()
             .map_err(|e| Error::internal(format!("cannot start {}: {e}", program.display())))
     }

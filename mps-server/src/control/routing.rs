@@ -437,21 +437,10 @@ impl Daemon {
         if let Some((uid, gid)) = owner {
             cmd.uid(uid).gid(gid);
         }
-        let inherited: Vec<i32> = std::iter::once(theirs.as_raw_fd())
+        let inherited = std::iter::once(theirs.as_raw_fd())
             .chain(standby.map(AsRawFd::as_raw_fd))
             .collect();
-        // SAFETY: between fork and exec the child only calls fcntl, which is
-        // async-signal-safe, on descriptors this process owns (the socket's end, the pipe's).
-        unsafe {
-            cmd.pre_exec(move || {
-                for &fd in &inherited {
-                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        crate::process::inherit(&mut cmd, inherited);
         let child = cmd.spawn().map_err(|e| {
             fail(format!(
                 "cannot start {}: {e}",
