@@ -88,8 +88,10 @@ impl Client {
     /// granted as the environment asks: `MPS_PINNED_DEVICE_MEM_LIMIT` (device memory, one size
     /// for every device or `device=size` entries, "0=1G,1=2G"), `MPS_CLIENT_PRIORITY` (0
     /// normal, 1 below normal), `MPS_ACTIVE_THREAD_PERCENTAGE` (a share of the SMs, one or per
-    /// device as the memory limit) and `MPS_SM_RESERVE` (SMs of the client's own). A program
-    /// that uses two devices holds a client of each.
+    /// device as the memory limit) and `MPS_SM_RESERVE` (SMs of the client's own); and it
+    /// checks `MPS_CLIENT_SPIN_US` and `MPS_CLIENT_YIELD_US` (microseconds; how a waiting thread
+    /// spins, then yields). A bad value of any is refused, naming the variable. A program that
+    /// uses two devices holds a client of each.
     pub fn connect_device(pipe_dir: Option<&Path>, device: u32) -> Result<Client> {
         let dir = pipe_dir
             .map(Path::to_path_buf)
@@ -188,6 +190,7 @@ impl Client {
 
     /// Lowers (never raises) what the server granted, as the environment asks (see `connect`).
     fn apply_environment(&self) -> Result<()> {
+        crate::transport::check_wait_variables()?;
         if let Some(spec) = var("MPS_PINNED_DEVICE_MEM_LIMIT") {
             let limit = mps_core::units::parse_device_limit(&spec, self.ordinal).map_err(|e| {
                 Error::invalid_value(format!("MPS_PINNED_DEVICE_MEM_LIMIT: {}", e.message))

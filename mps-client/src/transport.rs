@@ -35,19 +35,49 @@ const MAX_NAP: Duration = Duration::from_millis(2);
 /// How often a waiter checks that the server is still there.
 const LIVENESS: Duration = Duration::from_millis(100);
 
+/// The variables that set a wait's spin and yield phases.
+const WAIT_VARIABLES: [&str; 2] = ["MPS_CLIENT_SPIN_US", "MPS_CLIENT_YIELD_US"];
+
+/// Microseconds from environment variable `var`: `Ok(None)` when unset or blank, an error naming
+/// the variable when it is not a whole number.
+fn micros_var(var: &str) -> mps_core::Result<Option<Duration>> {
+    parse_micros(var, std::env::var(var).ok())
+}
+
+/// [`micros_var`] of `value`, the variable `var`'s value if set.
+fn parse_micros(var: &str, value: Option<String>) -> mps_core::Result<Option<Duration>> {
+    match value.filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(|us| Some(Duration::from_micros(us)))
+            .map_err(|_| {
+                mps_core::Error::invalid_value(format!(
+                    "{var} is {v:?}; it must be a whole number of microseconds"
+                ))
+            }),
+    }
+}
+
+/// Refuses a wait variable that is set to something other than microseconds (checked when a
+/// client connects, so that a typo is an error and not a silent default).
+pub(crate) fn check_wait_variables() -> mps_core::Result<()> {
+    WAIT_VARIABLES
+        .iter()
+        .try_for_each(|v| micros_var(v).map(drop))
+}
+
 /// The spin and yield phases of a wait, read once from the environment.
 fn wait_phases() -> (Duration, Duration) {
     static PHASES: OnceLock<(Duration, Duration)> = OnceLock::new();
     *PHASES.get_or_init(|| {
-        let micros = |var: &str, default: Duration| {
-            std::env::var(var)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(default, Duration::from_micros)
-        };
+        // Checked at connect; a value changed to junk since keeps the default.
+        let micros =
+            |var: &str, default: Duration| micros_var(var).ok().flatten().unwrap_or(default);
         (
-            micros("MPS_CLIENT_SPIN_US", DEFAULT_SPIN),
-            micros("MPS_CLIENT_YIELD_US", DEFAULT_YIELD),
+            micros(WAIT_VARIABLES[0], DEFAULT_SPIN),
+            micros(WAIT_VARIABLES[1], DEFAULT_YIELD),
         )
     })
 }
@@ -295,5 +325,24 @@ impl Client {
         let done = self.channel.stream_done(slot);
         let reached = || done.load(Ordering::Acquire) >= seq;
         self.wait_for(reached, |_| reached().then_some(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_variable_is_microseconds_or_an_error_naming_it() {
+        let us = |v: &str| parse_micros("MPS_CLIENT_SPIN_US", Some(v.to_string()));
+        assert_eq!(us("50").unwrap(), Some(Duration::from_micros(50)));
+        assert_eq!(us(" 7 ").unwrap(), Some(Duration::from_micros(7)));
+        assert_eq!(us("").unwrap(), None);
+        assert_eq!(parse_micros("MPS_CLIENT_SPIN_US", None).unwrap(), None);
+        for bad in ["20us", "-1", "1.5"] {
+            let e = us(bad).unwrap_err();
+            assert_eq!(e.status, mps_core::Status::InvalidValue);
+            assert!(e.message.starts_with("MPS_CLIENT_SPIN_US is"), "{e}");
+        }
     }
 }

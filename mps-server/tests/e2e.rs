@@ -1134,3 +1134,45 @@ fn the_gpu_writes_completion_while_the_server_is_stopped() {
         "the two-second kernel ended before the server was stopped: nothing shown"
     );
 }
+
+/// A client whose environment holds a bad value for one of mps's variables is refused at
+/// connect, with `MPS_ERROR_INVALID_VALUE` naming the variable, rather than running with a
+/// default it did not ask for. Each case runs in a child process of its own (the environment
+/// is the process's).
+#[test]
+fn a_bad_value_of_a_client_variable_fails_the_connection_naming_it() {
+    const TEST: &str = "a_bad_value_of_a_client_variable_fails_the_connection_naming_it";
+    if let Some(var) = role() {
+        let e = match Client::connect(None) {
+            Ok(_) => panic!("connected with a bad {var}"),
+            Err(e) => e,
+        };
+        assert_eq!(e.status, Status::InvalidValue, "{var}: {e}");
+        assert!(e.message.contains(&var), "{var}: {e}");
+        return;
+    }
+    let server = TestServer::start();
+    for (var, value) in [
+        ("MPS_CLIENT_PRIORITY", "2"),
+        ("MPS_PINNED_DEVICE_MEM_LIMIT", "lots"),
+        ("MPS_ACTIVE_THREAD_PERCENTAGE", "101"),
+        ("MPS_SM_RESERVE", "abc"),
+        ("MPS_CLIENT_SPIN_US", "20us"),
+        ("MPS_CLIENT_YIELD_US", "-1"),
+        ("MPS_GROUP", "a b"),
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture"])
+            .env("MPS_TEST_ROLE", var)
+            .env("MPS_PIPE_DIRECTORY", &server.dir)
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{var}={value}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
