@@ -8,11 +8,14 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::Instant;
 
-use common::{Server, built, crate_dir, root, temp_dir};
+use common::{DEADLINE, Daemon, Row, Server, backend, built, crate_dir, root, skip, temp_dir};
 
 /// A directory holding `libcuda.so`, a link to this build's library, for the linker's `-lcuda`
 /// (the program records the library's soname, `libcuda.so.1`, as NVIDIA's does).
@@ -145,4 +148,177 @@ fn the_export_tables_behave_as_the_runtime_expects() {
 #[test]
 fn a_kernel_fault_surfaces_at_the_next_synchronising_call() {
     passes("async_error", &[]);
+}
+
+/// Runs `exe` through mps-run against `daemon` with `MPS_TEST_HOLD` (the program prints
+/// "holding" once its work is done and keeps its resources until its stdin closes) and `env`;
+/// calls `inspect` with the program's pid while it holds. It must pass every check; returns its
+/// stdout.
+fn run_holding(
+    exe: &Path,
+    daemon: &Daemon,
+    env: &[(&str, &str)],
+    inspect: impl FnOnce(u32),
+) -> String {
+    let mut child = Command::new(built().join("mps-run"))
+        .arg(exe)
+        .arg(root().join("kernels/test_kernels.ptx"))
+        .env("MPS_PIPE_DIRECTORY", &daemon.dir)
+        .env("MPS_ONLY", "1")
+        .env("MPS_TEST_HOLD", "1")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // mps-run executes the program in its own process: the pid is the program's.
+    let pid = child.id();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = String::new();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                printed.push_str(&line);
+                printed.push('\n');
+                if line == "holding" {
+                    break;
+                }
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let mut err = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                panic!(
+                    "the program never held ({e}):\n{printed}\n{err}\n{}",
+                    daemon.log()
+                );
+            }
+        }
+    }
+    inspect(pid);
+    drop(child.stdin.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    printed.extend(rx.try_iter().map(|l| l + "\n"));
+    assert!(
+        status.success() && printed.contains("all checks passed"),
+        "{} failed ({status}):\n{printed}\n{err}\ndaemon log:\n{}",
+        exe.display(),
+        daemon.log()
+    );
+    printed
+}
+
+fn number(row: &Row, column: &str) -> u64 {
+    row.get(column)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number in column {column} of {row:?}"))
+}
+
+/// The client rows of process `pid` in `status`, each with the device of its server.
+fn rows_of(daemon: &Daemon, pid: u32) -> Vec<(u64, Row)> {
+    let (servers, clients) = daemon.status();
+    clients
+        .into_iter()
+        .filter(|c| number(c, "CLIENT-PID") == pid as u64)
+        .map(|c| {
+            let server = servers
+                .iter()
+                .find(|s| s.get("SERVER-PID") == c.get("SERVER-PID"))
+                .unwrap_or_else(|| panic!("client {c:?} of no listed server: {servers:?}"));
+            (number(server, "DEVICE"), c)
+        })
+        .collect()
+}
+
+/// A daemon of two devices, or `None` (after saying why) where fewer exist.
+fn two_devices(test: &str) -> Option<Daemon> {
+    let daemon = Daemon::start();
+    let count = daemon.device_count();
+    if count < 2 {
+        skip(
+            test,
+            &format!("it needs two devices, the daemon serves {count}"),
+        );
+        return None;
+    }
+    Some(daemon)
+}
+
+#[test]
+fn every_device_is_reported_and_each_does_its_work_on_its_own_server() {
+    let Some(daemon) =
+        two_devices("every_device_is_reported_and_each_does_its_work_on_its_own_server")
+    else {
+        return;
+    };
+    let exe = build("multi_device");
+    let printed = run_holding(&exe, &daemon, &[], |pid| {
+        // The program holds memory and has launched on both devices: it is a client of each
+        // device's server, with its work there.
+        let mut rows = rows_of(&daemon, pid);
+        rows.sort_by_key(|(d, _)| *d);
+        let devices: Vec<u64> = rows.iter().map(|(d, _)| *d).collect();
+        assert_eq!(devices, [0, 1], "{rows:?}");
+        for (device, row) in &rows {
+            assert!(
+                number(row, "MEM-BYTES") >= 3 << 18,
+                "device {device}: {row:?}"
+            );
+            assert!(number(row, "LAUNCHES") >= 2, "device {device}: {row:?}");
+        }
+    });
+    assert!(printed.contains("devices: 2\n"), "{printed}");
+    if backend() == "sim" {
+        // Each name is its own server's report.
+        assert!(printed.contains("device 0: mps simulator 0\n"), "{printed}");
+        assert!(printed.contains("device 1: mps simulator 1\n"), "{printed}");
+    }
+}
+
+#[test]
+fn cuda_visible_devices_shows_one_device_whose_work_lands_on_its_server() {
+    let Some(daemon) =
+        two_devices("cuda_visible_devices_shows_one_device_whose_work_lands_on_its_server")
+    else {
+        return;
+    };
+    let exe = build("multi_device");
+    let printed = run_holding(&exe, &daemon, &[("CUDA_VISIBLE_DEVICES", "1")], |pid| {
+        let rows = rows_of(&daemon, pid);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let (device, row) = &rows[0];
+        assert_eq!(
+            *device, 1,
+            "the program's device 0 is the host's device 1: {row:?}"
+        );
+        assert!(number(row, "LAUNCHES") >= 2, "{row:?}");
+        // No server of device 0 was ever needed.
+        let (servers, _) = daemon.status();
+        assert!(
+            servers.iter().all(|s| number(s, "DEVICE") == 1),
+            "{servers:?}"
+        );
+    });
+    assert!(printed.contains("devices: 1\n"), "{printed}");
+    if backend() == "sim" {
+        assert!(printed.contains("device 0: mps simulator 1\n"), "{printed}");
+    }
 }
