@@ -49,13 +49,14 @@ fn build(name: &str) -> PathBuf {
     exe
 }
 
-/// Runs `exe` through mps-run against `server`, with `env` added, and with the checks that
-/// hold only through mps turned on (`MPS_ONLY=1`, see `mps_only()` in tests/c/cuda_api.h).
-fn run(exe: &Path, server: &Server, env: &[(&str, &str)]) -> Output {
+/// Runs `exe` through mps-run against the server or daemon of pipe directory `dir`, with `env`
+/// added, and with the checks that hold only through mps turned on (`MPS_ONLY=1`, see
+/// `mps_only()` in tests/c/cuda_api.h).
+fn run(exe: &Path, dir: &Path, env: &[(&str, &str)]) -> Output {
     Command::new(built().join("mps-run"))
         .arg(exe)
         .arg(root().join("kernels/test_kernels.ptx"))
-        .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .env("MPS_PIPE_DIRECTORY", dir)
         .env("MPS_ONLY", "1")
         .envs(env.iter().copied())
         .output()
@@ -66,7 +67,7 @@ fn run(exe: &Path, server: &Server, env: &[(&str, &str)]) -> Output {
 fn passes(name: &str, env: &[(&str, &str)]) -> (String, String) {
     let exe = build(name);
     let server = Server::start();
-    let out = run(&exe, &server, env);
+    let out = run(&exe, &server.dir, env);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -150,16 +151,19 @@ fn a_kernel_fault_surfaces_at_the_next_synchronising_call() {
     passes("async_error", &[]);
 }
 
-/// Runs `exe` through mps-run against `daemon` with `MPS_TEST_HOLD` (the program prints
-/// "holding" once its work is done and keeps its resources until its stdin closes) and `env`;
-/// calls `inspect` with the program's pid while it holds. It must pass every check; returns its
-/// stdout.
-fn run_holding(
-    exe: &Path,
-    daemon: &Daemon,
-    env: &[(&str, &str)],
-    inspect: impl FnOnce(u32),
-) -> String {
+/// A program that holds what it made (`MPS_TEST_HOLD`): it has printed "holding" once its
+/// work was done, and keeps its resources until its stdin closes.
+struct Holding {
+    child: std::process::Child,
+    pid: u32,
+    lines: mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    printed: String,
+}
+
+/// Runs `exe` through mps-run against `daemon` with `MPS_TEST_HOLD` and `env`, and waits until
+/// it holds.
+fn hold(exe: &Path, daemon: &Daemon, env: &[(&str, &str)]) -> Holding {
     let mut child = Command::new(built().join("mps-run"))
         .arg(exe)
         .arg(root().join("kernels/test_kernels.ptx"))
@@ -176,7 +180,7 @@ fn run_holding(
     // mps-run executes the program in its own process: the pid is the program's.
     let pid = child.id();
     let stdout = BufReader::new(child.stdout.take().unwrap());
-    let (tx, rx) = mpsc::channel();
+    let (tx, lines) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         for line in stdout.lines().map_while(Result::ok) {
             let _ = tx.send(line);
@@ -186,7 +190,7 @@ fn run_holding(
     let deadline = Instant::now() + DEADLINE;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        match lines.recv_timeout(left) {
             Ok(line) => {
                 printed.push_str(&line);
                 printed.push('\n');
@@ -205,25 +209,51 @@ fn run_holding(
             }
         }
     }
-    inspect(pid);
-    drop(child.stdin.take());
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    printed.extend(rx.try_iter().map(|l| l + "\n"));
-    assert!(
-        status.success() && printed.contains("all checks passed"),
-        "{} failed ({status}):\n{printed}\n{err}\ndaemon log:\n{}",
-        exe.display(),
-        daemon.log()
-    );
-    printed
+    Holding {
+        child,
+        pid,
+        lines,
+        reader,
+        printed,
+    }
+}
+
+impl Holding {
+    /// Lets the program finish; it must pass every check. Returns its stdout.
+    fn release(mut self, daemon: &Daemon) -> String {
+        drop(self.child.stdin.take());
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        let mut printed = self.printed;
+        printed.extend(self.lines.try_iter().map(|l| l + "\n"));
+        assert!(
+            status.success() && printed.contains("all checks passed"),
+            "process {} failed ({status}):\n{printed}\n{err}\ndaemon log:\n{}",
+            self.pid,
+            daemon.log()
+        );
+        printed
+    }
+}
+
+/// Runs `exe` as [`hold`] does, calls `inspect` with its pid while it holds, and lets it
+/// finish (see [`Holding::release`]).
+fn run_holding(
+    exe: &Path,
+    daemon: &Daemon,
+    env: &[(&str, &str)],
+    inspect: impl FnOnce(u32),
+) -> String {
+    let h = hold(exe, daemon, env);
+    inspect(h.pid);
+    h.release(daemon)
 }
 
 fn number(row: &Row, column: &str) -> u64 {
@@ -320,5 +350,77 @@ fn cuda_visible_devices_shows_one_device_whose_work_lands_on_its_server() {
     assert!(printed.contains("devices: 1\n"), "{printed}");
     if backend() == "sim" {
         assert!(printed.contains("device 0: mps simulator 1\n"), "{printed}");
+    }
+}
+
+#[test]
+fn unmodified_processes_share_the_daemon_under_its_limits_groups_and_lists() {
+    let daemon = Daemon::start();
+    // The operator's limit, as mps.h clients get it (mps-server/tests/control.rs tests it for
+    // them): cuMemGetInfo reports it, and an allocation beyond it is CUDA_ERROR_OUT_OF_MEMORY.
+    daemon.ctl("set_default_device_pinned_mem_limit 0 64M");
+    let limited = run(&build("mem_limit"), &daemon.dir, &[]);
+    assert!(
+        limited.status.success(),
+        "mem_limit under the daemon's limit:\n{}{}",
+        String::from_utf8_lossy(&limited.stdout),
+        String::from_utf8_lossy(&limited.stderr)
+    );
+
+    // Three unmodified processes at once, all on device 0: two in the default group, one in
+    // group "critical", which the daemon routes to a server of its own, asking for half the SMs
+    // and a lower priority as any mps client asks.
+    let exe = build("multi_device");
+    let device_0 = ("CUDA_VISIBLE_DEVICES", "0");
+    let a = hold(&exe, &daemon, &[device_0]);
+    let b = hold(&exe, &daemon, &[device_0]);
+    let c = hold(
+        &exe,
+        &daemon,
+        &[
+            device_0,
+            ("MPS_GROUP", "critical"),
+            ("MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+            ("MPS_CLIENT_PRIORITY", "1"),
+        ],
+    );
+    let (servers, clients) = daemon.status();
+    let server_of = |group: &str| {
+        let s: Vec<&Row> = servers
+            .iter()
+            .filter(|s| s.get("GROUP").map(String::as_str) == Some(group))
+            .collect();
+        assert_eq!(s.len(), 1, "group {group}: {servers:?}");
+        assert_eq!(number(s[0], "DEVICE"), 0, "{servers:?}");
+        s[0]["SERVER-PID"].clone()
+    };
+    let listed = |server: &str| {
+        let mut pids: Vec<u32> = daemon
+            .ctl(&format!("get_client_list {server}"))
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        pids.sort_unstable();
+        pids
+    };
+    let mut default_pids = vec![a.pid, b.pid];
+    default_pids.sort_unstable();
+    assert_eq!(listed(&server_of("default")), default_pids);
+    assert_eq!(listed(&server_of("critical")), vec![c.pid]);
+    // Each is listed with its work, the daemon's limit, and its own share and priority.
+    for (pid, share, priority) in [(a.pid, 100, 0), (b.pid, 100, 0), (c.pid, 50, 1)] {
+        let row = clients
+            .iter()
+            .find(|r| number(r, "CLIENT-PID") == pid as u64)
+            .unwrap_or_else(|| panic!("process {pid} not in status: {clients:?}"));
+        assert_eq!(number(row, "MEM-LIMIT"), 64 << 20, "{row:?}");
+        assert_eq!(number(row, "SHARE%"), share, "{row:?}");
+        assert_eq!(number(row, "PRIORITY"), priority, "{row:?}");
+        assert!(number(row, "MEM-BYTES") >= 3 << 18, "{row:?}");
+        assert!(number(row, "LAUNCHES") >= 2, "{row:?}");
+    }
+    for h in [a, b, c] {
+        let printed = h.release(&daemon);
+        assert!(printed.contains("devices: 1\n"), "{printed}");
     }
 }
