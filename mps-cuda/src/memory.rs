@@ -42,21 +42,24 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     entry("cuMemAlloc_v2", || alloc(dptr, size))
 }
 
-/// The device whose allocation `ptr` is, the current device `here` first; where no
-/// allocation has that address, `here` (its server then says the pointer is not its own).
+/// The device of `devices` whose allocation `ptr` is (`has(device, ptr)`), the current device
+/// `here` first; where no allocation has that address, `here` (its server then says the
+/// pointer is not its own).
 pub(crate) fn device_of(
-    keys: impl Iterator<Item = (CUdevice, u64)>,
+    devices: CUdevice,
+    has: impl Fn(CUdevice, u64) -> bool,
     ptr: u64,
     here: CUdevice,
 ) -> Res<CUdevice> {
-    let mut holders: Vec<CUdevice> = keys.filter(|(_, p)| *p == ptr).map(|(d, _)| d).collect();
-    holders.sort_unstable();
-    match holders[..] {
-        [] => Ok(here),
-        _ if holders.contains(&here) => Ok(here),
-        [one] => Ok(one),
+    if has(here, ptr) {
+        return Ok(here);
+    }
+    let mut holders = (0..devices).filter(|d| has(*d, ptr));
+    match (holders.next(), holders.next()) {
+        (None, _) => Ok(here),
+        (Some(one), None) => Ok(one),
         // Several other devices hold that address: which one the program means is unknown.
-        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        (Some(_), Some(_)) => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     }
 }
 
@@ -65,7 +68,11 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
         let here = current()?.device;
         let d = driver()?;
-        let dev = device_of(lock(&d.allocations).keys().copied(), dptr, here)?;
+        let dev = {
+            let allocations = lock(&d.allocations);
+            let has = |dev, p| allocations.contains_key(&(dev, p));
+            device_of(d.devices.len() as CUdevice, has, dptr, here)?
+        };
         connection(dev)?.mem_free(dptr)?;
         lock(&d.allocations).remove(&(dev, dptr));
         Ok(())
@@ -578,7 +585,8 @@ mod tests {
             (2, 0x3000),
             (3, 0x3000),
         ];
-        let of = |ptr, here| device_of(keys.iter().copied(), ptr, here);
+        let has = |d, p| keys.contains(&(d, p));
+        let of = |ptr, here| device_of(4, has, ptr, here);
         // Two servers handed out 0x1000: the current device's is meant.
         assert_eq!(of(0x1000, 0), Ok(0));
         assert_eq!(of(0x1000, 1), Ok(1));

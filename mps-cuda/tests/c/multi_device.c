@@ -55,6 +55,18 @@ int main(int argc, char **argv) {
                    "devices %d and %d have one UUID", e, d);
     }
 
+    /* Each device's primary context has a state of its own: flags set on the last device are
+     * its alone, and none is active before it is retained. */
+    int last = count - 1;
+    unsigned int flags = 0;
+    int active = 0;
+    CHECK(cuDevicePrimaryCtxSetFlags_v2(last, CU_CTX_SCHED_BLOCKING_SYNC));
+    for (int d = 0; d < count; d++) {
+        CHECK(cuDevicePrimaryCtxGetState(d, &flags, &active));
+        unsigned int want = d == last ? CU_CTX_SCHED_BLOCKING_SYNC : 0;
+        ASSERT(active == 0 && flags == want, "device %d: active %d, flags %#x", d, active, flags);
+    }
+
     /* Per device: its primary context, a module, a + b = c with b = (d + 1) * a, so that each
      * device's result is its own: c = (d + 2) * i. */
     CUcontext ctx[MAX_DEVICES];
@@ -81,6 +93,11 @@ int main(int argc, char **argv) {
         void *params[] = {&a[d], &b[d], &c[d], &n};
         CHECK(cuLaunchKernel(add, N / 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
         expect_scaled(c[d], (float)(d + 2), "add_f32", d);
+        for (int e = 0; e < count; e++) {
+            CHECK(cuDevicePrimaryCtxGetState(e, &flags, &active));
+            ASSERT(active == (e <= d), "device %d's primary context active %d with %d retained",
+                   e, active, d + 1);
+        }
     }
 
     /* Back to each device in turn: its memory and results are where they were left. */
@@ -114,7 +131,6 @@ int main(int argc, char **argv) {
     CHECK(cuLibraryUnload(lib));
 
     /* A created context on the last device, current over the primary one. */
-    int last = count - 1;
     CUcontext created;
     CHECK(cuCtxCreate_v2(&created, 0, last));
     CUdevice cur = -1;
@@ -180,6 +196,8 @@ int main(int argc, char **argv) {
         CHECK(cuMemFree_v2(c[d]));
         CHECK(cuModuleUnload(mod[d]));
         CHECK(cuDevicePrimaryCtxRelease_v2(d));
+        CHECK(cuDevicePrimaryCtxGetState(d, &flags, &active));
+        ASSERT(active == 0, "device %d's released primary context is active", d);
     }
     return finish("multi_device");
 }
