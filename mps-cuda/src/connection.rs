@@ -1,5 +1,6 @@
-//! The connection to the mps server: the only module that calls the mps client library, so that
-//! the rest of the library speaks in CUDA's terms and a change of client crate is a change here.
+//! A connection to one device's mps server: the only module that calls the mps client library,
+//! so that the rest of the library speaks in CUDA's terms and a change of client crate is a
+//! change here.
 //!
 //! Every failure is logged (with `MPS_CUDA_LOG`) with the client's message and returned as the
 //! CUDA result of its status.
@@ -29,17 +30,29 @@ pub(crate) struct Device {
     pub(crate) cc: (u32, u32),
 }
 
-/// One connection, shared by every context and thread of the process.
+/// The connection to one device's server, shared by every context and thread of the process
+/// that uses that device.
 #[derive(Debug)]
 pub(crate) struct Connection {
     client: Client,
+    /// The device's CUDA ordinal in this process.
+    ordinal: i32,
     device: Device,
 }
 
 impl Connection {
-    /// Connects to the server of `$MPS_PIPE_DIRECTORY` (else `/tmp/mps`).
-    pub(crate) fn connect() -> Result<Connection, String> {
-        let client = Client::connect(None).map_err(|e| e.message)?;
+    /// How many devices this process sees through `$MPS_PIPE_DIRECTORY` (else `/tmp/mps`), with
+    /// `CUDA_VISIBLE_DEVICES` applied as CUDA applies it.
+    pub(crate) fn device_count() -> Result<u32, String> {
+        Client::device_count(None).map_err(|e| e.message)
+    }
+
+    /// Connects to device `ordinal` (of those this process sees): to its server, through the
+    /// daemon or server of `$MPS_PIPE_DIRECTORY`. A failure gives the client's message and the
+    /// CUDA result of its status.
+    pub(crate) fn connect(ordinal: u32) -> Result<Connection, (String, CUresult)> {
+        let client = Client::connect_device(None, ordinal)
+            .map_err(|e| (e.message, errors::from_status(e.status)))?;
         let d = client.device_info();
         let device = Device {
             name: d.name.clone(),
@@ -47,7 +60,16 @@ impl Connection {
             sm_count: d.sm_count,
             cc: d.cc,
         };
-        Ok(Connection { client, device })
+        Ok(Connection {
+            client,
+            ordinal: ordinal as i32,
+            device,
+        })
+    }
+
+    /// The CUDA ordinal of its device in this process.
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.ordinal
     }
 
     pub(crate) fn device(&self) -> &Device {
@@ -215,7 +237,7 @@ impl Connection {
         self.client.stream_wait_event(stream, event).map_err(fail)
     }
 
-    /// Waits for all of this process's work.
+    /// Waits for all of this process's work on this device.
     pub(crate) fn synchronize(&self) -> Res<()> {
         self.client.synchronize().map_err(fail)
     }

@@ -1,8 +1,9 @@
 //! Contexts: the device's primary context and created ones, and each thread's stack of current
 //! contexts.
 //!
-//! Every context is a view of the one context the server owns: memory of one is usable from
-//! another, as in one CUDA context. What a context owns (allocations, streams, events, modules,
+//! A context belongs to one device, and every context of a device is a view of the one context
+//! that device's server owns: memory of one is usable from another of the same device, as in one
+//! CUDA context. Each device has its primary context. What a context owns (allocations, streams, events, modules,
 //! its legacy default stream) is freed when it is destroyed, or when the primary context's last
 //! retain is released or it is reset.
 
@@ -10,8 +11,8 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use crate::abi::{CTX_FLAGS, CUcontext, CUctxCreateParams, CUdevice, CUresult};
-use crate::connection::{Res, Stream};
-use crate::driver::{check, driver, entry, lock, put};
+use crate::connection::{Connection, Res, Stream};
+use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::stream::LegacyOrder;
 
 /// One context.
@@ -19,6 +20,8 @@ use crate::stream::LegacyOrder;
 pub(crate) struct Context {
     pub(crate) handle: usize,
     pub(crate) primary: bool,
+    /// The device it was made on: where everything made in it lives.
+    pub(crate) device: CUdevice,
     pub(crate) state: Mutex<ContextState>,
 }
 
@@ -36,10 +39,11 @@ pub(crate) struct ContextState {
 }
 
 impl Context {
-    pub(crate) fn primary(handle: usize) -> Context {
+    pub(crate) fn primary(handle: usize, device: CUdevice) -> Context {
         Context {
             handle,
             primary: true,
+            device,
             state: Mutex::new(ContextState {
                 active: false,
                 retains: 0,
@@ -52,6 +56,11 @@ impl Context {
 
     pub(crate) fn legacy_stream(&self) -> Stream {
         lock(&self.state).legacy
+    }
+
+    /// The connection to its device's server.
+    pub(crate) fn conn(&self) -> Res<&'static Connection> {
+        connection(self.device)
     }
 }
 
@@ -101,13 +110,9 @@ pub(crate) fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
     }
 }
 
-pub(crate) fn device_zero(dev: CUdevice) -> Res<()> {
-    driver()?;
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-    }
+/// The primary context of device `dev` (`CUDA_ERROR_INVALID_DEVICE` for one not seen).
+pub(crate) fn primary_of(dev: CUdevice) -> Res<&'static Arc<Context>> {
+    Ok(&driver()?.device(dev)?.primary)
 }
 
 /// Frees everything context `ctx` owns, after its work is done; the first failure is returned
@@ -116,7 +121,8 @@ fn release_resources(ctx: &Context) -> Res<()> {
     // The runtime's per-context state goes first, while the context still works.
     crate::export::drop_context_storage(ctx.handle);
     let d = driver()?;
-    let mut first = d.conn.synchronize();
+    let conn = ctx.conn()?;
+    let mut first = conn.synchronize();
     let mut keep = |r: Res<()>| {
         if first.is_ok() {
             first = r;
@@ -124,35 +130,34 @@ fn release_resources(ctx: &Context) -> Res<()> {
     };
     let h = ctx.handle;
     for s in d.streams.remove_where(|s| s.ctx == h) {
-        keep(d.conn.stream_destroy(s.stream));
+        keep(conn.stream_destroy(s.stream));
     }
     for e in d.events.remove_where(|e| e.ctx == h) {
-        keep(d.conn.event_destroy(e.event));
+        keep(conn.event_destroy(e.event));
     }
     for m in d.modules.remove_where(|m| m.ctx == Some(h)) {
-        d.functions.remove_where(|f| f.module == m.handle);
-        keep(d.conn.module_unload(m.module));
+        keep(crate::module::unload_everywhere(&m));
     }
-    let mine: Vec<u64> = {
+    let mine: Vec<(CUdevice, u64)> = {
         let mut a = lock(&d.allocations);
-        let mine: Vec<u64> = a
+        let mine: Vec<(CUdevice, u64)> = a
             .iter()
             .filter(|(_, c)| **c == h)
-            .map(|(p, _)| *p)
+            .map(|(key, _)| *key)
             .collect();
         mine.iter().for_each(|p| {
             a.remove(p);
         });
         mine
     };
-    for p in mine {
-        keep(d.conn.mem_free(p));
+    for (_, p) in mine {
+        keep(conn.mem_free(p));
     }
     let host: Vec<usize> = {
         let mut a = lock(&d.host);
         let mine: Vec<usize> = a
             .iter()
-            .filter(|(_, (_, c))| *c == h)
+            .filter(|(_, (_, c, _))| *c == h)
             .map(|(p, _)| *p)
             .collect();
         mine.iter().for_each(|p| {
@@ -161,23 +166,24 @@ fn release_resources(ctx: &Context) -> Res<()> {
         mine
     };
     for p in host {
-        keep(d.conn.host_free(std::ptr::without_provenance_mut(p)));
+        keep(conn.host_free(std::ptr::without_provenance_mut(p)));
     }
     let order = std::mem::take(&mut lock(&ctx.state).order);
     for e in order.events() {
-        keep(d.conn.event_destroy(e));
+        keep(conn.event_destroy(e));
     }
     first
 }
 
 fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> Res<()> {
-    device_zero(dev)?;
-    check(!pctx.is_null() && flags & !CTX_FLAGS == 0)?;
     let d = driver()?;
-    let legacy = d.conn.stream_create(0)?;
+    d.device(dev)?;
+    check(!pctx.is_null() && flags & !CTX_FLAGS == 0)?;
+    let legacy = connection(dev)?.stream_create(0)?;
     let (handle, _) = d.contexts.insert_with(|handle| Context {
         handle,
         primary: false,
+        device: dev,
         state: Mutex::new(ContextState {
             active: true,
             retains: 0,
@@ -261,15 +267,14 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
             st.active = false;
             st.legacy
         };
-        let d = driver()?;
-        d.contexts.remove(c.handle);
+        driver()?.contexts.remove(c.handle);
         STACK.with(|s| {
             let mut s = s.borrow_mut();
             if s.last() == Some(&c.handle) {
                 s.pop();
             }
         });
-        result.and(d.conn.stream_destroy(legacy))
+        result.and(c.conn()?.stream_destroy(legacy))
     })
 }
 
@@ -287,7 +292,8 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 
 /// Replaces the top of the calling thread's stack (NULL pops it). The primary context may be
 /// made current before it is retained, as NVIDIA's driver allows and cudart does (it takes the
-/// handle from its interface table, sets it, then retains it).
+/// handle from its interface table, sets it, then retains it). Making a context of another
+/// device current is how a program switches devices (`cudaSetDevice`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     entry("cuCtxSetCurrent", || {
@@ -296,11 +302,9 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             STACK.with(|s| s.borrow_mut().pop());
             return Ok(());
         }
-        let d = driver()?;
-        let c = if handle_of(ctx) == d.primary.handle {
-            d.primary.clone()
-        } else {
-            context(handle_of(ctx))?
+        let c = match driver()?.contexts.get(handle_of(ctx)) {
+            Some(p) if p.primary => p,
+            _ => context(handle_of(ctx))?,
         };
         STACK.with(|s| {
             let mut s = s.borrow_mut();
@@ -361,9 +365,9 @@ pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     entry("cuCtxGetDevice", || {
-        current()?;
+        let dev = current()?.device;
         // SAFETY: the caller guarantees a non-null `device` is writable.
-        unsafe { put(device, 0) }
+        unsafe { put(device, dev) }
     })
 }
 
@@ -374,9 +378,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
     entry("cuCtxGetDevice_v2", || {
-        given_or_current(ctx)?;
+        let dev = given_or_current(ctx)?.device;
         // SAFETY: the caller guarantees a non-null `device` is writable.
-        unsafe { put(device, 0) }
+        unsafe { put(device, dev) }
     })
 }
 
@@ -406,21 +410,43 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
     })
 }
 
-/// Waits for all work of the process (every context is a view of the server's one context).
+/// Waits for all work of the process on the context's device (every context of a device is a
+/// view of its server's one context).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", || {
-        current()?;
-        driver()?.conn.synchronize()
-    })
+    entry("cuCtxSynchronize", || current()?.conn()?.synchronize())
 }
 
 /// CUDA 13's form, naming the context (NULL: the current one).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
-        given_or_current(ctx)?;
-        driver()?.conn.synchronize()
+        given_or_current(ctx)?.conn()?.synchronize()
+    })
+}
+
+// ----- peer access -----
+
+/// Refused as CUDA refuses it where `cuDeviceCanAccessPeer` says 0, which it always does
+/// through mps: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` (after the checks of the arguments).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: u32) -> CUresult {
+    entry("cuCtxEnablePeerAccess", || {
+        current()?;
+        context(handle_of(peer))?;
+        check(flags == 0)?;
+        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    })
+}
+
+/// Peer access is never enabled: `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, as CUDA says for a peer
+/// not enabled.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
+    entry("cuCtxDisablePeerAccess", || {
+        current()?;
+        context(handle_of(peer))?;
+        Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
     })
 }
 
@@ -431,9 +457,11 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("cuDevicePrimaryCtxRetain", || {
-        device_zero(dev)?;
+        let p = primary_of(dev)?;
         check(!pctx.is_null())?;
-        let p = &driver()?.primary;
+        // The device is connected here, if it is not yet, so that an unreachable server fails
+        // the retain as a context that cannot be made fails it in CUDA.
+        p.conn()?;
         {
             let mut st = lock(&p.state);
             st.retains += 1;
@@ -445,8 +473,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 }
 
 fn primary_release(dev: CUdevice) -> Res<()> {
-    device_zero(dev)?;
-    let p = &driver()?.primary;
+    let p = primary_of(dev)?;
     let last = {
         let mut st = lock(&p.state);
         if st.retains == 0 {
@@ -474,8 +501,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 }
 
 fn primary_reset(dev: CUdevice) -> Res<()> {
-    device_zero(dev)?;
-    let p = &driver()?.primary;
+    let p = primary_of(dev)?;
     if !lock(&p.state).active {
         return Ok(());
     }
@@ -501,10 +527,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     active: *mut i32,
 ) -> CUresult {
     entry("cuDevicePrimaryCtxGetState", || {
-        device_zero(dev)?;
+        let p = primary_of(dev)?;
         check(!flags.is_null() && !active.is_null())?;
         let (f, a) = {
-            let st = lock(&driver()?.primary.state);
+            let st = lock(&p.state);
             (st.flags, st.active)
         };
         // SAFETY: both checked non-null; the caller guarantees they are writable.
@@ -516,9 +542,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 }
 
 fn primary_set_flags(dev: CUdevice, flags: u32) -> Res<()> {
-    device_zero(dev)?;
+    let p = primary_of(dev)?;
     check(flags & !CTX_FLAGS == 0)?;
-    lock(&driver()?.primary.state).flags = flags;
+    lock(&p.state).flags = flags;
     Ok(())
 }
 

@@ -1,7 +1,9 @@
-//! `cuInit` and the device: answered in the library from what the server reported, never by
-//! asking it again: name, memory, SMs and compute capability at connect; every device
+//! `cuInit` and the devices: answered in the library from what each device's server reported,
+//! never by asking it again: name, memory, SMs and compute capability at connect; every device
 //! attribute and the UUID on the first question (the server reads them from its driver, or
-//! the simulator from its documented table).
+//! the simulator from its documented table). The devices are those the daemon serves, as
+//! `CUDA_VISIBLE_DEVICES` shows them; a device is connected on the first question about it.
+//! No device can access another's memory (each is a context in a server of its own).
 //!
 //! An attribute comes from the server's report, except those mps decides whatever the GPU
 //! (`MPS`: no managed memory, say), which docs/TRANSPARENT.md lists. One the server did not
@@ -14,7 +16,7 @@ use mps_core::Status;
 
 use crate::abi::{CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::connection::{Connection, Device, Res, fail};
-use crate::driver::{self, check, driver, entry, put};
+use crate::driver::{self, check, connection, driver, entry, put};
 use crate::log;
 
 #[unsafe(no_mangle)]
@@ -35,12 +37,9 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut i32) -> CUresult {
     })
 }
 
+/// Device `dev` as its server described it (connecting to it on first use).
 pub(crate) fn device(dev: CUdevice) -> Res<&'static Device> {
-    let d = driver()?;
-    if dev != 0 {
-        return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
-    }
-    Ok(d.conn.device())
+    Ok(connection(dev)?.device())
 }
 
 /// # Safety
@@ -48,22 +47,22 @@ pub(crate) fn device(dev: CUdevice) -> Res<&'static Device> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: i32) -> CUresult {
     entry("cuDeviceGet", || {
-        device(ordinal)?;
+        driver()?.device(ordinal)?;
         // SAFETY: the caller guarantees a non-null `dev` is writable.
-        unsafe { put(dev, 0) }
+        unsafe { put(dev, ordinal) }
     })
 }
 
-/// One device: the server's.
+/// The devices the daemon serves, as `CUDA_VISIBLE_DEVICES` shows them (counted at `cuInit`).
 ///
 /// # Safety
 /// `count` must be NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut i32) -> CUresult {
     entry("cuDeviceGetCount", || {
-        driver()?;
+        let n = driver()?.devices.len() as i32;
         // SAFETY: the caller guarantees a non-null `count` is writable.
-        unsafe { put(count, 1) }
+        unsafe { put(count, n) }
     })
 }
 
@@ -112,8 +111,7 @@ pub(crate) fn name_based_uuid(d: &Device) -> [u8; 16] {
 }
 
 fn get_uuid(out: *mut CUuuid, dev: CUdevice) -> Res<()> {
-    device(dev)?;
-    let u = uuid_of(&driver()?.conn);
+    let u = uuid_of(connection(dev)?);
     let mut v = CUuuid { bytes: [0; 16] };
     for (b, x) in v.bytes.iter_mut().zip(u) {
         *b = x as c_char;
@@ -216,10 +214,30 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     dev: CUdevice,
 ) -> CUresult {
     entry("cuDeviceGetAttribute", || {
-        device(dev)?;
-        let v = attribute_of(&driver()?.conn, attrib)?;
+        let v = attribute_of(connection(dev)?, attrib)?;
         // SAFETY: the caller guarantees a non-null `value` is writable.
         unsafe { put(value, v) }
+    })
+}
+
+/// Whether `dev` can access `peer`'s memory: never, through mps (each device is a context in a
+/// server of its own, and no server maps another's memory); CUDA says 0 for a device and
+/// itself too.
+///
+/// # Safety
+/// `can` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut i32,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    entry("cuDeviceCanAccessPeer", || {
+        let d = driver()?;
+        d.device(dev)?;
+        d.device(peer)?;
+        // SAFETY: the caller guarantees a non-null `can` is writable.
+        unsafe { put(can, 0) }
     })
 }
 

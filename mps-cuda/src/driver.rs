@@ -1,11 +1,16 @@
-//! The process's driver state: the connection made by `cuInit`, the registries of handles, and
-//! the guard every exported function runs its body in.
+//! The process's driver state: the devices `cuInit` found and their connections, the
+//! registries of handles, and the guard every exported function runs its body in.
+//!
+//! A device is connected on its first use (a context made on it, a question about it), not at
+//! `cuInit`: a program that uses one device of several holds one client, on one server.
+//! [`connection`] is the one place that maps a device (and so a context, and what belongs to
+//! it) to its connection.
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::abi::CUresult;
+use crate::abi::{CUdevice, CUresult};
 use crate::connection::{Connection, Res};
 use crate::context::Context;
 use crate::handles::Registry;
@@ -13,43 +18,89 @@ use crate::log;
 use crate::module::{FunctionObj, ModuleObj};
 use crate::stream::{EventObj, StreamObj};
 
+/// One device this process sees (`CUDA_VISIBLE_DEVICES` applied), by its CUDA ordinal.
+#[derive(Debug)]
+pub(crate) struct DeviceSlot {
+    ordinal: CUdevice,
+    /// Set on first use.
+    conn: OnceLock<Connection>,
+    /// Held while connecting, so that two threads do not both connect.
+    connecting: Mutex<()>,
+    /// The device's primary context (always registered; active while retained).
+    pub(crate) primary: Arc<Context>,
+}
+
+impl DeviceSlot {
+    fn connection(&self) -> Res<&Connection> {
+        if let Some(c) = self.conn.get() {
+            return Ok(c);
+        }
+        let _one_at_a_time = lock(&self.connecting);
+        if let Some(c) = self.conn.get() {
+            return Ok(c);
+        }
+        let c = Connection::connect(self.ordinal as u32).map_err(|(message, result)| {
+            // Said once: a program may well ask again, and fail alike.
+            let what = format!("device {}: {message}", self.ordinal);
+            log::once(&what, || what.clone());
+            result
+        })?;
+        Ok(self.conn.get_or_init(|| c))
+    }
+}
+
 /// Everything `cuInit` sets up.
 #[derive(Debug)]
 pub(crate) struct Driver {
-    pub(crate) conn: Connection,
-    /// The device's primary context (always registered; active while retained).
-    pub(crate) primary: Arc<Context>,
+    pub(crate) devices: Vec<DeviceSlot>,
     pub(crate) contexts: Registry<Context>,
     pub(crate) streams: Registry<StreamObj>,
     pub(crate) events: Registry<EventObj>,
     pub(crate) modules: Registry<ModuleObj>,
     /// Functions and kernels share one registry: cudart launches a CUkernel as a CUfunction.
     pub(crate) functions: Registry<FunctionObj>,
-    /// Device allocations: address → the context that made them.
-    pub(crate) allocations: Mutex<HashMap<u64, usize>>,
-    /// Page-locked host allocations (the server's shared host buffers): address → (length,
-    /// context).
-    pub(crate) host: Mutex<BTreeMap<usize, (usize, usize)>>,
+    /// Device allocations: (device, address) → the context that made them. Two servers may
+    /// hand out the same address, so the address alone names no allocation.
+    pub(crate) allocations: Mutex<HashMap<(CUdevice, u64), usize>>,
+    /// Page-locked host allocations (the servers' shared host buffers, mapped into this
+    /// process, so their addresses are distinct): address → (length, context, device).
+    pub(crate) host: Mutex<BTreeMap<usize, (usize, usize, CUdevice)>>,
 }
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
 
-/// Connects once; later calls return the first call's result, as CUDA's `cuInit` does.
+/// Counts the devices once; later calls return the first call's result, as CUDA's `cuInit`
+/// does. No device is connected yet (see the module's documentation).
 pub(crate) fn init() -> Res<()> {
     DRIVER
         .get_or_init(|| {
-            let conn = Connection::connect().map_err(|message| {
+            let count = Connection::device_count().map_err(|message| {
                 log::always(&format!(
                     "no device: {message} (this program runs through mps's libcuda.so.1, \
-                     which serves the device of an mps server)"
+                     which serves the devices of an mps server)"
                 ));
                 CUresult::CUDA_ERROR_NO_DEVICE
             })?;
+            if count == 0 {
+                log::always(
+                    "no device: the mps server serves none that CUDA_VISIBLE_DEVICES shows \
+                     (unset it, or list the ordinals of served devices)",
+                );
+                return Err(CUresult::CUDA_ERROR_NO_DEVICE);
+            }
             let contexts = Registry::default();
-            let (_, primary) = contexts.insert_with(Context::primary);
+            let devices = (0..count as CUdevice)
+                .map(|ordinal| DeviceSlot {
+                    ordinal,
+                    conn: OnceLock::new(),
+                    connecting: Mutex::new(()),
+                    primary: contexts
+                        .insert_with(|handle| Context::primary(handle, ordinal))
+                        .1,
+                })
+                .collect();
             Ok(Driver {
-                conn,
-                primary,
+                devices,
                 contexts,
                 streams: Registry::default(),
                 events: Registry::default(),
@@ -71,6 +122,23 @@ pub(crate) fn driver() -> Res<&'static Driver> {
         Some(Err(e)) => Err(*e),
         None => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
     }
+}
+
+impl Driver {
+    /// Device `dev`; `CUDA_ERROR_INVALID_DEVICE` for an ordinal this process does not see.
+    pub(crate) fn device(&self, dev: CUdevice) -> Res<&DeviceSlot> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+/// The connection to device `dev`'s server, made on the first call for that device. Every
+/// object (context, stream, event, module, allocation) reaches its server through this, by the
+/// device it belongs to.
+pub(crate) fn connection(dev: CUdevice) -> Res<&'static Connection> {
+    driver()?.device(dev)?.connection()
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -17,9 +17,9 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
-use crate::context::{current_handle, device_zero, handle_of, to_cucontext};
+use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
 use crate::device::{attribute_of, uuid_of};
-use crate::driver::{check, driver, entry, lock, put};
+use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::log;
 
 type AnyFn = unsafe extern "C" fn();
@@ -116,8 +116,7 @@ static CUDART: Table<13> = Table([
 /// its state as it was; the runtime retains it itself).
 unsafe extern "C" fn primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("cudart interface: primary context", || {
-        device_zero(dev)?;
-        let handle = driver()?.primary.handle;
+        let handle = primary_of(dev)?.handle;
         // SAFETY: the caller passes a writable out-pointer (NULL is refused by `put`).
         unsafe { put(pctx, to_cucontext(handle)) }
     })
@@ -396,13 +395,15 @@ impl Identity {
     fn of_this_process() -> Identity {
         // SAFETY: reading a word of the static table; slot 1 holds a function.
         let entry = unsafe { INTEGRITY.0[1].f }.map_or(0, |f| f as usize as u64);
-        let devices = driver()
-            .ok()
-            .map(|d| {
-                let pci = [50, 33, 34].map(|a| attribute_of(&d.conn, a).unwrap_or(0));
-                vec![(uuid_of(&d.conn), pci)]
+        // Every device, as the runtime learnt them through the public API (which connects each).
+        let count = driver().map_or(0, |d| d.devices.len() as CUdevice);
+        let devices = (0..count)
+            .filter_map(|dev| connection(dev).ok())
+            .map(|c| {
+                let pci = [50, 33, 34].map(|a| attribute_of(c, a).unwrap_or(0));
+                (uuid_of(c), pci)
             })
-            .unwrap_or_default();
+            .collect();
         Identity {
             pid: std::process::id(),
             // SAFETY: pthread_self has no preconditions. The digest takes its low 32 bits.

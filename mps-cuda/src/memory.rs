@@ -5,24 +5,32 @@
 //! memory go through the client's staging area and return, as CUDA's do, once the source has
 //! been taken (host to device) or the data has arrived (device to host).
 //!
+//! Memory belongs to the device of the context that allocated it. Two devices' servers may hand
+//! out the same device address, so an allocation is known by (device, address), and a copy or
+//! memset goes to the device of its stream's context (for the synchronous forms, the current
+//! context): a device address is read as that device's. `cuMemFree` frees the pointer of the
+//! current context's device, or, when no allocation there has that address, the one device's
+//! that does. `cuMemcpyPeer` copies between devices through host memory (see `peer`).
+//!
 //! The synchronous forms run in the default stream (legacy, or per-thread in the `_ptds`
 //! variants) and keep CUDA's documented host synchronisation: a copy to or from page-locked
 //! memory returns when it is done; device-to-device copies and memsets do not wait.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use crate::abi::{CUdeviceptr, CUresult, CUstream, MEMHOSTALLOC_FLAGS};
-use crate::connection::{Res, Stream};
-use crate::context::current;
-use crate::driver::{check, driver, entry, lock, put};
-use crate::stream::for_work;
+use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTALLOC_FLAGS};
+use crate::connection::{Connection, Res, Stream};
+use crate::context::{Context, context, current, handle_of};
+use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::log;
+use crate::stream::{for_legacy_work, for_work};
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     check(!dptr.is_null() && size > 0)?;
     let ctx = current()?;
-    let d = driver()?;
-    let p = d.conn.mem_alloc(size as u64)?;
-    lock(&d.allocations).insert(p, ctx.handle);
+    let p = ctx.conn()?.mem_alloc(size as u64)?;
+    lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(dptr, p) }
 }
@@ -34,13 +42,39 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     entry("cuMemAlloc_v2", || alloc(dptr, size))
 }
 
+/// The device of `devices` whose allocation `ptr` is (`has(device, ptr)`), the current device
+/// `here` first; where no allocation has that address, `here` (its server then says the
+/// pointer is not its own).
+pub(crate) fn device_of(
+    devices: CUdevice,
+    has: impl Fn(CUdevice, u64) -> bool,
+    ptr: u64,
+    here: CUdevice,
+) -> Res<CUdevice> {
+    if has(here, ptr) {
+        return Ok(here);
+    }
+    let mut holders = (0..devices).filter(|d| has(*d, ptr));
+    match (holders.next(), holders.next()) {
+        (None, _) => Ok(here),
+        (Some(one), None) => Ok(one),
+        // Several other devices hold that address: which one the program means is unknown.
+        (Some(_), Some(_)) => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
-        current()?;
+        let here = current()?.device;
         let d = driver()?;
-        d.conn.mem_free(dptr)?;
-        lock(&d.allocations).remove(&dptr);
+        let dev = {
+            let allocations = lock(&d.allocations);
+            let has = |dev, p| allocations.contains_key(&(dev, p));
+            device_of(d.devices.len() as CUdevice, has, dptr, here)?
+        };
+        connection(dev)?.mem_free(dptr)?;
+        lock(&d.allocations).remove(&(dev, dptr));
         Ok(())
     })
 }
@@ -54,8 +88,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     entry("cuMemGetInfo_v2", || {
         check(!free.is_null() && !total.is_null())?;
-        current()?;
-        let (f, t) = driver()?.conn.mem_get_info()?;
+        let (f, t) = current()?.conn()?.mem_get_info()?;
         // SAFETY: both checked non-null; the caller guarantees they are writable.
         unsafe {
             put(free, f as usize)?;
@@ -67,9 +100,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
     check(!pp.is_null() && size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
     let ctx = current()?;
-    let d = driver()?;
-    let p = d.conn.host_alloc(size)?;
-    lock(&d.host).insert(p as usize, (size, ctx.handle));
+    let p = ctx.conn()?.host_alloc(size)?;
+    lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(pp, p.cast()) }
 }
@@ -96,11 +128,10 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
         current()?;
-        let d = driver()?;
-        if lock(&d.host).remove(&(p as usize)).is_none() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        d.conn.host_free(p.cast())
+        let (_, _, dev) = lock(&driver()?.host)
+            .remove(&(p as usize))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        connection(dev)?.host_free(p.cast())
     })
 }
 
@@ -110,19 +141,24 @@ fn pinned(p: usize, len: usize) -> Res<bool> {
     Ok(host
         .range(..=p)
         .next_back()
-        .is_some_and(|(base, (n, _))| p + len <= base + n))
+        .is_some_and(|(base, (n, _, _))| p + len <= base + n))
 }
 
 // ----- copies -----
 
 /// # Safety
 /// `src` must be readable for `n` bytes.
-unsafe fn htod(dst: u64, src: *const c_void, n: usize, stream: Stream, sync: bool) -> Res<()> {
+unsafe fn htod(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    (stream, conn): (Stream, &Connection),
+    sync: bool,
+) -> Res<()> {
     if n == 0 {
         return Ok(());
     }
     check(!src.is_null())?;
-    let conn = &driver()?.conn;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
     if sync && pinned(src as usize, n)? {
@@ -133,12 +169,17 @@ unsafe fn htod(dst: u64, src: *const c_void, n: usize, stream: Stream, sync: boo
 
 /// # Safety
 /// `dst` must be writable for `n` bytes.
-unsafe fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: Stream, sync: bool) -> Res<()> {
+unsafe fn dtoh(
+    dst: *mut c_void,
+    src: u64,
+    n: usize,
+    (stream, conn): (Stream, &Connection),
+    sync: bool,
+) -> Res<()> {
     if n == 0 {
         return Ok(());
     }
     check(!dst.is_null())?;
-    let conn = &driver()?.conn;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
     if sync && pinned(dst as usize, n)? {
@@ -147,11 +188,11 @@ unsafe fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: Stream, sync: bool)
     Ok(())
 }
 
-fn dtod(dst: u64, src: u64, n: usize, stream: Stream) -> Res<()> {
+fn dtod(dst: u64, src: u64, n: usize, (stream, conn): (Stream, &Connection)) -> Res<()> {
     if n == 0 {
         return Ok(());
     }
-    driver()?.conn.memcpy_dtod(dst, src, n as u64, stream)
+    conn.memcpy_dtod(dst, src, n as u64, stream)
 }
 
 /// # Safety
@@ -306,21 +347,21 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
 
 // ----- memsets -----
 
-fn d8(dst: u64, value: u8, n: usize, stream: Res<Stream>) -> Res<()> {
-    let stream = stream?;
+fn d8(dst: u64, value: u8, n: usize, stream: Res<(Stream, &Connection)>) -> Res<()> {
+    let (stream, conn) = stream?;
     if n == 0 {
         return Ok(());
     }
-    driver()?.conn.memset_d8(dst, value, n as u64, stream)
+    conn.memset_d8(dst, value, n as u64, stream)
 }
 
-fn d32(dst: u64, value: u32, n: usize, stream: Res<Stream>) -> Res<()> {
-    let stream = stream?;
+fn d32(dst: u64, value: u32, n: usize, stream: Res<(Stream, &Connection)>) -> Res<()> {
+    let (stream, conn) = stream?;
     if n == 0 {
         return Ok(());
     }
     check(dst % 4 == 0)?;
-    driver()?.conn.memset_d32(dst, value, n as u64, stream)
+    conn.memset_d32(dst, value, n as u64, stream)
 }
 
 #[unsafe(no_mangle)]
@@ -390,4 +431,170 @@ pub extern "C" fn cuMemsetD32Async_ptsz(
     entry("cuMemsetD32Async_ptsz", || {
         d32(dst, value, n, for_work(h, true))
     })
+}
+
+// ----- copies between devices -----
+
+/// The most host memory a copy between devices stages at once.
+const PEER_CHUNK: usize = 64 << 20;
+
+/// A side of a copy: the stream it runs in and its device's connection.
+type Side<'a> = (Stream, &'a Connection);
+
+/// Copies `n` bytes from `src` (on `from`'s device) to `dst` (on `to`'s). On one device this is
+/// a device-to-device copy in `to`'s stream. Between two, no server can reach the other's
+/// memory, so it goes through host memory, a piece at a time: the piece is read (a copy to
+/// pageable memory, which returns once the data has arrived) and then written (a copy from
+/// pageable memory, which returns once it has been taken).
+fn peer(dst: u64, to: Side<'_>, src: u64, from: Side<'_>, n: usize) -> Res<()> {
+    if to.1.ordinal() == from.1.ordinal() {
+        return dtod(dst, src, n, to);
+    }
+    let mut buf = vec![0u8; n.min(PEER_CHUNK)];
+    let mut done = 0;
+    while done < n {
+        let len = (n - done).min(PEER_CHUNK);
+        let at = done as u64;
+        // SAFETY: `buf` is writable for `len` <= its length bytes.
+        unsafe { from.1.memcpy_dtoh(buf.as_mut_ptr(), src + at, len, from.0) }?;
+        // SAFETY: `buf` is readable for `len` bytes, and stays alive until the copy has taken
+        // them (a pageable copy returns then).
+        unsafe { to.1.memcpy_htod(dst + at, buf.as_ptr(), len, to.0) }?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// `cuMemcpyPeer`: between two contexts, in their legacy default streams.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeer(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+) -> CUresult {
+    entry("cuMemcpyPeer", || {
+        let (to, from) = (context(handle_of(dst_ctx))?, context(handle_of(src_ctx))?);
+        if n == 0 {
+            return Ok(());
+        }
+        peer(dst, for_legacy_work(to)?, src, for_legacy_work(from)?, n)
+    })
+}
+
+/// Where the side of a copy on context `c`'s device runs: in `stream` if that is on the same
+/// device (`true`), else in `c`'s legacy default stream (`false`).
+fn side_of(c: Arc<Context>, stream: Side<'static>) -> Res<(Side<'static>, bool)> {
+    if c.device == stream.1.ordinal() {
+        Ok((stream, true))
+    } else {
+        Ok((for_legacy_work(c)?, false))
+    }
+}
+
+/// `cuMemcpyPeerAsync`: ordered in stream `h` as CUDA orders it, by running each side of the
+/// copy on `h`'s device in `h`, and a side on another device in its context's legacy stream,
+/// with the host waiting where `h` cannot order that side: for `h`'s earlier work before the
+/// copy reads, and for the copy before `h`'s later work. The copy may so return done, which
+/// CUDA allows an asynchronous copy.
+fn peer_async(
+    dst: u64,
+    dst_ctx: CUcontext,
+    src: u64,
+    src_ctx: CUcontext,
+    n: usize,
+    h: CUstream,
+    per_thread: bool,
+) -> Res<()> {
+    let (to, from) = (context(handle_of(dst_ctx))?, context(handle_of(src_ctx))?);
+    let stream = for_work(h, per_thread)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (to, to_in_h) = side_of(to, stream)?;
+    let (from, from_in_h) = side_of(from, stream)?;
+    if !from_in_h {
+        stream.1.stream_synchronize(stream.0)?;
+    }
+    peer(dst, to, src, from, n)?;
+    if !to_in_h {
+        log::detail_once("cuMemcpyPeerAsync host wait", || {
+            "cuMemcpyPeerAsync: the copy's destination is not on its stream's device; the \
+             host waits for it"
+                .into()
+        });
+        to.1.stream_synchronize(to.0)?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+    h: CUstream,
+) -> CUresult {
+    entry("cuMemcpyPeerAsync", || {
+        peer_async(dst, dst_ctx, src, src_ctx, n, h, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeerAsync_ptsz(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+    h: CUstream,
+) -> CUresult {
+    entry("cuMemcpyPeerAsync_ptsz", || {
+        peer_async(dst, dst_ctx, src, src_ctx, n, h, true)
+    })
+}
+
+/// `cuMemcpyPeer`'s per-thread-default-stream variant: in the calling thread's per-thread
+/// default stream.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeer_ptds(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+) -> CUresult {
+    entry("cuMemcpyPeer_ptds", || {
+        peer_async(dst, dst_ctx, src, src_ctx, n, std::ptr::null_mut(), true)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pointer_is_the_current_devices_first_else_the_one_device_that_has_it() {
+        let keys = [
+            (0, 0x1000),
+            (1, 0x1000),
+            (1, 0x2000),
+            (2, 0x3000),
+            (3, 0x3000),
+        ];
+        let has = |d, p| keys.contains(&(d, p));
+        let of = |ptr, here| device_of(4, has, ptr, here);
+        // Two servers handed out 0x1000: the current device's is meant.
+        assert_eq!(of(0x1000, 0), Ok(0));
+        assert_eq!(of(0x1000, 1), Ok(1));
+        // Only device 1 has 0x2000, whichever device is current.
+        assert_eq!(of(0x2000, 0), Ok(1));
+        // Nobody has it: the current device's server says so.
+        assert_eq!(of(0x9000, 2), Ok(2));
+        // Two other devices have it: which one is meant is unknown.
+        assert_eq!(of(0x3000, 0), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
 }

@@ -1,24 +1,28 @@
 //! Modules, libraries, kernels and launches.
 //!
-//! A module (`cuModuleLoadData`) belongs to the current context; a library (`cuLibraryLoadData`)
-//! to none, as in CUDA. Both are one mps module. Kernels and functions share one registry, and
-//! a kernel handle is also a function handle: cudart launches a `CUkernel` through
-//! `cuLaunchKernel`. A function's parameter layout is learnt once, when it is first asked for,
+//! A module (`cuModuleLoadData`) belongs to the current context, and is one mps module on its
+//! device's server. A library (`cuLibraryLoadData`) belongs to no context, as in CUDA: it is
+//! loaded on the current context's device (device 0 without one) at once, so that a bad image
+//! fails there, and on another device when a kernel of it is first launched there (the library
+//! keeps its image for that); cudart loads its kernels once and launches them on every device.
+//! Kernels and functions share one registry, and a kernel handle is also a function handle:
+//! cudart launches a `CUkernel` through `cuLaunchKernel`. A function's parameter layout is
+//! learnt once, when it is first asked for (the same image has the same layout on every device),
 //! and packs `kernelParams`; an `extra` parameter buffer is already packed that way.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mps_core::protocol::ParamInfo;
 
 use crate::abi::{
-    CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
+    CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
     LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
 };
-use crate::connection::{Function, Module, Res};
-use crate::context::current;
-use crate::driver::{check, driver, entry, lock, put};
+use crate::connection::{Connection, Function, Module, Res};
+use crate::context::{current, current_handle};
+use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::image::image;
 use crate::log;
 use crate::stream::for_work;
@@ -29,17 +33,80 @@ pub(crate) struct ModuleObj {
     pub(crate) handle: usize,
     /// The owning context; `None` for a library.
     pub(crate) ctx: Option<usize>,
-    pub(crate) module: Module,
+    /// The mps module on each device it is loaded on, by device ordinal: a module's on its
+    /// context's device only, a library's on each device that has used it.
+    loaded: Vec<OnceLock<Module>>,
+    /// A library's image, for the devices it is not loaded on yet (`None` for a module, or
+    /// where the process sees one device).
+    image: Option<Vec<u8>>,
+    /// Held while loading on a device, so that it is loaded there once.
+    loading: Mutex<()>,
     /// Its functions (kernels) handed out so far, by name.
     functions: Mutex<HashMap<String, usize>>,
+}
+
+impl ModuleObj {
+    /// Its mps module on device `dev`, loaded there now if it is a library that was not yet;
+    /// a module of another device's context is `CUDA_ERROR_INVALID_CONTEXT`, as CUDA says for a
+    /// function used outside its context.
+    fn on(&self, dev: CUdevice) -> Res<Module> {
+        let slot = self
+            .loaded
+            .get(dev as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+        if let Some(m) = slot.get() {
+            return Ok(*m);
+        }
+        let image = self
+            .image
+            .as_deref()
+            .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        let _one_at_a_time = lock(&self.loading);
+        if let Some(m) = slot.get() {
+            return Ok(*m);
+        }
+        let m = connection(dev)?.module_load(image)?;
+        Ok(*slot.get_or_init(|| m))
+    }
+
+    /// The devices it is loaded on, each with its mps module there.
+    fn each_loaded(&self) -> impl Iterator<Item = (CUdevice, Module)> + '_ {
+        self.loaded
+            .iter()
+            .enumerate()
+            .filter_map(|(d, m)| m.get().map(|m| (d as CUdevice, *m)))
+    }
 }
 
 /// A function (or kernel) of a module.
 #[derive(Debug)]
 pub(crate) struct FunctionObj {
     pub(crate) module: usize,
-    function: Function,
+    name: String,
+    /// Its mps function on each device, by ordinal, fetched on the first launch there.
+    function: Vec<OnceLock<Function>>,
     params: Vec<ParamInfo>,
+}
+
+impl FunctionObj {
+    /// Its mps function on the device of `conn`.
+    fn on(&self, conn: &Connection) -> Res<Function> {
+        let dev = conn.ordinal();
+        let slot = self
+            .function
+            .get(dev as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+        if let Some(f) = slot.get() {
+            return Ok(*f);
+        }
+        let m = driver()?
+            .modules
+            .get(self.module)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let (f, _) = conn.get_function(m.on(dev)?, &self.name)?;
+        // Two threads may fetch it at once: the server hands out the same function twice.
+        Ok(*slot.get_or_init(|| f))
+    }
 }
 
 fn load(out: *mut *mut c_void, data: *const c_void, ctx: Option<usize>) -> Res<()> {
@@ -47,15 +114,38 @@ fn load(out: *mut *mut c_void, data: *const c_void, ctx: Option<usize>) -> Res<(
     // SAFETY: the caller of the load function guarantees `data` is a complete module image.
     let bytes = unsafe { image(data.cast()) }.ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE)?;
     let d = driver()?;
-    let module = d.conn.module_load(bytes)?;
+    // A module loads on its context's device; a library on the current context's, if any.
+    let owner = ctx.or_else(current_handle).and_then(|h| d.contexts.get(h));
+    let dev = owner.map_or(0, |c| c.device);
+    let module = connection(dev)?.module_load(bytes)?;
+    let loaded: Vec<OnceLock<Module>> = (0..d.devices.len()).map(|_| OnceLock::new()).collect();
+    let _ = loaded[dev as usize].set(module);
+    let keep_image = ctx.is_none() && d.devices.len() > 1;
     let (h, _) = d.modules.insert_with(|handle| ModuleObj {
         handle,
         ctx,
-        module,
+        loaded,
+        image: keep_image.then(|| bytes.to_vec()),
+        loading: Mutex::new(()),
         functions: Mutex::new(HashMap::new()),
     });
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, std::ptr::without_provenance_mut(h)) }
+}
+
+/// Unloads module (or library) `m` from every device it is loaded on; the first failure is
+/// returned once every device has been tried.
+pub(crate) fn unload_everywhere(m: &ModuleObj) -> Res<()> {
+    let d = driver()?;
+    d.functions.remove_where(|f| f.module == m.handle);
+    let mut result = Ok(());
+    for (dev, module) in m.each_loaded() {
+        let r = connection(dev).and_then(|c| c.module_unload(module));
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
 }
 
 fn unload(h: usize, library: bool) -> Res<()> {
@@ -66,8 +156,7 @@ fn unload(h: usize, library: bool) -> Res<()> {
         .filter(|m| m.ctx.is_none() == library)
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     d.modules.remove(h);
-    d.functions.remove_where(|f| f.module == m.handle);
-    d.conn.module_unload(m.module)
+    unload_everywhere(&m)
 }
 
 /// The function `name` of module `h`: from the module's own list, else fetched once.
@@ -87,10 +176,20 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
     let f = match known.get(name) {
         Some(f) => *f,
         None => {
-            let (function, params) = d.conn.get_function(m.module, name)?;
+            // Fetched on a device the module is loaded on: its context's, or the library's
+            // first.
+            let (dev, module) = m
+                .each_loaded()
+                .next()
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let (function, params) = connection(dev)?.get_function(module, name)?;
+            let slots: Vec<OnceLock<Function>> =
+                (0..d.devices.len()).map(|_| OnceLock::new()).collect();
+            let _ = slots[dev as usize].set(function);
             let (f, _) = d.functions.insert_with(|_| FunctionObj {
                 module: m.handle,
-                function,
+                name: name.to_string(),
+                function: slots,
                 params,
             });
             known.insert(name.to_string(), f);
@@ -204,7 +303,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     })
 }
 
-/// The kernel's function in the current context: the kernel's own handle (one server context).
+/// The kernel's function in the current context: the kernel's own handle, which a launch
+/// resolves on the device of its stream.
 ///
 /// # Safety
 /// `f` must be NULL or writable.
@@ -317,8 +417,8 @@ unsafe fn launch(
 ) -> Res<()> {
     let f = function_obj(f as usize)?;
     current()?;
-    let stream = for_work(h, per_thread)?;
-    let conn = &driver()?.conn;
+    let (stream, conn) = for_work(h, per_thread)?;
+    let function = f.on(conn)?;
     if !extra.is_null() {
         check(params.is_null())?;
         // SAFETY: the caller guarantees `extra` is a valid CU_LAUNCH_PARAM array.
@@ -333,10 +433,10 @@ unsafe fn launch(
             .map(|p| unsafe { buf.add(p.offset as usize) })
             .collect();
         // SAFETY: one pointer per parameter, each readable for its size (within the buffer).
-        return unsafe { conn.launch(f.function, grid, block, shared, stream, ptrs.as_ptr()) };
+        return unsafe { conn.launch(function, grid, block, shared, stream, ptrs.as_ptr()) };
     }
     // SAFETY: the caller guarantees `params` holds one readable pointer per parameter.
-    unsafe { conn.launch(f.function, grid, block, shared, stream, params.cast()) }
+    unsafe { conn.launch(function, grid, block, shared, stream, params.cast()) }
 }
 
 /// # Safety

@@ -75,6 +75,9 @@ abis! {
     "cuCtxGetApiVersion" 3020 cuCtxGetApiVersion;
     "cuCtxSynchronize" 2000 cuCtxSynchronize;
     "cuCtxSynchronize" 13000 cuCtxSynchronize_v2;
+    "cuCtxEnablePeerAccess" 4000 cuCtxEnablePeerAccess;
+    "cuCtxDisablePeerAccess" 4000 cuCtxDisablePeerAccess;
+    "cuDeviceCanAccessPeer" 4000 cuDeviceCanAccessPeer;
     "cuMemAlloc" 3020 cuMemAlloc_v2;
     "cuMemFree" 3020 cuMemFree_v2;
     "cuMemGetInfo" 3020 cuMemGetInfo_v2;
@@ -87,6 +90,8 @@ abis! {
     "cuMemcpyHtoDAsync" 3020 cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync_v2_ptsz;
     "cuMemcpyDtoHAsync" 3020 cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync_v2_ptsz;
     "cuMemcpyDtoDAsync" 3020 cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync_v2_ptsz;
+    "cuMemcpyPeer" 4000 cuMemcpyPeer | cuMemcpyPeer_ptds;
+    "cuMemcpyPeerAsync" 4000 cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz;
     "cuMemsetD8" 3020 cuMemsetD8_v2 | cuMemsetD8_v2_ptds;
     "cuMemsetD32" 3020 cuMemsetD32_v2 | cuMemsetD32_v2_ptds;
     "cuMemsetD8Async" 3020 cuMemsetD8Async | cuMemsetD8Async_ptsz;

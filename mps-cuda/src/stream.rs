@@ -8,23 +8,29 @@
 //! - The **per-thread default stream** (`0` in the `_ptsz`/`_ptds` variants, or
 //!   `CU_STREAM_PER_THREAD`) is a blocking stream of each thread's own, made on first use.
 //! - Streams created with `CU_STREAM_NON_BLOCKING` are left alone.
+//!
+//! A stream and an event belong to the device of their context, and their work goes to that
+//! device's server. A stream may wait for an event of another device, as in CUDA; the servers
+//! share no events, so the host waits for that event instead (the wait then holds, more than
+//! needed). Recording an event in a stream of another device is refused, as in CUDA.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::abi::{
-    CUevent, CUresult, CUstream, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_LEGACY,
+    CUdevice, CUevent, CUresult, CUstream, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_LEGACY,
     STREAM_NON_BLOCKING, STREAM_PER_THREAD,
 };
-use crate::connection::{Event, Res, Stream};
+use crate::connection::{Connection, Event, Res, Stream};
 use crate::context::{Context, context, current};
-use crate::driver::{check, driver, entry, lock, put};
+use crate::driver::{check, connection, driver, entry, lock, put};
 
 /// A stream the program created (or a thread's per-thread default stream).
 #[derive(Debug)]
 pub(crate) struct StreamObj {
     pub(crate) ctx: usize,
+    pub(crate) device: CUdevice,
     pub(crate) stream: Stream,
     pub(crate) flags: u32,
     pub(crate) priority: i32,
@@ -34,6 +40,7 @@ pub(crate) struct StreamObj {
 #[derive(Debug)]
 pub(crate) struct EventObj {
     pub(crate) ctx: usize,
+    pub(crate) device: CUdevice,
     pub(crate) event: Event,
     pub(crate) flags: u32,
 }
@@ -75,9 +82,11 @@ enum Kind {
     Independent,
 }
 
-/// A stream argument resolved: its context, its mps stream and how it orders.
+/// A stream argument resolved: its context, its device's connection, its mps stream and how it
+/// orders.
 struct Target {
     ctx: Arc<Context>,
+    conn: &'static Connection,
     stream: Stream,
     kind: Kind,
 }
@@ -89,9 +98,10 @@ thread_local! {
 
 fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
     let d = driver()?;
-    let stream = d.conn.stream_create(priority)?;
+    let stream = ctx.conn()?.stream_create(priority)?;
     let (handle, _) = d.streams.insert_with(|_| StreamObj {
         ctx: ctx.handle,
+        device: ctx.device,
         stream,
         flags,
         priority,
@@ -127,13 +137,7 @@ fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
     let raw = h as usize;
     let d = driver()?;
     let own = if raw == STREAM_LEGACY || (raw == 0 && !per_thread) {
-        let ctx = current()?;
-        let stream = ctx.legacy_stream();
-        return Ok(Target {
-            ctx,
-            stream,
-            kind: Kind::Legacy,
-        });
+        return legacy_of(current()?);
     } else if raw == STREAM_PER_THREAD || raw == 0 {
         per_thread_stream(&*current()?)?
     } else {
@@ -143,8 +147,10 @@ fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
         .streams
         .get(own)
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let ctx = context(s.ctx)?;
     Ok(Target {
-        ctx: context(s.ctx)?,
+        conn: ctx.conn()?,
+        ctx,
         stream: s.stream,
         kind: if s.flags & STREAM_NON_BLOCKING == 0 {
             Kind::Blocking(own)
@@ -154,11 +160,21 @@ fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
     })
 }
 
-fn ensure_event(slot: &mut Option<Event>) -> Res<Event> {
+/// The legacy default stream of `ctx`.
+fn legacy_of(ctx: Arc<Context>) -> Res<Target> {
+    Ok(Target {
+        conn: ctx.conn()?,
+        stream: ctx.legacy_stream(),
+        ctx,
+        kind: Kind::Legacy,
+    })
+}
+
+fn ensure_event(conn: &Connection, slot: &mut Option<Event>) -> Res<Event> {
     match *slot {
         Some(e) => Ok(e),
         None => {
-            let e = driver()?.conn.event_create()?;
+            let e = conn.event_create()?;
             *slot = Some(e);
             Ok(e)
         }
@@ -170,7 +186,7 @@ impl Target {
     /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
     /// blocking streams' work as work would, but nothing new is counted as submitted.
     fn order(&self, work: bool) -> Res<()> {
-        let conn = &driver()?.conn;
+        let conn = self.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
         let o = &mut st.order;
@@ -179,7 +195,7 @@ impl Target {
             Kind::Blocking(_) if !work => {}
             Kind::Legacy => {
                 for b in o.blocking.values_mut().filter(|b| b.dirty) {
-                    let e = ensure_event(&mut b.event)?;
+                    let e = ensure_event(conn, &mut b.event)?;
                     conn.event_record(e, b.stream)?;
                     conn.stream_wait_event(legacy, e)?;
                     b.dirty = false;
@@ -192,7 +208,7 @@ impl Target {
                 let epoch = o.epoch;
                 let seen = o.blocking.get(&h).map_or(epoch, |b| b.seen);
                 if seen < epoch {
-                    let e = ensure_event(&mut o.event)?;
+                    let e = ensure_event(conn, &mut o.event)?;
                     if o.event_epoch < epoch {
                         conn.event_record(e, legacy)?;
                         o.event_epoch = epoch;
@@ -210,11 +226,18 @@ impl Target {
 }
 
 /// The mps stream that work for `h` goes into, after the waits CUDA's default-stream semantics
-/// call for.
-pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<Stream> {
+/// call for, and the connection of its device.
+pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<(Stream, &'static Connection)> {
     let t = resolve(h, per_thread)?;
     t.order(true)?;
-    Ok(t.stream)
+    Ok((t.stream, t.conn))
+}
+
+/// As [`for_work`], for the legacy default stream of context `ctx`.
+pub(crate) fn for_legacy_work(ctx: Arc<Context>) -> Res<(Stream, &'static Connection)> {
+    let t = legacy_of(ctx)?;
+    t.order(true)?;
+    Ok((t.stream, t.conn))
 }
 
 // ----- streams -----
@@ -258,9 +281,10 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
             .get(s.ctx)
             .and_then(|c| lock(&c.state).order.blocking.remove(&(h as usize)))
             .and_then(|b| b.event);
-        d.conn.stream_destroy(s.stream)?;
+        let conn = connection(s.device)?;
+        conn.stream_destroy(s.stream)?;
         match ordering_event {
-            Some(e) => d.conn.event_destroy(e),
+            Some(e) => conn.event_destroy(e),
             None => Ok(()),
         }
     })
@@ -271,7 +295,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
     t.order(false)?;
-    driver()?.conn.stream_synchronize(t.stream)
+    t.conn.stream_synchronize(t.stream)
 }
 
 #[unsafe(no_mangle)]
@@ -286,7 +310,7 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
-    if driver()?.conn.stream_query(t.stream)? {
+    if t.conn.stream_query(t.stream)? {
         Ok(())
     } else {
         Err(CUresult::CUDA_ERROR_NOT_READY)
@@ -313,8 +337,13 @@ fn event(h: CUevent) -> Res<Arc<EventObj>> {
 fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()> {
     check(flags == 0)?;
     let e = event(ev)?;
-    let s = for_work(h, per_thread)?;
-    driver()?.conn.stream_wait_event(s, e.event)
+    let (s, conn) = for_work(h, per_thread)?;
+    if conn.ordinal() == e.device {
+        conn.stream_wait_event(s, e.event)
+    } else {
+        // An event of another device: its server cannot be waited on from this one.
+        connection(e.device)?.event_synchronize(e.event)
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -396,10 +425,10 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
         let ctx = current()?;
-        let d = driver()?;
-        let event = d.conn.event_create()?;
-        let (h, _) = d.events.insert_with(|_| EventObj {
+        let event = ctx.conn()?.event_create()?;
+        let (h, _) = driver()?.events.insert_with(|_| EventObj {
             ctx: ctx.handle,
+            device: ctx.device,
             event,
             flags,
         });
@@ -410,8 +439,12 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
 
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
     let e = event(ev)?;
-    let s = for_work(h, per_thread)?;
-    driver()?.conn.event_record(e.event, s)
+    let (s, conn) = for_work(h, per_thread)?;
+    if conn.ordinal() != e.device {
+        // CUDA refuses an event and a stream of two devices alike.
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    conn.event_record(e.event, s)
 }
 
 #[unsafe(no_mangle)]
@@ -428,7 +461,7 @@ pub extern "C" fn cuEventRecord_ptsz(ev: CUevent, h: CUstream) -> CUresult {
 pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     entry("cuEventSynchronize", || {
         let e = event(ev)?;
-        driver()?.conn.event_synchronize(e.event)
+        connection(e.device)?.event_synchronize(e.event)
     })
 }
 
@@ -436,7 +469,7 @@ pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
 pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
     entry("cuEventQuery", || {
         let e = event(ev)?;
-        if driver()?.conn.event_query(e.event)? {
+        if connection(e.device)?.event_query(e.event)? {
             Ok(())
         } else {
             Err(CUresult::CUDA_ERROR_NOT_READY)
@@ -447,10 +480,10 @@ pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res<()> {
     check(!ms.is_null())?;
     let (s, e) = (event(start)?, event(end)?);
-    if (s.flags | e.flags) & EVENT_DISABLE_TIMING != 0 {
+    if (s.flags | e.flags) & EVENT_DISABLE_TIMING != 0 || s.device != e.device {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
-    let conn = &driver()?.conn;
+    let conn = connection(s.device)?;
     if !conn.event_query(s.event)? || !conn.event_query(e.event)? {
         return Err(CUresult::CUDA_ERROR_NOT_READY);
     }
@@ -491,6 +524,6 @@ pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
             .events
             .remove(ev as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        d.conn.event_destroy(e.event)
+        connection(e.device)?.event_destroy(e.event)
     })
 }

@@ -42,8 +42,6 @@ unsupported! {
     cuArrayGetPlane
     cuArrayGetSparseProperties
     cuCtxDetach
-    cuCtxDisablePeerAccess
-    cuCtxEnablePeerAccess
     cuCtxGetCacheConfig
     cuCtxGetLimit
     cuCtxGetSharedMemConfig
@@ -54,7 +52,6 @@ unsupported! {
     cuCtxSetSharedMemConfig
     cuDestroyExternalMemory
     cuDestroyExternalSemaphore
-    cuDeviceCanAccessPeer
     cuDeviceGetByPCIBusId
     cuDeviceGetDefaultMemPool
     cuDeviceGetGraphMemAttribute
@@ -276,8 +273,6 @@ unsupported! {
     cuMemcpy3D_v2
     cuMemcpyAsync
     cuMemcpyBatchAsync
-    cuMemcpyPeer
-    cuMemcpyPeerAsync
     cuMemsetD16
     cuMemsetD16Async
     cuMemsetD16_v2

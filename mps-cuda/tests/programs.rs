@@ -8,11 +8,14 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::Instant;
 
-use common::{Server, built, crate_dir, root, temp_dir};
+use common::{DEADLINE, Daemon, Row, Server, backend, built, crate_dir, root, skip, temp_dir};
 
 /// A directory holding `libcuda.so`, a link to this build's library, for the linker's `-lcuda`
 /// (the program records the library's soname, `libcuda.so.1`, as NVIDIA's does).
@@ -46,13 +49,14 @@ fn build(name: &str) -> PathBuf {
     exe
 }
 
-/// Runs `exe` through mps-run against `server`, with `env` added, and with the checks that
-/// hold only through mps turned on (`MPS_ONLY=1`, see `mps_only()` in tests/c/cuda_api.h).
-fn run(exe: &Path, server: &Server, env: &[(&str, &str)]) -> Output {
+/// Runs `exe` through mps-run against the server or daemon of pipe directory `dir`, with `env`
+/// added, and with the checks that hold only through mps turned on (`MPS_ONLY=1`, see
+/// `mps_only()` in tests/c/cuda_api.h).
+fn run(exe: &Path, dir: &Path, env: &[(&str, &str)]) -> Output {
     Command::new(built().join("mps-run"))
         .arg(exe)
         .arg(root().join("kernels/test_kernels.ptx"))
-        .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .env("MPS_PIPE_DIRECTORY", dir)
         .env("MPS_ONLY", "1")
         .envs(env.iter().copied())
         .output()
@@ -63,7 +67,7 @@ fn run(exe: &Path, server: &Server, env: &[(&str, &str)]) -> Output {
 fn passes(name: &str, env: &[(&str, &str)]) -> (String, String) {
     let exe = build(name);
     let server = Server::start();
-    let out = run(&exe, &server, env);
+    let out = run(&exe, &server.dir, env);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -145,4 +149,278 @@ fn the_export_tables_behave_as_the_runtime_expects() {
 #[test]
 fn a_kernel_fault_surfaces_at_the_next_synchronising_call() {
     passes("async_error", &[]);
+}
+
+/// A program that holds what it made (`MPS_TEST_HOLD`): it has printed "holding" once its
+/// work was done, and keeps its resources until its stdin closes.
+struct Holding {
+    child: std::process::Child,
+    pid: u32,
+    lines: mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    printed: String,
+}
+
+/// Runs `exe` through mps-run against `daemon` with `MPS_TEST_HOLD` and `env`, and waits until
+/// it holds.
+fn hold(exe: &Path, daemon: &Daemon, env: &[(&str, &str)]) -> Holding {
+    let mut child = Command::new(built().join("mps-run"))
+        .arg(exe)
+        .arg(root().join("kernels/test_kernels.ptx"))
+        .env("MPS_PIPE_DIRECTORY", &daemon.dir)
+        .env("MPS_ONLY", "1")
+        .env("MPS_TEST_HOLD", "1")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // mps-run executes the program in its own process: the pid is the program's.
+    let pid = child.id();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (tx, lines) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = String::new();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                printed.push_str(&line);
+                printed.push('\n');
+                if line == "holding" {
+                    break;
+                }
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let mut err = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                panic!(
+                    "the program never held ({e}):\n{printed}\n{err}\n{}",
+                    daemon.log()
+                );
+            }
+        }
+    }
+    Holding {
+        child,
+        pid,
+        lines,
+        reader,
+        printed,
+    }
+}
+
+impl Holding {
+    /// Lets the program finish; it must pass every check. Returns its stdout.
+    fn release(mut self, daemon: &Daemon) -> String {
+        drop(self.child.stdin.take());
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        let mut printed = self.printed;
+        printed.extend(self.lines.try_iter().map(|l| l + "\n"));
+        assert!(
+            status.success() && printed.contains("all checks passed"),
+            "process {} failed ({status}):\n{printed}\n{err}\ndaemon log:\n{}",
+            self.pid,
+            daemon.log()
+        );
+        printed
+    }
+}
+
+/// Runs `exe` as [`hold`] does, calls `inspect` with its pid while it holds, and lets it
+/// finish (see [`Holding::release`]).
+fn run_holding(
+    exe: &Path,
+    daemon: &Daemon,
+    env: &[(&str, &str)],
+    inspect: impl FnOnce(u32),
+) -> String {
+    let h = hold(exe, daemon, env);
+    inspect(h.pid);
+    h.release(daemon)
+}
+
+fn number(row: &Row, column: &str) -> u64 {
+    row.get(column)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number in column {column} of {row:?}"))
+}
+
+/// The client rows of process `pid` in `status`, each with the device of its server.
+fn rows_of(daemon: &Daemon, pid: u32) -> Vec<(u64, Row)> {
+    let (servers, clients) = daemon.status();
+    clients
+        .into_iter()
+        .filter(|c| number(c, "CLIENT-PID") == pid as u64)
+        .map(|c| {
+            let server = servers
+                .iter()
+                .find(|s| s.get("SERVER-PID") == c.get("SERVER-PID"))
+                .unwrap_or_else(|| panic!("client {c:?} of no listed server: {servers:?}"));
+            (number(server, "DEVICE"), c)
+        })
+        .collect()
+}
+
+/// A daemon of two devices, or `None` (after saying why) where fewer exist.
+fn two_devices(test: &str) -> Option<Daemon> {
+    let daemon = Daemon::start();
+    let count = daemon.device_count();
+    if count < 2 {
+        skip(
+            test,
+            &format!("it needs two devices, the daemon serves {count}"),
+        );
+        return None;
+    }
+    Some(daemon)
+}
+
+#[test]
+fn every_device_is_reported_and_each_does_its_work_on_its_own_server() {
+    let Some(daemon) =
+        two_devices("every_device_is_reported_and_each_does_its_work_on_its_own_server")
+    else {
+        return;
+    };
+    let exe = build("multi_device");
+    let printed = run_holding(&exe, &daemon, &[], |pid| {
+        // The program holds memory and has launched on both devices: it is a client of each
+        // device's server, with its work there.
+        let mut rows = rows_of(&daemon, pid);
+        rows.sort_by_key(|(d, _)| *d);
+        let devices: Vec<u64> = rows.iter().map(|(d, _)| *d).collect();
+        assert_eq!(devices, [0, 1], "{rows:?}");
+        for (device, row) in &rows {
+            assert!(
+                number(row, "MEM-BYTES") >= 3 << 18,
+                "device {device}: {row:?}"
+            );
+            assert!(number(row, "LAUNCHES") >= 2, "device {device}: {row:?}");
+        }
+    });
+    assert!(printed.contains("devices: 2\n"), "{printed}");
+    if backend() == "sim" {
+        // Each name is its own server's report.
+        assert!(printed.contains("device 0: mps simulator 0\n"), "{printed}");
+        assert!(printed.contains("device 1: mps simulator 1\n"), "{printed}");
+    }
+}
+
+#[test]
+fn cuda_visible_devices_shows_one_device_whose_work_lands_on_its_server() {
+    let Some(daemon) =
+        two_devices("cuda_visible_devices_shows_one_device_whose_work_lands_on_its_server")
+    else {
+        return;
+    };
+    let exe = build("multi_device");
+    let printed = run_holding(&exe, &daemon, &[("CUDA_VISIBLE_DEVICES", "1")], |pid| {
+        let rows = rows_of(&daemon, pid);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let (device, row) = &rows[0];
+        assert_eq!(
+            *device, 1,
+            "the program's device 0 is the host's device 1: {row:?}"
+        );
+        assert!(number(row, "LAUNCHES") >= 2, "{row:?}");
+        // No server of device 0 was ever needed.
+        let (servers, _) = daemon.status();
+        assert!(
+            servers.iter().all(|s| number(s, "DEVICE") == 1),
+            "{servers:?}"
+        );
+    });
+    assert!(printed.contains("devices: 1\n"), "{printed}");
+    if backend() == "sim" {
+        assert!(printed.contains("device 0: mps simulator 1\n"), "{printed}");
+    }
+}
+
+#[test]
+fn unmodified_processes_share_the_daemon_under_its_limits_groups_and_lists() {
+    let daemon = Daemon::start();
+    // The operator's limit, as mps.h clients get it (mps-server/tests/control.rs tests it for
+    // them): cuMemGetInfo reports it, and an allocation beyond it is CUDA_ERROR_OUT_OF_MEMORY.
+    daemon.ctl("set_default_device_pinned_mem_limit 0 64M");
+    let limited = run(&build("mem_limit"), &daemon.dir, &[]);
+    assert!(
+        limited.status.success(),
+        "mem_limit under the daemon's limit:\n{}{}",
+        String::from_utf8_lossy(&limited.stdout),
+        String::from_utf8_lossy(&limited.stderr)
+    );
+
+    // Three unmodified processes at once, all on device 0: two in the default group, one in
+    // group "critical", which the daemon routes to a server of its own, asking for half the SMs
+    // and a lower priority as any mps client asks.
+    let exe = build("multi_device");
+    let device_0 = ("CUDA_VISIBLE_DEVICES", "0");
+    let a = hold(&exe, &daemon, &[device_0]);
+    let b = hold(&exe, &daemon, &[device_0]);
+    let c = hold(
+        &exe,
+        &daemon,
+        &[
+            device_0,
+            ("MPS_GROUP", "critical"),
+            ("MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+            ("MPS_CLIENT_PRIORITY", "1"),
+        ],
+    );
+    let (servers, clients) = daemon.status();
+    let server_of = |group: &str| {
+        let s: Vec<&Row> = servers
+            .iter()
+            .filter(|s| s.get("GROUP").map(String::as_str) == Some(group))
+            .collect();
+        assert_eq!(s.len(), 1, "group {group}: {servers:?}");
+        assert_eq!(number(s[0], "DEVICE"), 0, "{servers:?}");
+        s[0]["SERVER-PID"].clone()
+    };
+    let listed = |server: &str| {
+        let mut pids: Vec<u32> = daemon
+            .ctl(&format!("get_client_list {server}"))
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        pids.sort_unstable();
+        pids
+    };
+    let mut default_pids = vec![a.pid, b.pid];
+    default_pids.sort_unstable();
+    assert_eq!(listed(&server_of("default")), default_pids);
+    assert_eq!(listed(&server_of("critical")), vec![c.pid]);
+    // Each is listed with its work, the daemon's limit, and its own share and priority.
+    for (pid, share, priority) in [(a.pid, 100, 0), (b.pid, 100, 0), (c.pid, 50, 1)] {
+        let row = clients
+            .iter()
+            .find(|r| number(r, "CLIENT-PID") == pid as u64)
+            .unwrap_or_else(|| panic!("process {pid} not in status: {clients:?}"));
+        assert_eq!(number(row, "MEM-LIMIT"), 64 << 20, "{row:?}");
+        assert_eq!(number(row, "SHARE%"), share, "{row:?}");
+        assert_eq!(number(row, "PRIORITY"), priority, "{row:?}");
+        assert!(number(row, "MEM-BYTES") >= 3 << 18, "{row:?}");
+        assert!(number(row, "LAUNCHES") >= 2, "{row:?}");
+    }
+    for h in [a, b, c] {
+        let printed = h.release(&daemon);
+        assert!(printed.contains("devices: 1\n"), "{printed}");
+    }
 }

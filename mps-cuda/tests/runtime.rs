@@ -13,10 +13,34 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Server, built, crate_dir, root, temp_dir};
+use common::{Daemon, Server, backend, built, crate_dir, root, temp_dir};
+
+/// What a program runs against: a server, or a control daemon.
+trait Against {
+    fn pipe_dir(&self) -> &Path;
+    fn log(&self) -> String;
+}
+
+impl Against for Server {
+    fn pipe_dir(&self) -> &Path {
+        &self.dir
+    }
+    fn log(&self) -> String {
+        Server::log(self)
+    }
+}
+
+impl Against for Daemon {
+    fn pipe_dir(&self) -> &Path {
+        &self.dir
+    }
+    fn log(&self) -> String {
+        Daemon::log(self)
+    }
+}
 
 /// A compiler: nvcc, and the directory of its cudart.
 struct Nvcc {
@@ -74,9 +98,20 @@ fn build(nv: &Nvcc, name: &str, cudart: Cudart) -> PathBuf {
     exe
 }
 
-/// Builds program `name` both ways and runs each through mps-run; each must exit 0, print
-/// "<name>: done", and print every line of `expected`. Says so and does nothing without nvcc.
+/// Builds program `name` both ways and runs each through mps-run against a fresh server; each
+/// must exit 0, print "<name>: done", and print every line of `expected`. Says so and does
+/// nothing without nvcc.
 fn passes(name: &str, env: &[(&str, &str)], expected: &[&str]) {
+    passes_against(name, env, expected, &|| Box::new(Server::start()));
+}
+
+/// As [`passes`], against what `start` starts for each run.
+fn passes_against(
+    name: &str,
+    env: &[(&str, &str)],
+    expected: &[&str],
+    start: &dyn Fn() -> Box<dyn Against>,
+) {
     let Some(nv) = nvcc() else {
         common::skip(
             name,
@@ -87,10 +122,10 @@ fn passes(name: &str, env: &[(&str, &str)], expected: &[&str]) {
     };
     for cudart in [Cudart::Static, Cudart::Shared] {
         let exe = build(&nv, name, cudart);
-        let server = Server::start();
+        let server = start();
         let out = Command::new(built().join("mps-run"))
             .arg(&exe)
-            .env("MPS_PIPE_DIRECTORY", &server.dir)
+            .env("MPS_PIPE_DIRECTORY", server.pipe_dir())
             // The shared cudart, for `-cudart shared`; mps-run puts its libcuda.so.1 first.
             .env("LD_LIBRARY_PATH", &nv.cudart)
             .envs(env.iter().copied())
@@ -219,5 +254,37 @@ fn an_illegal_address_is_reported_at_the_next_synchronising_call() {
             "launch: cudaSuccess",
             "synchronize: cudaErrorIllegalAddress (an illegal memory access was encountered)",
         ],
+    );
+}
+
+#[test]
+fn several_devices_with_cuda_set_device() {
+    let test = "several_devices_with_cuda_set_device";
+    let count = Daemon::start().device_count();
+    if count < 2 {
+        common::skip(
+            test,
+            &format!("it needs two devices, the daemon serves {count}"),
+        );
+        return;
+    }
+    let mut expected = vec![
+        "devices 2",
+        "device 0: y[1000] = 1000.0",
+        "device 1: y[1000] = 2000.0",
+        "peer copy: x[1000] = 2000.0",
+    ];
+    // Each device's name is its own server's report: the simulator names them by ordinal.
+    if backend() == "sim" {
+        expected.extend([
+            "device 0: mps simulator 0, cc 9.0",
+            "device 1: mps simulator 1, cc 9.0",
+        ]);
+    }
+    passes_against(
+        "multi_device",
+        &[],
+        &expected,
+        &|| Box::new(Daemon::start()),
     );
 }

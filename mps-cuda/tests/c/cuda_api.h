@@ -27,7 +27,9 @@ enum {
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
@@ -35,6 +37,7 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
+#define CU_CTX_SCHED_BLOCKING_SYNC 0x4
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 #define CU_STREAM_DEFAULT 0x0
@@ -90,6 +93,7 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
@@ -98,6 +102,9 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx);
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuCtxSynchronize(void);
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int flags);
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
@@ -110,6 +117,10 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dstContext, CUdeviceptr src,
+                      CUcontext srcContext, size_t n);
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dstContext, CUdeviceptr src,
+                           CUcontext srcContext, size_t n, CUstream s);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n);
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s);

@@ -1,5 +1,5 @@
-//! What the test programs share: the build of the library, the launcher and the server, and
-//! a server to run programs against.
+//! What the test programs share: the build of the library, the launcher, the server and the
+//! control daemon, and a server (or a daemon of two devices) to run programs against.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,8 +51,8 @@ pub(crate) fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// The directory holding the library (`libmpscuda.so`), the launcher (`mps-run`) and the
-/// server (`mps-server`): `$MPS_PREBUILT_DIR` when set (as `scripts/test-gpu run` sets it on a
+/// The directory holding the library (`libmpscuda.so`), the launcher (`mps-run`), the server
+/// (`mps-server`) and the control daemon (`mps-control`): `$MPS_PREBUILT_DIR` when set (as `scripts/test-gpu run` sets it on a
 /// machine without cargo), else this build's, built once per test run (cargo builds neither a
 /// package's cdylib for its integration tests nor another package's binaries).
 pub(crate) fn built() -> &'static Path {
@@ -60,7 +60,7 @@ pub(crate) fn built() -> &'static Path {
     DIR.get_or_init(|| {
         if let Some(dir) = std::env::var_os("MPS_PREBUILT_DIR") {
             let dir = PathBuf::from(dir);
-            for f in ["libmpscuda.so", "mps-run", "mps-server"] {
+            for f in ["libmpscuda.so", "mps-run", "mps-server", "mps-control"] {
                 assert!(
                     dir.join(f).exists(),
                     "MPS_PREBUILT_DIR {} has no {f}: run scripts/test-gpu build, or unset it \
@@ -80,7 +80,7 @@ pub(crate) fn built() -> &'static Path {
             "--bin",
             "mps-run",
         ]);
-        cmd.args(["--bin", "mps-server", "--lib"]);
+        cmd.args(["--bin", "mps-server", "--bin", "mps-control", "--lib"]);
         if target_dir().ends_with("release") {
             cmd.arg("--release");
         }
@@ -111,7 +111,7 @@ pub(crate) struct Server {
 impl Server {
     pub(crate) fn start() -> Server {
         let dir = temp_dir("server");
-        let backend = std::env::var("MPS_TEST_BACKEND").unwrap_or_else(|_| "sim".into());
+        let backend = backend();
         let child = Command::new(built().join("mps-server"))
             .arg("--pipe-dir")
             .arg(&dir)
@@ -145,6 +145,135 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The backend the servers run: the simulator, or `$MPS_TEST_BACKEND` (`cuda` on a GPU).
+pub(crate) fn backend() -> String {
+    std::env::var("MPS_TEST_BACKEND").unwrap_or_else(|_| "sim".into())
+}
+
+/// How long a state may take to appear before a test fails.
+#[allow(dead_code)] // used by the suites that start a daemon
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The control daemon in a temporary pipe directory, serving two devices (the simulator's two,
+/// or the GPUs the driver sees with `MPS_TEST_BACKEND=cuda`), stopped on drop. It starts a
+/// server per (user, group, device) as clients arrive.
+#[allow(dead_code)] // used by the suites that start a daemon
+pub(crate) struct Daemon {
+    pub(crate) dir: PathBuf,
+    child: Child,
+}
+
+/// One row of a table that `mps-control status` prints, by column name.
+#[allow(dead_code)]
+pub(crate) type Row = std::collections::HashMap<String, String>;
+
+#[allow(dead_code)] // used by the suites that start a daemon
+impl Daemon {
+    pub(crate) fn start() -> Daemon {
+        let dir = temp_dir("daemon");
+        let child = Command::new(built().join("mps-control"))
+            .arg("-f")
+            .args(["--backend", &backend(), "--sim-devices", "2"])
+            .arg("--server")
+            .arg(built().join("mps-server"))
+            .arg("--pipe-dir")
+            .arg(&dir)
+            .arg("--log-dir")
+            .arg(&dir)
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mps-control");
+        let mut d = Daemon { dir, child };
+        let deadline = Instant::now() + DEADLINE;
+        while std::os::unix::net::UnixStream::connect(d.dir.join("control.sock")).is_err() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("mps-control exited at start ({status}); log:\n{}", d.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not start:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// How many devices a client of this daemon sees (without `CUDA_VISIBLE_DEVICES`).
+    pub(crate) fn device_count(&self) -> u32 {
+        mps_client::Client::device_count(Some(&self.dir)).expect("count the daemon's devices")
+    }
+
+    /// Runs the control command `line` and returns what it printed.
+    pub(crate) fn ctl(&self, line: &str) -> String {
+        let out = Command::new(built().join("mps-control"))
+            .arg("--pipe-dir")
+            .arg(&self.dir)
+            .args(line.split_whitespace())
+            .output()
+            .expect("run mps-control");
+        assert!(
+            out.status.success(),
+            "mps-control {line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `status`: its servers' table and its clients' table, each row by column name.
+    pub(crate) fn status(&self) -> (Vec<Row>, Vec<Row>) {
+        let status = self.ctl("status");
+        let mut tables = status.split("\n\n").map(|t| {
+            let mut lines = t.lines().filter(|l| !l.trim().is_empty());
+            let header: Vec<String> = lines
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            lines
+                .map(|l| {
+                    header
+                        .iter()
+                        .cloned()
+                        .zip(l.split_whitespace().map(String::from))
+                        .collect()
+                })
+                .collect::<Vec<Row>>()
+        });
+        let servers = tables.next().unwrap_or_default();
+        let clients = tables.next().unwrap_or_default();
+        (servers, clients)
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("control.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new(built().join("mps-control"))
+            .arg("--pipe-dir")
+            .arg(&self.dir)
+            .arg("quit")
+            .output();
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if self.child.try_wait().ok().flatten().is_some() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
