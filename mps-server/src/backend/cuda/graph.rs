@@ -12,6 +12,7 @@ use cudarc::driver::sys::{self, CUgraph, CUgraphExec};
 use mps_core::Result;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
 use super::driver::{check_on, released};
@@ -77,8 +78,14 @@ impl CudaBackend {
         // Move to the client's current partition now: a capturing stream cannot be replaced.
         self.follow_placement(stream)?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: a live stream of the client that is not capturing (the session checks).
-        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) };
+        // The busy sampler must not query the stream while it captures.
+        let r = self.live.begin_capture(&stream.capturing, || {
+            // SAFETY: a live stream of the client that is not capturing (the session checks).
+            unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) }
+        });
+        if r != sys::CUresult::CUDA_SUCCESS {
+            stream.capturing.store(false, Ordering::Release);
+        }
         self.ctx.check(check_on(r, "cuStreamBeginCapture", || {
             format!("a stream of client {}", stream.client)
         }))?;
@@ -95,6 +102,7 @@ impl CudaBackend {
         let mut raw: CUgraph = std::ptr::null_mut();
         // SAFETY: a live stream that is capturing; writes one graph handle.
         let r = unsafe { sys::cuStreamEndCapture(stream.raw.get(), &mut raw) };
+        stream.capturing.store(false, Ordering::Release);
         self.ctx.check(check_on(r, "cuStreamEndCapture", || {
             format!("a stream of client {}", stream.client)
         }))?;

@@ -9,7 +9,7 @@
 //! interval to the clients whose streams do. (Timing every command with events would cost two
 //! driver calls per launch.) An idle stream is not asked, so idle clients cost nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,8 @@ struct Live {
     submitted: Arc<AtomicU64>,
     /// `submitted` as it was when a query last found the stream idle.
     idle_at: u64,
+    /// Set while the stream captures a graph: it is not queried then.
+    capturing: Arc<AtomicBool>,
 }
 
 /// Every client stream, for busy-time sampling. A stream leaves the list before it is
@@ -50,19 +52,36 @@ impl LiveStreams {
     }
 
     /// Samples `raw` from now on, crediting `busy`, whenever `submitted` has risen since the
-    /// stream was last seen idle.
-    pub(super) fn add(&self, raw: CUstream, busy: &Arc<AtomicU64>, submitted: &Arc<AtomicU64>) {
+    /// stream was last seen idle, and except while `capturing` is set.
+    pub(super) fn add(
+        &self,
+        raw: CUstream,
+        busy: &Arc<AtomicU64>,
+        submitted: &Arc<AtomicU64>,
+        capturing: &Arc<AtomicBool>,
+    ) {
         self.lock().push(Live {
             raw,
             busy: busy.clone(),
             submitted: submitted.clone(),
             idle_at: submitted.load(Ordering::Acquire),
+            capturing: capturing.clone(),
         });
     }
 
     /// Stops sampling `raw`; call before destroying it.
     pub(super) fn remove(&self, raw: CUstream) {
         self.lock().retain(|l| l.raw != raw);
+    }
+
+    /// Runs `begin` (which starts a capture of a stream) with `capturing` set, under the lock the
+    /// sampler queries under, so that no query of the stream can fall between the sampler's
+    /// look at the flag and the capture's start. The caller clears the flag once the capture
+    /// ended.
+    pub(super) fn begin_capture<R>(&self, capturing: &AtomicBool, begin: impl FnOnce() -> R) -> R {
+        let _sampler = self.lock();
+        capturing.store(true, Ordering::Release);
+        begin()
     }
 
     /// Credits `interval` to every client with work pending on one of its streams.
@@ -72,7 +91,7 @@ impl LiveStreams {
         for s in live.iter_mut() {
             // Read before the query: a submission after it is seen at the next sample.
             let submitted = s.submitted.load(Ordering::Acquire);
-            if submitted == s.idle_at {
+            if submitted == s.idle_at || s.capturing.load(Ordering::Acquire) {
                 continue;
             }
             // SAFETY: the stream is live: it leaves this list (under this lock) before it is
