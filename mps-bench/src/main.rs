@@ -65,7 +65,8 @@ struct Setup {
 enum Cmd {
     /// Runs the benchmark.
     Run {
-        /// Modes, comma-separated: native, nvidia-mps, mps, mps-transparent (the native workers
+        /// Modes, comma-separated: native, nvidia-mps, mps, mps-batched (mps with the server's
+        /// launch batching on), mps-transparent (the native workers
         /// through mps's libcuda.so.1, see --mps-cuda-lib), and one-context (N threads of one
         /// process sharing one context, each with a stream of its own: the host-side ceiling of
         /// any one-context server; spin, tiny and infer only). They run in the order given.
@@ -125,13 +126,17 @@ enum Cmd {
 }
 
 /// The modes in the order tables and plots show them.
-const MODE_ORDER: [&str; 5] = [
+const MODE_ORDER: [&str; 6] = [
     "native",
     "nvidia-mps",
     "one-context",
     "mps",
+    "mps-batched",
     "mps-transparent",
 ];
+
+/// What the `mps-batched` mode adds to the server's arguments.
+const BATCHING_ON: &str = "--launch-batching on";
 
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
@@ -250,15 +255,24 @@ fn run(
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        // The batched mode is the mps mode with the server's launch batching on.
+        let (service_mode, server_args) = match service_mode {
+            "mps-batched" if devices > 1 => (
+                "mps",
+                format!("{server_args} --server-arg=--launch-batching --server-arg=on"),
+            ),
+            "mps-batched" => ("mps", format!("{server_args} {BATCHING_ON}")),
+            m => (m, server_args.to_string()),
+        };
         let service = if service_mode == "mps" && devices > 1 {
             // One daemon for every device, as a host of several GPUs runs mps.
-            let mut args = server_args.to_string();
+            let mut args = server_args;
             if setup.backend == "sim" {
                 args += &format!(" --sim-devices {devices}");
             }
             Service::start("mps-daemon", &setup.server(), &setup.backend, &args)
         } else {
-            Service::start(service_mode, &setup.server(), &setup.backend, server_args)
+            Service::start(service_mode, &setup.server(), &setup.backend, &server_args)
         };
         for w in workloads {
             if *mode == "one-context" && !scales(w) {
