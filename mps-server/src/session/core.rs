@@ -448,6 +448,8 @@ impl<B: Backend> SessionCore<B> {
                     )));
                 }
                 let s = self.streams.remove(stream)?;
+                self.batch.forget_stream(stream);
+                self.batch_cache_changed();
                 self.backend.stream_destroy(s.stream);
                 self.streams.give_back(s.slot);
                 DONE

@@ -35,7 +35,10 @@
 //!   parameters exactly.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
-//!   module forgets the shapes that name them.
+//!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
+//!   (a shape's graph is launched only into the stream it was learned in: CUDA orders each
+//!   launch of an executable graph after its previous ones, which across streams would order
+//!   work the client left unordered).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -160,6 +163,10 @@ struct Held<B: Backend> {
 
 /// A run seen before, with its executable graph once one was made.
 struct Shape<B: Backend> {
+    /// The stream it ran in, the only one its graph is launched into: CUDA orders each launch
+    /// of an executable graph after its previous launches, which across streams would order
+    /// work the client left unordered (and could deadlock on a cross-stream wait).
+    stream: u64,
     key: Vec<Desc>,
     bytes: u64,
     exec: Option<Arc<B::GraphExec>>,
@@ -241,6 +248,17 @@ impl<B: Backend> Batching<B> {
         });
     }
 
+    /// Forgets the shapes of `stream`, which is going away.
+    pub(super) fn forget_stream(&mut self, stream: u64) {
+        self.shapes.retain(|s| {
+            let keep = s.stream != stream;
+            if !keep {
+                self.bytes -= s.bytes;
+            }
+            keep
+        });
+    }
+
     /// Forgets the shapes that copy through host buffer `handle`.
     pub(super) fn forget_host_buffer(&mut self, handle: u64) {
         self.forget(|d| d.host_buffer() == Some(handle));
@@ -264,6 +282,7 @@ impl<B: Backend> Batching<B> {
         let mut whole = None;
         for (i, s) in self.shapes.iter().enumerate() {
             if s.unbuildable
+                || s.stream != self.stream
                 || s.key.len() < n
                 || !s.key.iter().zip(&self.held).all(|(k, h)| *k == h.desc)
                 || desc.is_some_and(|d| s.key[n - 1] != *d)
@@ -299,11 +318,19 @@ impl<B: Backend> Batching<B> {
         let key = std::mem::take(&mut self.recent);
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);
-        if overflow || key.len() < 2 || self.shapes.iter().any(|s| s.key == key) {
+        let stream = self.stream;
+        if overflow
+            || key.len() < 2
+            || self
+                .shapes
+                .iter()
+                .any(|s| s.stream == stream && s.key == key)
+        {
             return;
         }
         self.tick += 1;
         self.shapes.push(Shape {
+            stream,
             key,
             bytes,
             exec: None,

@@ -519,3 +519,34 @@ fn freeing_a_host_buffer_forgets_the_shapes_that_copy_through_it() {
     assert_eq!(r.counters()[3], 0);
     assert_eq!(r.c.core.stats().batch_bytes.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn a_shape_serves_only_the_stream_it_was_learned_in_and_goes_with_it() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let (s, t) = (c.stream(), c.stream());
+    recorder_run(&mut c, f, s, 3);
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    // The same run in another stream is learned there, not launched from s's graph.
+    recorder_run(&mut c, f, t, 1);
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 2]);
+    recorder_run(&mut c, f, t, 2);
+    assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
+    let launches: Vec<u32> = server
+        .backend
+        .take()
+        .iter()
+        .filter(|x| x.op == Opcode::GraphLaunch)
+        .map(|x| x.stream)
+        .collect();
+    // Two in each stream (the first of each made its graph).
+    assert_eq!(launches.len(), 4, "{launches:?}");
+    assert_eq!(launches[0], launches[1]);
+    assert_eq!(launches[2], launches[3]);
+    assert_ne!(launches[0], launches[2]);
+    c.ok(&Request::StreamDestroy { stream: t }, 0);
+    assert_eq!(counters(c.core.stats())[3], 1);
+    assert_eq!(server.backend.live_graphs.load(Ordering::Relaxed), 1);
+}
