@@ -1209,3 +1209,66 @@ fn launch_batching_is_off_by_default() {
     let log = server.wait_for_log("client disconnected");
     assert!(!log.contains("launch batching:"), "{log}");
 }
+
+/// Work held for a batched run is not kept waiting when the client stops posting without a
+/// synchronise: once its ring has been empty for the hold, the server submits it.
+#[test]
+fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
+    // A hold long enough that how fast this client posts cannot split a run it completes.
+    let server = TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "200000"]);
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 256u64;
+    let (x, y) = (c.mem_alloc(n * 4).unwrap(), c.mem_alloc(n * 4).unwrap());
+    let out = c.host_alloc(n as usize * 8).unwrap();
+    // The host buffer's 2n words, read once no copy into it is pending.
+    let words = || {
+        // SAFETY: the buffer holds 2n u32s (page-aligned); no copy into it is pending.
+        unsafe { std::slice::from_raw_parts(out as *const u32, 2 * n as usize) }.to_vec()
+    };
+    let s = c.stream_create(0).unwrap();
+    let fill_args = |p: DevicePtr, v: u32| {
+        [
+            p.0.to_le_bytes().to_vec(),
+            v.to_le_bytes().to_vec(),
+            n.to_le_bytes().to_vec(),
+        ]
+    };
+    let post = |p: DevicePtr, v: u32, half: usize| {
+        let args = fill_args(p, v);
+        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+        c.launch(fill, grid(1), grid(256), 0, s, &refs).unwrap();
+        // SAFETY: the host buffer holds 2n u32s; this half is n of them.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(out.add(half * n as usize * 4), n as usize * 4)
+        };
+        c.memcpy_dtoh(dst, p, s).unwrap();
+    };
+    // The shape: x filled and copied out, then y; learned, then made a graph.
+    for _ in 0..2 {
+        post(x, 7, 0);
+        post(y, 7, 1);
+        c.stream_synchronize(s).unwrap();
+    }
+    assert!(words().iter().all(|w| *w == 7));
+    // SAFETY: 8n bytes of the host buffer; no copy into it is pending.
+    unsafe { std::ptr::write_bytes(out, 0, n as usize * 8) };
+    // Half of the run, then nothing: the server holds it, then submits it.
+    post(x, 7, 0);
+    wait_for_value(
+        "the first word of the held half's copy",
+        // SAFETY: the buffer's first word, which the pending copy writes.
+        || unsafe { std::ptr::read_volatile(out as *const u32) },
+        7,
+    );
+    post(y, 7, 1);
+    c.stream_synchronize(s).unwrap();
+    assert!(words().iter().all(|w| *w == 7), "{:?}", words());
+    drop(c);
+    // The second run made the graph; the held half went command by command, and so did the
+    // rest of its run.
+    server.wait_for_log(
+        "launch batching: 0 runs launched from cached graphs, 2 not (graphs made: 1)",
+    );
+}
