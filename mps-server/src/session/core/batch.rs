@@ -158,7 +158,6 @@ impl Desc {
 struct Held<B: Backend> {
     seq: u64,
     op: Op<'static, B>,
-    desc: Desc,
 }
 
 /// A run seen before, with its executable graph once one was made.
@@ -191,6 +190,8 @@ pub(super) struct Batching<B: Backend> {
     /// The run grew past what one shape may hold: it is not learned.
     recent_overflow: bool,
     shapes: Vec<Shape<B>>,
+    /// While commands are held: the shapes (indices into `shapes`) that begin with them.
+    candidates: Vec<usize>,
     bytes: u64,
     tick: u64,
     /// Errors of held commands that were submitted one by one, for the shell to post (before
@@ -212,6 +213,7 @@ impl<B: Backend> Batching<B> {
             recent_bytes: 0,
             recent_overflow: false,
             shapes: Vec::new(),
+            candidates: Vec::new(),
             bytes: 0,
             tick: 0,
             errors: Vec::new(),
@@ -237,36 +239,32 @@ impl<B: Backend> Batching<B> {
         std::mem::take(&mut self.errors)
     }
 
-    /// Forgets the shapes that satisfy `names` (their graphs go when no launch uses them).
-    fn forget(&mut self, names: impl Fn(&Desc) -> bool) {
+    /// Forgets the shapes that `gone` picks (their graphs go when no launch uses them).
+    fn forget(&mut self, gone: impl Fn(&Shape<B>) -> bool) {
         self.shapes.retain(|s| {
-            let keep = !s.key.iter().any(&names);
-            if !keep {
+            if gone(s) {
                 self.bytes -= s.bytes;
+                return false;
             }
-            keep
+            true
         });
     }
 
     /// Forgets the shapes of `stream`, which is going away.
     pub(super) fn forget_stream(&mut self, stream: u64) {
-        self.shapes.retain(|s| {
-            let keep = s.stream != stream;
-            if !keep {
-                self.bytes -= s.bytes;
-            }
-            keep
-        });
+        self.forget(|s| s.stream == stream);
     }
 
     /// Forgets the shapes that copy through host buffer `handle`.
     pub(super) fn forget_host_buffer(&mut self, handle: u64) {
-        self.forget(|d| d.host_buffer() == Some(handle));
+        self.forget(|s| s.key.iter().any(|d| d.host_buffer() == Some(handle)));
     }
 
     /// Forgets the shapes that launch any of `functions`.
     pub(super) fn forget_functions(&mut self, functions: &[u64]) {
-        self.forget(|d| matches!(d, Desc::Launch { function, .. } if functions.contains(function)));
+        let launches =
+            |d: &Desc| matches!(d, Desc::Launch { function, .. } if functions.contains(function));
+        self.forget(|s| s.key.iter().any(launches));
     }
 
     /// Shapes cached and the bytes they hold.
@@ -274,32 +272,34 @@ impl<B: Backend> Batching<B> {
         (self.shapes.len(), self.bytes)
     }
 
-    /// How the held commands and then `desc` stand against the shapes: whether a longer shape
-    /// begins with them, and which shape they make up whole.
-    fn continues(&self, desc: Option<&Desc>) -> (bool, Option<usize>) {
-        let n = self.held.len() + desc.is_some() as usize;
-        let mut longer = false;
-        let mut whole = None;
-        for (i, s) in self.shapes.iter().enumerate() {
-            if s.unbuildable
-                || s.stream != self.stream
-                || s.key.len() < n
-                || !s.key.iter().zip(&self.held).all(|(k, h)| *k == h.desc)
-                || desc.is_some_and(|d| s.key[n - 1] != *d)
-            {
-                continue;
-            }
-            if s.key.len() == n {
-                whole = Some(i);
-            } else {
-                longer = true;
-            }
+    /// The shapes that continue the held commands with `desc`: among those the held ones
+    /// matched (shapes do not change while commands are held: whatever changes them ends the
+    /// run first), or among the stream's shapes when nothing is held. Only the next command of
+    /// each is compared, so a long run costs one comparison per command and candidate.
+    fn matching(&self, desc: &Desc) -> Vec<usize> {
+        let n = self.held.len();
+        let fits = |i: &usize| {
+            let s = &self.shapes[*i];
+            !s.unbuildable && s.stream == self.stream && s.key.get(n) == Some(desc)
+        };
+        if n == 0 {
+            (0..self.shapes.len()).filter(fits).collect()
+        } else {
+            self.candidates.iter().copied().filter(fits).collect()
         }
-        (longer, whole)
+    }
+
+    /// The shape the held commands make up whole, if any, and whether a longer one may still
+    /// follow.
+    fn whole(&self) -> (Option<usize>, bool) {
+        let n = self.held.len();
+        let len = |i: &usize| self.shapes[*i].key.len();
+        let whole = self.candidates.iter().copied().find(|i| len(i) == n);
+        (whole, self.candidates.iter().any(|i| len(i) > n))
     }
 
     /// Notes a command of the current run for learning.
-    fn note(&mut self, desc: &Desc) {
+    fn note(&mut self, desc: Desc) {
         if self.recent_overflow {
             return;
         }
@@ -309,7 +309,7 @@ impl<B: Backend> Batching<B> {
             self.recent.clear();
             return;
         }
-        self.recent.push(desc.clone());
+        self.recent.push(desc);
     }
 
     /// Remembers the current run's shape (a run of one command gains nothing) and starts a new
@@ -422,25 +422,26 @@ impl<B: Backend> SessionCore<B> {
             self.end_run();
             self.batch.stream = cmd.stream;
         }
-        self.batch.note(&desc);
-        let (mut longer, mut whole) = self.batch.continues(Some(&desc));
-        if !longer && whole.is_none() && self.batch.holds() {
+        let mut next = self.batch.matching(&desc);
+        if next.is_empty() && self.batch.holds() {
             // The run left every shape it followed: what was held goes now, as a graph if it
             // makes up a shape, else as it came.
             self.flush_held();
-            (longer, whole) = self.batch.continues(Some(&desc));
+            next = self.batch.matching(&desc);
         }
-        if !longer && whole.is_none() {
+        // Noted after the flush: a shape launched there ends the run before this command.
+        self.batch.note(desc);
+        if next.is_empty() {
             return self.submit_now(cmd.stream, cmd.seq, op);
         }
+        self.batch.candidates = next;
         self.batch.held.push(Held {
             seq: cmd.seq,
             op: op.into_owned(),
-            desc,
         });
         // A shape made up whole goes at once, unless a longer one may still follow (it then
         // goes when the run ends or leaves the longer shape).
-        if let (false, Some(shape)) = (longer, whole) {
+        if let (Some(shape), false) = self.batch.whole() {
             self.launch_run(shape);
         }
         DONE
@@ -459,7 +460,7 @@ impl<B: Backend> SessionCore<B> {
         if !self.batch.holds() {
             return;
         }
-        if let (_, Some(shape)) = self.batch.continues(None) {
+        if let (Some(shape), _) = self.batch.whole() {
             self.launch_run(shape);
             return;
         }
@@ -515,6 +516,7 @@ impl<B: Backend> SessionCore<B> {
         // The run is whole: what follows begins a new one.
         self.batch.recent.clear();
         self.batch.recent_bytes = 0;
+        self.batch.recent_overflow = false;
         self.batch.tick += 1;
         let generation = self.ctx.sm.generation.load(Ordering::Acquire);
         let shape = &mut self.batch.shapes[i];

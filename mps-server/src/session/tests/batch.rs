@@ -550,3 +550,21 @@ fn a_shape_serves_only_the_stream_it_was_learned_in_and_goes_with_it() {
     assert_eq!(counters(c.core.stats())[3], 1);
     assert_eq!(server.backend.live_graphs.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn unloading_a_module_forgets_the_shapes_that_launch_its_kernels() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (m, other) = (c.load_module(PTX).unwrap(), c.load_module(PTX).unwrap());
+    let (f, g) = (c.function(m, "k"), c.function(other, "k"));
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 3);
+    recorder_run(&mut c, g, s, 3);
+    assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
+    c.ok(&Request::ModuleUnload { module: m }, 0);
+    assert_eq!(counters(c.core.stats())[3], 1);
+    assert_eq!(server.backend.live_graphs.load(Ordering::Relaxed), 1);
+    // The other module's shape still serves its runs.
+    recorder_run(&mut c, g, s, 1);
+    assert_eq!(counters(c.core.stats())[0], 3);
+}
