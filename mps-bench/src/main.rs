@@ -72,11 +72,12 @@ enum Cmd {
         /// any one-context server; spin, tiny and infer only). They run in the order given.
         #[arg(long, default_value = "native,nvidia-mps,mps")]
         modes: String,
-        /// Client counts for the spin, tiny and infer workloads.
+        /// Client counts for the spin, tiny and infer workloads (each of them).
         #[arg(long, default_value = "1,2,4,8,16,32,64")]
         clients: String,
-        /// Workloads, comma-separated: spin, tiny, infer, infer-graph, rtt, launch-rate, copy,
-        /// footprint.
+        /// Workloads, comma-separated: spin, tiny, infer, infer-graph, infer-vary (a factor of
+        /// its own per request: nothing repeats), infer-pairs (each factor twice: a batching
+        /// server makes a graph per two requests), rtt, launch-rate, copy, footprint.
         #[arg(long, default_value = "spin,tiny,infer,rtt,launch-rate,copy,footprint")]
         workloads: String,
         #[command(flatten)]
@@ -140,7 +141,10 @@ const BATCHING_ON: &str = "--launch-batching on";
 
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
-    matches!(workload, "spin" | "tiny" | "infer" | "infer-graph")
+    matches!(
+        workload,
+        "spin" | "tiny" | "infer" | "infer-graph" | "infer-vary" | "infer-pairs"
+    )
 }
 
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
