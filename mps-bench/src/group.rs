@@ -67,6 +67,8 @@ pub(crate) fn run_group(
     let exe = std::env::current_exe().expect("the path of this program");
     let worker_mode = match mode {
         "mps" | "mps-transparent" => mode,
+        // The same clients; only the server differs.
+        "mps-batched" => "mps",
         _ => "native",
     };
     let mut start = StartLine::new().expect("make the start pipe");

@@ -65,17 +65,19 @@ struct Setup {
 enum Cmd {
     /// Runs the benchmark.
     Run {
-        /// Modes, comma-separated: native, nvidia-mps, mps, mps-transparent (the native workers
+        /// Modes, comma-separated: native, nvidia-mps, mps, mps-batched (mps with the server's
+        /// launch batching on), mps-transparent (the native workers
         /// through mps's libcuda.so.1, see --mps-cuda-lib), and one-context (N threads of one
         /// process sharing one context, each with a stream of its own: the host-side ceiling of
         /// any one-context server; spin, tiny and infer only). They run in the order given.
         #[arg(long, default_value = "native,nvidia-mps,mps")]
         modes: String,
-        /// Client counts for the spin, tiny and infer workloads.
+        /// Client counts for the spin, tiny and infer workloads (each of them).
         #[arg(long, default_value = "1,2,4,8,16,32,64")]
         clients: String,
-        /// Workloads, comma-separated: spin, tiny, infer, infer-graph, rtt, launch-rate, copy,
-        /// footprint.
+        /// Workloads, comma-separated: spin, tiny, infer, infer-graph, infer-vary (a factor of
+        /// its own per request: nothing repeats), infer-pairs (each factor twice: a batching
+        /// server makes a graph per two requests), rtt, launch-rate, copy, footprint.
         #[arg(long, default_value = "spin,tiny,infer,rtt,launch-rate,copy,footprint")]
         workloads: String,
         #[command(flatten)]
@@ -125,17 +127,24 @@ enum Cmd {
 }
 
 /// The modes in the order tables and plots show them.
-const MODE_ORDER: [&str; 5] = [
+const MODE_ORDER: [&str; 6] = [
     "native",
     "nvidia-mps",
     "one-context",
     "mps",
+    "mps-batched",
     "mps-transparent",
 ];
 
+/// What the `mps-batched` mode adds to the server's arguments.
+const BATCHING_ON: &str = "--launch-batching on";
+
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
-    matches!(workload, "spin" | "tiny" | "infer" | "infer-graph")
+    matches!(
+        workload,
+        "spin" | "tiny" | "infer" | "infer-graph" | "infer-vary" | "infer-pairs"
+    )
 }
 
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
@@ -250,15 +259,24 @@ fn run(
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        // The batched mode is the mps mode with the server's launch batching on.
+        let (service_mode, server_args) = match service_mode {
+            "mps-batched" if devices > 1 => (
+                "mps",
+                format!("{server_args} --server-arg=--launch-batching --server-arg=on"),
+            ),
+            "mps-batched" => ("mps", format!("{server_args} {BATCHING_ON}")),
+            m => (m, server_args.to_string()),
+        };
         let service = if service_mode == "mps" && devices > 1 {
             // One daemon for every device, as a host of several GPUs runs mps.
-            let mut args = server_args.to_string();
+            let mut args = server_args;
             if setup.backend == "sim" {
                 args += &format!(" --sim-devices {devices}");
             }
             Service::start("mps-daemon", &setup.server(), &setup.backend, &args)
         } else {
-            Service::start(service_mode, &setup.server(), &setup.backend, server_args)
+            Service::start(service_mode, &setup.server(), &setup.backend, &server_args)
         };
         for w in workloads {
             if *mode == "one-context" && !scales(w) {

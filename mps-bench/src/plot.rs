@@ -29,6 +29,7 @@ fn colour(mode: &str) -> RGBColor {
         "nvidia-mps" => RGBColor(40, 150, 60),
         "one-context" => RGBColor(220, 130, 30),
         "mps-transparent" => RGBColor(150, 60, 180),
+        "mps-batched" => RGBColor(0, 170, 200),
         _ => RGBColor(30, 90, 200),
     }
 }

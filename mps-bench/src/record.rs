@@ -40,8 +40,9 @@ fn ratio(a: Option<&Record>, b: Option<&Record>, key: &str) -> String {
 }
 
 /// The table: per workload and client count, a row of completed/asked and one per figure, a
-/// column per mode, mps against each other mode, and mps-transparent against mps (the cost of
-/// the transparent library).
+/// column per mode, mps against each other mode, mps-transparent against mps (the cost of
+/// the transparent library), and mps-batched against mps and NVIDIA MPS (the gain of launch
+/// batching).
 pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
     let mut rows: Vec<(String, usize, String)> = Vec::new();
     for r in records {
@@ -61,11 +62,17 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
     if modes.contains(&"mps") {
         let others = modes
             .iter()
-            .filter(|m| !["mps", "mps-transparent"].contains(m));
+            .filter(|m| !["mps", "mps-transparent", "mps-batched"].contains(m));
         against.extend(others.map(|m| ("mps", *m)));
         if modes.contains(&"mps-transparent") {
             against.push(("mps-transparent", "mps"));
         }
+        if modes.contains(&"mps-batched") {
+            against.push(("mps-batched", "mps"));
+        }
+    }
+    if modes.contains(&"mps-batched") && modes.contains(&"nvidia-mps") {
+        against.push(("mps-batched", "nvidia-mps"));
     }
     let mut s = format!("| workload | N | figure | {} |", modes.join(" | "));
     for (a, b) in &against {
@@ -180,6 +187,30 @@ mod tests {
         assert!(
             t.contains(
                 "| spin | 8 | kernels_per_s | 300.0000 | 400.0000 | 380.0000 | 1.33x | 0.95x |"
+            ),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn mps_batched_is_set_against_mps_and_nvidia_mps() {
+        let records = [
+            record("nvidia-mps", 8, 8, 300.0),
+            record("mps", 8, 8, 240.0),
+            record("mps-batched", 8, 8, 360.0),
+        ];
+        let t = table(&records, &["nvidia-mps", "mps", "mps-batched"]);
+        assert!(
+            t.starts_with(
+                "| workload | N | figure | nvidia-mps | mps | mps-batched | \
+                 mps/nvidia-mps | mps-batched/mps | mps-batched/nvidia-mps |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| spin | 8 | kernels_per_s | 300.0000 | 240.0000 | 360.0000 | 0.80x | 1.50x | \
+                 1.20x |"
             ),
             "{t}"
         );

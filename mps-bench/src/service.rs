@@ -111,7 +111,9 @@ impl Service {
                 let child = cmd
                     .args(["--backend", backend, "--pipe-dir", pipe, "--log-dir", log])
                     .args(extra.split_whitespace())
-                    .env("MPS_LOG", "warn")
+                    // Warnings, and the line each client's session logs when it ends (what it
+                    // released and, with launch batching, its runs served from graphs).
+                    .env("MPS_LOG", "warn,mps_server::session=info")
                     .spawn()
                     .unwrap_or_else(|e| panic!("cannot start {}: {e}", server.display()));
                 let sock = Path::new(pipe).join("mps.sock");

@@ -132,12 +132,28 @@ const INFER_CHAIN: usize = 12;
 /// Requests per client.
 const INFER_REQUESTS: usize = 500;
 
+/// How `infer` issues its requests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Infer {
+    /// Every request the same work.
+    Plain,
+    /// Each request one launch of a graph captured once.
+    Graph,
+    /// Every request scales by a factor of its own, so no two runs are alike: what a server
+    /// that batches repeated runs pays when nothing repeats.
+    Vary,
+    /// Each factor used by two requests in a row: a batching server makes a graph for every
+    /// second request and launches it once.
+    Pairs,
+}
+
 /// A small inference server's request, batch 1: its 4 KiB input in, a chain of 12 short kernels
-/// each reading what the one before wrote (`y = x + y`, 1024 floats), its 4 KiB output back,
-/// and a synchronise; the output is checked. Copies are from and to pinned memory, as inference
-/// servers keep their I/O buffers. With `graph`, the request is captured once as a graph (after
-/// the warm-up) and each request is one launch of it and the synchronise.
-fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), graph: bool) -> Report {
+/// each reading what the one before wrote (`y = a * x + y`, 1024 floats), its 4 KiB output
+/// back, and a synchronise; the output is checked. Copies are from and to pinned memory, as
+/// inference servers keep their I/O buffers. `Graph` captures the request once (after the
+/// warm-up) and makes each request one launch of it and the synchronise; `Vary` and `Pairs`
+/// change the factor `a` between requests (see [`Infer`]).
+fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer) -> Report {
     let n = INFER_BYTES / 4;
     let (x, y) = (gpu.alloc(INFER_BYTES), gpu.alloc(INFER_BYTES));
     let (input, output) = (gpu.host_alloc(INFER_BYTES), gpu.host_alloc(INFER_BYTES));
@@ -147,46 +163,52 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), graph: bool) -> Report {
     for (i, v) in inputs.iter_mut().enumerate() {
         *v = input_of(i);
     }
-    let issue = |gpu: &mut dyn Gpu| {
+    // The factor of request r (0 is the warm-up); whole numbers, so that the sums stay exact.
+    let factor = |r: usize| match how {
+        Infer::Plain | Infer::Graph => 1.0f32,
+        Infer::Vary => (1 + r) as f32,
+        Infer::Pairs => (1 + r / 2) as f32,
+    };
+    let issue = |gpu: &mut dyn Gpu, a: f32| {
         gpu.htod(x, input, INFER_BYTES);
         for _ in 0..INFER_CHAIN {
-            let args = [Arg::F32(1.0), Arg::U64(x), Arg::U64(y), Arg::U64(n as u64)];
+            let args = [Arg::F32(a), Arg::U64(x), Arg::U64(y), Arg::U64(n as u64)];
             gpu.launch("saxpy_f32", 4, 256, &args);
         }
         gpu.dtoh(output, y, INFER_BYTES);
     };
     // Warm up: the first request loads the kernel and touches every buffer.
-    issue(gpu);
+    issue(gpu, factor(0));
     gpu.sync();
     // A capture runs nothing: the check below counts the same requests either way.
-    let exec = graph.then(|| {
+    let exec = (how == Infer::Graph).then(|| {
         gpu.begin_capture();
-        issue(gpu);
+        issue(gpu, 1.0);
         gpu.end_capture()
     });
-    let request = |gpu: &mut dyn Gpu| {
+    let request = |gpu: &mut dyn Gpu, r: usize| {
         match exec {
             Some(g) => gpu.launch_graph(g),
-            None => issue(gpu),
+            None => issue(gpu, factor(r)),
         }
         gpu.sync();
     };
     go();
     let start = now_s();
     let mut samples_us = Vec::with_capacity(INFER_REQUESTS);
-    for _ in 0..INFER_REQUESTS {
+    for r in 1..=INFER_REQUESTS {
         let t = Instant::now();
-        request(gpu);
+        request(gpu, r);
         samples_us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let end_s = now_s();
-    // y began at 0 and gained x on each of the 12 kernels of every request; the values stay
-    // far below 2^24, so the f32 sums are exact.
-    let requests = (INFER_REQUESTS + 1) as f32;
+    // y began at 0 and gained a * x on each of the 12 kernels of every request; the values
+    // stay below 2^24, so the f32 sums are exact.
+    let scale: f32 = (0..=INFER_REQUESTS).map(factor).sum::<f32>() * INFER_CHAIN as f32;
     // SAFETY: `output` is INFER_BYTES of pinned memory, written by the last (synchronised) copy.
     let outputs = unsafe { std::slice::from_raw_parts(output as *const f32, n) };
     for (i, v) in outputs.iter().enumerate() {
-        let want = input_of(i) * INFER_CHAIN as f32 * requests;
+        let want = input_of(i) * scale;
         assert!(*v == want, "infer: output {i} is {v}, not {want}");
     }
     Report {
@@ -238,8 +260,10 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
                 sync_every: 10,
             },
         ),
-        "infer" => infer(gpu, go, false),
-        "infer-graph" => infer(gpu, go, true),
+        "infer" => infer(gpu, go, Infer::Plain),
+        "infer-graph" => infer(gpu, go, Infer::Graph),
+        "infer-vary" => infer(gpu, go, Infer::Vary),
+        "infer-pairs" => infer(gpu, go, Infer::Pairs),
         // Keeps every SM it can reach busy until told to stop (a line on standard input).
         "greedy" => {
             let counter = gpu.alloc(4);
@@ -358,8 +382,8 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
             }
         }
         other => panic!(
-            "unknown workload {other}: spin, tiny, wide, infer, infer-graph, greedy, rtt, rtt-short, \
-             launch-rate, copy or idle"
+            "unknown workload {other}: spin, tiny, wide, infer, infer-graph, infer-vary, \
+             infer-pairs, greedy, rtt, rtt-short, launch-rate, copy or idle"
         ),
     };
     report.print();

@@ -179,6 +179,29 @@ struct ClientLimitArgs {
     /// Commands one stream capture may record (each a node of the graph).
     #[arg(long, default_value_t = ClientLimits::default().max_graph_commands)]
     max_graph_commands: usize,
+    /// Launch batching: a client's run of copies, memsets and launches on one stream that
+    /// repeats an earlier run exactly is launched as one cached CUDA graph (off until the GPU
+    /// measurements decide; see docs/OPERATE.md).
+    #[arg(long, value_enum, default_value = "off")]
+    launch_batching: Switch,
+    /// Run shapes the launch batching caches per client (each with its executable graph).
+    #[arg(long, default_value_t = ClientLimits::default().max_batch_entries)]
+    max_batch_entries: usize,
+    /// Bytes of run shapes the launch batching caches per client, e.g. 1MiB (also the most one
+    /// run may hold).
+    #[arg(long, default_value = "1MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_batch_bytes: u64,
+    /// Microseconds commands held for a batched run wait for the client's next command once
+    /// its ring is empty, before they are submitted one by one (a run the client waits for
+    /// ends at once, with its synchronise).
+    #[arg(long, default_value_t = ClientLimits::default().batch_hold_us)]
+    batch_hold_us: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 impl ClientLimitArgs {
@@ -194,6 +217,10 @@ impl ClientLimitArgs {
             max_module_entries: self.max_module_entries,
             max_graphs: self.max_graphs,
             max_graph_commands: self.max_graph_commands,
+            launch_batching: self.launch_batching == Switch::On,
+            max_batch_entries: self.max_batch_entries,
+            max_batch_bytes: self.max_batch_bytes,
+            batch_hold_us: self.batch_hold_us,
         }
     }
 }

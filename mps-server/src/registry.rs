@@ -22,6 +22,15 @@ pub(crate) struct Stats {
     pub(crate) launches: AtomicU64,
     pub(crate) copies: AtomicU64,
     pub(crate) bytes_copied: AtomicU64,
+    /// Launch batching: runs launched from a cached graph.
+    pub(crate) batch_hits: AtomicU64,
+    /// Runs held for batching but not launched from a cached graph.
+    pub(crate) batch_misses: AtomicU64,
+    /// Graphs made of runs.
+    pub(crate) batch_graphs: AtomicU64,
+    /// Shapes cached now, and the bytes they hold.
+    pub(crate) batch_entries: AtomicU64,
+    pub(crate) batch_bytes: AtomicU64,
 }
 
 impl Stats {
@@ -32,6 +41,23 @@ impl Stats {
     pub(crate) fn copied(&self, bytes: u64) {
         self.copies.fetch_add(1, Ordering::Relaxed);
         self.bytes_copied.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_hit(&self) {
+        self.batch_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_missed(&self) {
+        self.batch_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_instantiated(&self) {
+        self.batch_graphs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_cache(&self, entries: u64, bytes: u64) {
+        self.batch_entries.store(entries, Ordering::Relaxed);
+        self.batch_bytes.store(bytes, Ordering::Relaxed);
     }
 }
 
@@ -65,6 +91,23 @@ pub struct ClientStats {
     pub bytes_copied: u64,
     /// Time the device had its work pending or running, in milliseconds.
     pub gpu_ms: u64,
+    /// Launch batching: runs launched from a cached graph.
+    #[serde(default)]
+    pub batch_hits: u64,
+    /// Runs held for batching but not launched from a cached graph (a graph was made for
+    /// them, or they diverged from every cached shape and ran command by command).
+    #[serde(default)]
+    pub batch_misses: u64,
+    /// Graphs made of runs (instantiations).
+    #[serde(default)]
+    pub batch_graphs: u64,
+    /// Run shapes cached now.
+    #[serde(default)]
+    pub batch_cache_entries: u64,
+    /// Bytes the cached shapes hold in the server (the driver's memory for their graphs is
+    /// not seen).
+    #[serde(default)]
+    pub batch_cache_bytes: u64,
 }
 
 /// One live client, as the registry sees it.
@@ -309,6 +352,11 @@ impl Registry {
                     copies: c.stats.copies.load(Ordering::Relaxed),
                     bytes_copied: c.stats.bytes_copied.load(Ordering::Relaxed),
                     gpu_ms: c.busy_ns.load(Ordering::Relaxed) / 1_000_000,
+                    batch_hits: c.stats.batch_hits.load(Ordering::Relaxed),
+                    batch_misses: c.stats.batch_misses.load(Ordering::Relaxed),
+                    batch_graphs: c.stats.batch_graphs.load(Ordering::Relaxed),
+                    batch_cache_entries: c.stats.batch_entries.load(Ordering::Relaxed),
+                    batch_cache_bytes: c.stats.batch_bytes.load(Ordering::Relaxed),
                 }
             })
             .collect()

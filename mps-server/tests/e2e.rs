@@ -1176,3 +1176,141 @@ fn a_bad_value_of_a_client_variable_fails_the_connection_naming_it() {
         );
     }
 }
+
+/// A small inference server's loop (4 KiB in from a host buffer, 12 dependent `saxpy_f32`,
+/// 4 KiB out to a host buffer, synchronise), `requests` times, the output checked after each;
+/// the tenth request scales by 2 instead of 1. Returns when the client has left.
+fn infer_requests(server: &TestServer, requests: u32) {
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
+    let n = 1024usize;
+    let (x, y) = (
+        c.mem_alloc(n as u64 * 4).unwrap(),
+        c.mem_alloc(n as u64 * 4).unwrap(),
+    );
+    let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
+    // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory used by this thread
+    // only; the output is read after the stream is synchronised.
+    let (inputs, outputs) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(input as *mut f32, n),
+            std::slice::from_raw_parts_mut(output as *mut f32, n),
+        )
+    };
+    for (i, v) in inputs.iter_mut().enumerate() {
+        *v = (i % 7) as f32;
+    }
+    let s = c.stream_create(0).unwrap();
+    c.memset_d32(y, 0, n as u64, s).unwrap();
+    let mut total = 0.0f32;
+    for request in 1..=requests {
+        let alpha = if request == 10 { 2.0f32 } else { 1.0 };
+        c.memcpy_htod(x, f32_bytes(inputs), s).unwrap();
+        for _ in 0..12 {
+            let args: [&[u8]; 4] = [
+                &alpha.to_le_bytes(),
+                &x.0.to_le_bytes(),
+                &y.0.to_le_bytes(),
+                &(n as u64).to_le_bytes(),
+            ];
+            c.launch(saxpy, grid(4), grid(256), 0, s, &args).unwrap();
+        }
+        c.memcpy_dtoh(bytemuck::cast_slice_mut(outputs), y, s)
+            .unwrap();
+        c.stream_synchronize(s).unwrap();
+        total += 12.0 * alpha;
+        for (i, v) in outputs.iter().enumerate() {
+            assert_eq!(*v, (i % 7) as f32 * total, "request {request}, element {i}");
+        }
+    }
+}
+
+/// With `--launch-batching on`, a request repeated command for command is launched from one
+/// cached graph, with every output exact, and a request with another parameter is not served
+/// by it. The hold is long so that how fast this client posts cannot split a run (each ends
+/// with its synchronise).
+#[test]
+fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() {
+    let server =
+        TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "10000000"]);
+    infer_requests(&server, 30);
+    // Request 1 taught the shape and 2 made its graph (a miss); 10 left it at its first
+    // kernel (a miss: its held copy went on its own, the rest command by command); the other
+    // 26 were launched from the graph.
+    server.wait_for_log(
+        "launch batching: 26 runs launched from cached graphs, 2 not (graphs made: 1)",
+    );
+}
+
+/// Without the flag (the default) the same work is never batched.
+#[test]
+fn launch_batching_is_off_by_default() {
+    let server = TestServer::start();
+    infer_requests(&server, 12);
+    let log = server.wait_for_log("client disconnected");
+    assert!(!log.contains("launch batching:"), "{log}");
+}
+
+/// Work held for a batched run is not kept waiting when the client stops posting without a
+/// synchronise: once its ring has been empty for the hold, the server submits it.
+#[test]
+fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
+    // A hold long enough that how fast this client posts cannot split a run it completes.
+    let server = TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "200000"]);
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 256u64;
+    let (x, y) = (c.mem_alloc(n * 4).unwrap(), c.mem_alloc(n * 4).unwrap());
+    let out = c.host_alloc(n as usize * 8).unwrap();
+    // The host buffer's 2n words, read once no copy into it is pending.
+    let words = || {
+        // SAFETY: the buffer holds 2n u32s (page-aligned); no copy into it is pending.
+        unsafe { std::slice::from_raw_parts(out as *const u32, 2 * n as usize) }.to_vec()
+    };
+    let s = c.stream_create(0).unwrap();
+    let fill_args = |p: DevicePtr, v: u32| {
+        [
+            p.0.to_le_bytes().to_vec(),
+            v.to_le_bytes().to_vec(),
+            n.to_le_bytes().to_vec(),
+        ]
+    };
+    let post = |p: DevicePtr, v: u32, half: usize| {
+        let args = fill_args(p, v);
+        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+        c.launch(fill, grid(1), grid(256), 0, s, &refs).unwrap();
+        // SAFETY: the host buffer holds 2n u32s; this half is n of them.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(out.add(half * n as usize * 4), n as usize * 4)
+        };
+        c.memcpy_dtoh(dst, p, s).unwrap();
+    };
+    // The shape: x filled and copied out, then y; learned, then made a graph.
+    for _ in 0..2 {
+        post(x, 7, 0);
+        post(y, 7, 1);
+        c.stream_synchronize(s).unwrap();
+    }
+    assert!(words().iter().all(|w| *w == 7));
+    // SAFETY: 8n bytes of the host buffer; no copy into it is pending.
+    unsafe { std::ptr::write_bytes(out, 0, n as usize * 8) };
+    // Half of the run, then nothing: the server holds it, then submits it.
+    post(x, 7, 0);
+    wait_for_value(
+        "the first word of the held half's copy",
+        // SAFETY: the buffer's first word, which the pending copy writes.
+        || unsafe { std::ptr::read_volatile(out as *const u32) },
+        7,
+    );
+    post(y, 7, 1);
+    c.stream_synchronize(s).unwrap();
+    assert!(words().iter().all(|w| *w == 7), "{:?}", words());
+    drop(c);
+    // The second run made the graph; the held half went command by command, and so did the
+    // rest of its run.
+    server.wait_for_log(
+        "launch batching: 0 runs launched from cached graphs, 2 not (graphs made: 1)",
+    );
+}

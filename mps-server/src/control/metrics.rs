@@ -30,7 +30,7 @@ struct ClientLabels {
 type Value = fn(&ClientStats) -> u64;
 
 /// Gauges of a client: name, help, value. The crate adds the final period of each help text.
-const GAUGES: [(&str, &str, Value); 5] = [
+const GAUGES: [(&str, &str, Value); 7] = [
     (
         "mps_client_device_memory_bytes",
         "Device memory a client holds",
@@ -54,10 +54,20 @@ const GAUGES: [(&str, &str, Value); 5] = [
         "Percent of the SMs reserved for a client alone",
         |c| c.sm_reserve.into(),
     ),
+    (
+        "mps_client_batch_cache_entries",
+        "Run shapes the launch batching caches for a client",
+        |c| c.batch_cache_entries,
+    ),
+    (
+        "mps_client_batch_cache_bytes",
+        "Bytes of run shapes the launch batching caches for a client in the server",
+        |c| c.batch_cache_bytes,
+    ),
 ];
 
 /// Counters of a client: name without the `_total` the crate appends, help, value.
-const COUNTERS: [(&str, &str, Value); 4] = [
+const COUNTERS: [(&str, &str, Value); 7] = [
     (
         "mps_client_gpu_busy_milliseconds",
         "Time the device had work of a client pending or running",
@@ -70,6 +80,21 @@ const COUNTERS: [(&str, &str, Value); 4] = [
     ("mps_client_copied_bytes", "Bytes a client copied", |c| {
         c.bytes_copied
     }),
+    (
+        "mps_client_batch_hits",
+        "Runs of a client's stream work launched from a cached graph (launch batching)",
+        |c| c.batch_hits,
+    ),
+    (
+        "mps_client_batch_misses",
+        "Runs of a client's stream work held for batching but not launched from a cached graph",
+        |c| c.batch_misses,
+    ),
+    (
+        "mps_client_batch_graphs",
+        "Graphs the launch batching made of a client's runs",
+        |c| c.batch_graphs,
+    ),
 ];
 
 /// The exposition of `servers` and their clients.
@@ -196,6 +221,11 @@ mod tests {
             copies: 2,
             bytes_copied: 8,
             gpu_ms: 3,
+            batch_hits: 9,
+            batch_misses: 2,
+            batch_graphs: 1,
+            batch_cache_entries: 1,
+            batch_cache_bytes: 640,
         }
     }
 
@@ -244,6 +274,9 @@ mod tests {
         let sample = "mps_client_launches_total{server_pid=\"11\",uid=\"1000\",\
                       group=\"critical\",device=\"1\",client_pid=\"600\",client_id=\"1\"} 7\n";
         assert!(text.contains(sample), "{text}");
+        let hits = "mps_client_batch_hits_total{server_pid=\"10\",uid=\"1000\",\
+                    group=\"default\",device=\"0\",client_pid=\"501\",client_id=\"2\"} 9\n";
+        assert!(text.contains(hits), "{text}");
         let samples = |name: &str| {
             text.lines()
                 .filter(|l| l.starts_with(&format!("{name}{{")))

@@ -279,6 +279,11 @@ mod tests {
             copies: 2,
             bytes_copied: 3,
             gpu_ms: 4,
+            batch_hits: 5,
+            batch_misses: 6,
+            batch_graphs: 7,
+            batch_cache_entries: 8,
+            batch_cache_bytes: 9,
         };
         let answer = ServerAnswer::Clients(vec![stats]);
         let back: ServerAnswer = serde_json::from_slice(&encode(&answer)).unwrap();

@@ -27,6 +27,7 @@ use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
 use crate::backend::{Backend, ClientContext, Op, Publish};
 use crate::registry::{Registry, Stats};
 
+mod batch;
 mod graphs;
 mod memory;
 mod modules;
@@ -111,6 +112,8 @@ pub(crate) struct SessionCore<B: Backend> {
     priority: Arc<AtomicU32>,
     /// Capturing streams and the client's graphs.
     graphs: graphs::Graphs<B>,
+    /// Launch batching: the run being held and the shapes of earlier runs.
+    batch: batch::Batching<B>,
 }
 
 impl<B: Backend> SessionCore<B> {
@@ -147,6 +150,11 @@ impl<B: Backend> SessionCore<B> {
             host: HandleTable::new(HandleKind::HostBuffer, limits.max_host_buffers),
             host_bytes: 0,
             graphs: graphs::Graphs::new(limits.max_graphs),
+            batch: batch::Batching::new(
+                limits.launch_batching,
+                limits.max_batch_entries,
+                limits.max_batch_bytes,
+            ),
             pending_image: Vec::new(),
             allocations: AllocTable::default(),
             stats: Arc::default(),
@@ -191,7 +199,18 @@ impl<B: Backend> SessionCore<B> {
     /// out of shared memory.
     pub(crate) fn handle(&mut self, cmd: &Command, payload: &[u8]) -> Output {
         let wants_reply = cmd.flags & flags::REPLY != 0;
-        let result = Request::decode(cmd, payload).and_then(|req| self.execute(cmd, req));
+        let result = Request::decode(cmd, payload).and_then(|req| {
+            // Work that may join a run is offered to it from `enqueue`, once checked; anything
+            // else ends the run first, so that it sees the run's work queued.
+            self.batch.offered = match self.is_capturing(cmd.stream) {
+                false => self.batch.describe(cmd, &req),
+                true => None,
+            };
+            if self.batch.offered.is_none() {
+                self.end_run();
+            }
+            self.execute(cmd, req)
+        });
         match result {
             Ok(Answer::Values(_) | Answer::Full(_)) if !wants_reply => Output::Silent,
             Ok(Answer::Values(values)) => Output::Post(Completion::reply(cmd.seq, values)),
@@ -206,6 +225,9 @@ impl<B: Backend> SessionCore<B> {
             }
             Err(err) => {
                 tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                // A command that fails ends the run: the work before it is queued first.
+                self.batch.offered = None;
+                self.end_run();
                 if Opcode::from_u16(cmd.opcode).is_some_and(Opcode::is_stream_ordered) {
                     self.capture_failed(cmd.stream, cmd.seq, &err);
                 }
@@ -381,7 +403,10 @@ impl<B: Backend> SessionCore<B> {
             Request::HostFree { handle } => {
                 self.graphs.check_no_capture("free a host buffer")?;
                 self.graphs.check_host_free(handle)?;
-                self.host_free(handle)
+                let freed = self.host_free(handle)?;
+                self.batch.forget_host_buffer(handle);
+                self.batch_cache_changed();
+                Ok(freed)
             }
             Request::ModuleData {
                 staging_offset,
@@ -423,6 +448,8 @@ impl<B: Backend> SessionCore<B> {
                     )));
                 }
                 let s = self.streams.remove(stream)?;
+                self.batch.forget_stream(stream);
+                self.batch_cache_changed();
                 self.backend.stream_destroy(s.stream);
                 self.streams.give_back(s.slot);
                 DONE
@@ -485,8 +512,12 @@ impl<B: Backend> SessionCore<B> {
         Answer::Full(Box::new(c))
     }
 
-    /// Queues stream-ordered work, publishing the command's stream progress if it asks.
-    fn enqueue(&self, cmd: &Command, op: Op<'_, B>) -> Result<Answer> {
+    /// Queues stream-ordered work, publishing the command's stream progress if it asks; work
+    /// that may join a run goes to the batching first.
+    fn enqueue(&mut self, cmd: &Command, op: Op<'_, B>) -> Result<Answer> {
+        if let Some(desc) = self.batch.offered.take() {
+            return self.offer(cmd, op, desc);
+        }
         let s = self.streams.get(cmd.stream)?;
         let publish = (cmd.flags & flags::MARK != 0).then(|| self.publish(s.slot, cmd.seq));
         self.backend.submit(&s.stream, cmd.seq, op, publish)?;
@@ -507,6 +538,8 @@ impl<B: Backend> SessionCore<B> {
     /// dropped rather than run).
     pub(crate) fn release(mut self) -> Released {
         let graphs = self.release_graphs();
+        // Held work is dropped with the client; cached graphs go before its streams.
+        self.batch = batch::Batching::new(false, 0, 0);
         let SessionCore {
             backend,
             channel,

@@ -31,6 +31,16 @@ pub struct Limits {
     pub max_graphs: usize,
     /// Commands one capture may record (each a node of the graph, held by the server).
     pub max_graph_commands: usize,
+    /// Launch batching: a repeated run of a client's stream work is launched as one cached
+    /// graph (`session/core/batch.rs`).
+    pub launch_batching: bool,
+    /// Run shapes (each with its executable graph) the batching keeps per client.
+    pub max_batch_entries: usize,
+    /// Bytes of run shapes the batching keeps per client (also the most one run may hold).
+    pub max_batch_bytes: u64,
+    /// Microseconds commands held for a batched run wait for the client's next command once
+    /// its ring is empty, before they are submitted one by one.
+    pub batch_hold_us: u64,
 }
 
 impl Default for Limits {
@@ -46,6 +56,10 @@ impl Default for Limits {
             max_module_entries: 1 << 14,
             max_graphs: 1024,
             max_graph_commands: 1 << 16,
+            launch_batching: false,
+            max_batch_entries: 32,
+            max_batch_bytes: 1 << 20,
+            batch_hold_us: 20,
         }
     }
 }

@@ -74,6 +74,14 @@ pub(crate) struct Session<B: Backend> {
     payload: Vec<u8>,
     /// A command taken from the ring but left for a thread that may wait ([`Step::Waits`]).
     held: Option<Command>,
+    /// Since when the ring has been empty while the core holds a batched run.
+    hold_since: Option<std::time::Instant>,
+    /// How long held commands wait for the client's next command once its ring is empty
+    /// (`Limits::batch_hold_us`). A client posts a request's commands back to back and ends a
+    /// run it waits for with a mark, which submits it at once; this bounds only a client that
+    /// stopped posting without one (descheduled, or waiting on something the server cannot
+    /// see).
+    hold: Duration,
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
@@ -142,6 +150,8 @@ impl<B: Backend> Session<B> {
             closing,
             payload: Vec::with_capacity(MAX_COMMAND_SLOTS * SLOT_BYTES),
             held: None,
+            hold_since: None,
+            hold: Duration::from_micros(limits.batch_hold_us),
             spin,
             yield_for,
             registry,
@@ -222,6 +232,7 @@ impl<B: Backend> Session<B> {
             // Taking a command whose answer could not be posted would hold the thread (and
             // every other client it serves) until this client drains its completions.
             if !self.completion_room() {
+                self.flush_run();
                 return Step::Blocked;
             }
             match self.take_one() {
@@ -236,10 +247,31 @@ impl<B: Backend> Session<B> {
                     }
                 }
                 None if self.closing.load(Ordering::Relaxed) => return Step::Closed,
+                None if self.core.holds_run() => {
+                    // Held work waits a moment for the rest of its run, never longer.
+                    let now = std::time::Instant::now();
+                    let since = *self.hold_since.get_or_insert(now);
+                    if now.duration_since(since) < self.hold {
+                        return Step::More;
+                    }
+                    self.flush_run();
+                    return Step::Idle;
+                }
                 None => return Step::Idle,
             }
         }
         Step::More
+    }
+
+    /// Submits the commands the core holds for a batched run, posting their errors.
+    fn flush_run(&mut self) {
+        self.hold_since = None;
+        if self.core.holds_run() {
+            self.core.flush_held();
+            for c in self.core.take_batch_errors() {
+                self.outbox.post(c);
+            }
+        }
     }
 
     /// Handles the command that [`Step::Waits`] held back (its payload is still in
@@ -338,11 +370,17 @@ impl<B: Backend> Session<B> {
     }
 
     fn handle(&mut self, cmd: &Command) {
+        self.hold_since = None;
         // Once accepted work failed, every later command fails the same way.
         let output = match self.outbox.fault() {
             Some(fault) => Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &fault)),
             None => self.core.handle(cmd, &self.payload),
         };
+        // Errors of held commands this command made the core submit come first: they are
+        // earlier commands'.
+        for c in self.core.take_batch_errors() {
+            self.outbox.post(c);
+        }
         match output {
             Output::Silent => {}
             Output::Post(c) => self.outbox.post(c),
@@ -384,7 +422,17 @@ impl<B: Backend> Session<B> {
             .outbox
             .disconnect_reason()
             .unwrap_or_else(|| "server is stopping".into());
+        let stats = self.core.stats().clone();
         let r = self.core.release();
+        let [hits, misses, graphs] = [&stats.batch_hits, &stats.batch_misses, &stats.batch_graphs]
+            .map(|c| c.load(Ordering::Relaxed));
+        if hits + misses > 0 {
+            tracing::info!(
+                client = self.id,
+                "launch batching: {hits} runs launched from cached graphs, {misses} not \
+                 (graphs made: {graphs})"
+            );
+        }
         tracing::info!(
             client = self.id,
             pid = self.peer.pid,

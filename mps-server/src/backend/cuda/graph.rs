@@ -12,6 +12,7 @@ use cudarc::driver::sys::{self, CUgraph, CUgraphExec};
 use mps_core::Result;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
 use super::driver::{check_on, released};
@@ -77,17 +78,17 @@ impl CudaBackend {
         // Move to the client's current partition now: a capturing stream cannot be replaced.
         self.follow_placement(stream)?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // The health thread's busy sampler must not query the stream while it captures.
-        self.live.set_capturing(stream.raw.get(), true);
-        // SAFETY: a live stream of the client that is not capturing (the session checks).
-        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) };
-        let begun = self.ctx.check(check_on(r, "cuStreamBeginCapture", || {
-            format!("a stream of client {}", stream.client)
-        }));
-        if begun.is_err() {
-            self.live.set_capturing(stream.raw.get(), false);
+        // The busy sampler must not query the stream while it captures.
+        let r = self.live.begin_capture(&stream.capturing, || {
+            // SAFETY: a live stream of the client that is not capturing (the session checks).
+            unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) }
+        });
+        if r != sys::CUresult::CUDA_SUCCESS {
+            stream.capturing.store(false, Ordering::Release);
         }
-        begun?;
+        self.ctx.check(check_on(r, "cuStreamBeginCapture", || {
+            format!("a stream of client {}", stream.client)
+        }))?;
         *stream.capture.borrow_mut() = Some(Vec::new());
         Ok(())
     }
@@ -101,8 +102,7 @@ impl CudaBackend {
         let mut raw: CUgraph = std::ptr::null_mut();
         // SAFETY: a live stream that is capturing; writes one graph handle.
         let r = unsafe { sys::cuStreamEndCapture(stream.raw.get(), &mut raw) };
-        // Captured or invalidated, the stream no longer captures.
-        self.live.set_capturing(stream.raw.get(), false);
+        stream.capturing.store(false, Ordering::Release);
         self.ctx.check(check_on(r, "cuStreamEndCapture", || {
             format!("a stream of client {}", stream.client)
         }))?;

@@ -12,7 +12,7 @@
 //! capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at `cuStreamEndCapture`), whatever the
 //! capture mode.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,8 @@ struct Live {
     submitted: Arc<AtomicU64>,
     /// `submitted` as it was when a query last found the stream idle.
     idle_at: u64,
-    /// Set (under the list's lock) before the stream begins capturing, cleared after it ends.
-    capturing: bool,
+    /// Set while the stream captures a graph: it is not queried then.
+    capturing: Arc<AtomicBool>,
 }
 
 /// Every client stream, for busy-time sampling. A stream leaves the list before it is
@@ -55,14 +55,20 @@ impl LiveStreams {
     }
 
     /// Samples `raw` from now on, crediting `busy`, whenever `submitted` has risen since the
-    /// stream was last seen idle.
-    pub(super) fn add(&self, raw: CUstream, busy: &Arc<AtomicU64>, submitted: &Arc<AtomicU64>) {
+    /// stream was last seen idle, and except while `capturing` is set.
+    pub(super) fn add(
+        &self,
+        raw: CUstream,
+        busy: &Arc<AtomicU64>,
+        submitted: &Arc<AtomicU64>,
+        capturing: &Arc<AtomicBool>,
+    ) {
         self.lock().push(Live {
             raw,
             busy: busy.clone(),
             submitted: submitted.clone(),
             idle_at: submitted.load(Ordering::Acquire),
-            capturing: false,
+            capturing: capturing.clone(),
         });
     }
 
@@ -71,12 +77,14 @@ impl LiveStreams {
         self.lock().retain(|l| l.raw != raw);
     }
 
-    /// Marks `raw` as capturing or not. Marking waits for a sample in progress, so once it
-    /// returns `true` no query of `raw` is under way or will start until it is marked `false`.
-    pub(super) fn set_capturing(&self, raw: CUstream, capturing: bool) {
-        for s in self.lock().iter_mut().filter(|s| s.raw == raw) {
-            s.capturing = capturing;
-        }
+    /// Runs `begin` (which starts a capture of a stream) with `capturing` set, under the lock the
+    /// sampler queries under, so that no query of the stream can fall between the sampler's
+    /// look at the flag and the capture's start. The caller clears the flag once the capture
+    /// ended.
+    pub(super) fn begin_capture<R>(&self, capturing: &AtomicBool, begin: impl FnOnce() -> R) -> R {
+        let _sampler = self.lock();
+        capturing.store(true, Ordering::Release);
+        begin()
     }
 
     /// Credits `interval` to every client with work pending on one of its streams, asking each
@@ -87,7 +95,7 @@ impl LiveStreams {
         for s in live.iter_mut() {
             // Read before the query: a submission after it is seen at the next sample.
             let submitted = s.submitted.load(Ordering::Acquire);
-            if submitted == s.idle_at || s.capturing {
+            if submitted == s.idle_at || s.capturing.load(Ordering::Acquire) {
                 continue;
             }
             let r = query(s.raw);
@@ -133,7 +141,7 @@ pub(super) fn spawn(ctx: Arc<Context>, live: Arc<LiveStreams>) -> Result<()> {
                 std::thread::sleep(POLL);
                 let now = Instant::now();
                 if now - sampled >= BUSY_SAMPLE {
-                    // SAFETY: the sampler asks only streams in the list, which leave it (under
+                    // SAFETY: the sampler asks only streams in its list, which leave it (under
                     // the lock it holds while asking) before they are destroyed.
                     live.sample(now - sampled, |raw| unsafe { sys::cuStreamQuery(raw) });
                     sampled = now;
@@ -172,11 +180,15 @@ mod tests {
         let live = LiveStreams::default();
         let (busy_a, busy_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (sub_a, sub_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        live.add(raw(1), &busy_a, &sub_a);
-        live.add(raw(2), &busy_b, &sub_b);
+        let (cap_a, cap_b) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        live.add(raw(1), &busy_a, &sub_a, &cap_a);
+        live.add(raw(2), &busy_b, &sub_b, &cap_b);
         sub_a.fetch_add(1, Ordering::Release);
         sub_b.fetch_add(1, Ordering::Release);
-        live.set_capturing(raw(1), true);
+        live.begin_capture(&cap_a, || ());
         let mut asked = Vec::new();
         let tick = Duration::from_millis(5);
         live.sample(tick, |s| {
@@ -187,7 +199,7 @@ mod tests {
         assert_eq!(busy_a.load(Ordering::Relaxed), 0);
         assert_eq!(busy_b.load(Ordering::Relaxed), tick.as_nanos() as u64);
         // Once the capture ends, the stream is asked again.
-        live.set_capturing(raw(1), false);
+        cap_a.store(false, Ordering::Release);
         asked.clear();
         live.sample(tick, |s| {
             asked.push(s as usize);

@@ -4,7 +4,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use cudarc::driver::sys::{self, CUstream};
 use mps_core::Result;
@@ -34,6 +34,9 @@ pub struct CudaStream {
     progress: Cell<(usize, u64)>,
     /// While the stream captures: what the captured commands refer to (see `graph`).
     pub(super) capture: RefCell<Option<Vec<crate::backend::Op<'static, CudaBackend>>>>,
+    /// Set while the stream captures, so that the busy sampler does not query it (a query of a
+    /// capturing stream invalidates the capture).
+    pub(super) capturing: Arc<AtomicBool>,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread once the context is current there
@@ -53,7 +56,14 @@ impl CudaBackend {
         let seen = client.sm.generation.load(Ordering::Acquire);
         let partition = self.partitions.of(client.id);
         let submitted = Arc::new(AtomicU64::new(0));
-        let raw = self.raw_stream(partition.as_deref(), priority, &client.busy_ns, &submitted)?;
+        let capturing = Arc::new(AtomicBool::new(false));
+        let raw = self.raw_stream(
+            partition.as_deref(),
+            priority,
+            &client.busy_ns,
+            &submitted,
+            &capturing,
+        )?;
         self.ctx.watch(&client.faults);
         Ok(CudaStream {
             raw: Cell::new(raw),
@@ -66,6 +76,7 @@ impl CudaBackend {
             partition: RefCell::new(partition),
             progress: Cell::new((0, 0)),
             capture: RefCell::new(None),
+            capturing,
         })
     }
 
@@ -92,6 +103,7 @@ impl CudaBackend {
         priority: i32,
         busy: &Arc<AtomicU64>,
         submitted: &Arc<AtomicU64>,
+        capturing: &Arc<AtomicBool>,
     ) -> Result<CUstream> {
         let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
         let mut s: CUstream = std::ptr::null_mut();
@@ -107,7 +119,7 @@ impl CudaBackend {
                 Some(_) => format!("priority {priority}, in an SM partition"),
                 None => format!("priority {priority}"),
             }))?;
-        self.live.add(s, busy, submitted);
+        self.live.add(s, busy, submitted, capturing);
         Ok(s)
     }
 
@@ -142,6 +154,7 @@ impl CudaBackend {
                 stream.priority,
                 &stream.busy,
                 &stream.submitted,
+                &stream.capturing,
             )?;
             self.retire(stream.raw.replace(raw));
             *stream.partition.borrow_mut() = next;

@@ -83,6 +83,14 @@ impl<B: Backend> SessionCore<B> {
 
     pub(super) fn module_unload(&mut self, module: u64) -> Result<Answer> {
         self.modules.remove(module)?;
+        let kernels: Vec<u64> = self
+            .functions
+            .iter()
+            .filter(|(_, f)| f.module == Handle(module))
+            .map(|(h, _)| h.0)
+            .collect();
+        self.batch.forget_functions(&kernels);
+        self.batch_cache_changed();
         self.functions.retain(|f| f.module != Handle(module));
         DONE
     }

@@ -24,6 +24,7 @@ use crate::registry::{Defaults, Registry};
 use recorder::{Recorder, Submitted};
 
 mod against_client;
+mod batch;
 mod device;
 mod graphs;
 mod isolation;

@@ -18,6 +18,12 @@ pub(super) struct Recorder {
     pub(super) live_graphs: Arc<AtomicI64>,
     /// Streams capturing.
     pub(super) capturing: AtomicI64,
+    /// Captures begun, in all.
+    pub(super) captures: AtomicUsize,
+    /// Refuse every graph launch (as a driver might, out of resources).
+    pub(super) refuse_graph_launch: AtomicBool,
+    /// Refuse the submission of this command, outside a capture (0: none).
+    pub(super) refuse_seq: AtomicU64,
 }
 
 /// A graph or executable graph of the recorder, counted while it lives.
@@ -66,6 +72,9 @@ impl Recorder {
             submitted: Mutex::new(Vec::new()),
             live_graphs: Arc::default(),
             capturing: AtomicI64::new(0),
+            captures: AtomicUsize::new(0),
+            refuse_graph_launch: AtomicBool::new(false),
+            refuse_seq: AtomicU64::new(0),
         }
     }
 
@@ -140,6 +149,18 @@ impl Backend for Recorder {
         op: Op<'_, Self>,
         publish: Option<Publish>,
     ) -> Result<()> {
+        if self.capturing.load(Ordering::Relaxed) == 0 {
+            if matches!(op, Op::GraphLaunch(_)) && self.refuse_graph_launch.load(Ordering::Relaxed)
+            {
+                return Err(Error::new(Status::OutOfMemory, "graph launch refused"));
+            }
+            if seq == self.refuse_seq.load(Ordering::Relaxed) {
+                return Err(Error::new(
+                    Status::InvalidValue,
+                    format!("command {seq} refused"),
+                ));
+            }
+        }
         let (op, params) = match op {
             Op::Launch { params, .. } => {
                 let borrowed = matches!(params, Cow::Borrowed(_));
@@ -182,6 +203,7 @@ impl Backend for Recorder {
 
     fn capture_begin(&self, _stream: &u32) -> Result<()> {
         self.capturing.fetch_add(1, Ordering::Relaxed);
+        self.captures.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -1,0 +1,583 @@
+//! Launch batching: a run of stream-ordered commands on one stream that repeats an earlier run
+//! command for command is launched as one cached graph instead of one backend call per command.
+//!
+//! * **What a run is.** Copies from and to host buffers (not the staging area, whose bytes
+//!   change under a replay), device-to-device copies, memsets and kernel launches, on one
+//!   stream, carrying neither `MARK` nor `REPLY`, in a stream that is not capturing a graph of
+//!   the client's own. Any other command ends the run: an event record or wait, a mark (a
+//!   synchronise or query), a free, a graph command, a command on another stream, a command
+//!   that fails. The shell also ends the *holding* of a run when the ring has stayed empty for
+//!   a moment (see `session/mod.rs`), so a client that stops posting is never kept waiting.
+//! * **Learning.** Commands are submitted one by one as always while the run matches no known
+//!   shape; when the run ends, its shape (every command's kind, kernel, geometry, shared
+//!   memory, parameters, addresses and sizes) is remembered.
+//! * **Holding.** A command that continues the prefix of a known shape is validated as always,
+//!   then held instead of submitted. A command that diverges from every known shape has the
+//!   held ones submitted first, one by one, in order (nothing is lost or reordered, and
+//!   work that matches no shape is never held).
+//! * **Launching.** When the held commands make up a whole known shape, the run goes to its
+//!   stream as one graph launch: the shape's executable graph if it has one (a hit), else one
+//!   made now by capturing the held commands in the stream, then kept (an instantiation). A
+//!   run is therefore launched from a graph from its third appearance on.
+//! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
+//!   against its own sequence number, with the held commands before it submitted first. If a
+//!   graph cannot be made or launched, the held commands are submitted one by one instead, so
+//!   an error that the backend reports is again reported against the command that caused it
+//!   (an asynchronous fault while a batched run executes names the run's first command). The
+//!   graph launches into the client's own stream, so the stream's priority and the client's
+//!   SMs apply to it; a shape's graph is made again after the client's SM placement changed,
+//!   since kernel nodes keep the partition they were captured in.
+//! * **Same parameters only.** A run whose parameters or addresses differ from a cached
+//!   shape's is a different shape (learned, then cached, on its own). Updating an executable
+//!   graph in place (`cuGraphExecKernelNodeSetParams`) would serve such runs from one graph,
+//!   but needs the driver's node handles in capture order and a model of it in the simulator;
+//!   the workloads batching is for (a request loop over fixed I/O buffers) repeat their
+//!   parameters exactly.
+//! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
+//!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
+//!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
+//!   (a shape's graph is launched only into the stream it was learned in: CUDA orders each
+//!   launch of an executable graph after its previous ones, which across streams would order
+//!   work the client left unordered).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mps_core::Result;
+use mps_core::protocol::{Command, Completion, CompletionKind, Dim3, HostRef, Request, flags};
+
+use super::{Answer, DONE, SessionCore};
+use crate::backend::{Backend, HostBytes, Op};
+
+/// One command of a run, as a shape compares it: everything that its graph node fixes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Desc {
+    Launch {
+        function: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        params: Box<[u8]>,
+    },
+    CopyHtoD {
+        dst: u64,
+        host: u64,
+        offset: u64,
+        len: u64,
+    },
+    CopyDtoH {
+        src: u64,
+        host: u64,
+        offset: u64,
+        len: u64,
+    },
+    CopyDtoD {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        elem_size: u8,
+        count: u64,
+    },
+}
+
+impl Desc {
+    /// What a stream-ordered request would be in a run, if it can be in one.
+    fn of(req: &Request<'_>) -> Option<Desc> {
+        Some(match *req {
+            Request::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params,
+            } => Desc::Launch {
+                function,
+                grid,
+                block,
+                shared_mem,
+                params: params.into(),
+            },
+            Request::CopyHtoD {
+                dst,
+                src: HostRef::Buffer { handle, offset },
+                len,
+            } => Desc::CopyHtoD {
+                dst,
+                host: handle,
+                offset,
+                len,
+            },
+            Request::CopyDtoH {
+                dst: HostRef::Buffer { handle, offset },
+                src,
+                len,
+            } => Desc::CopyDtoH {
+                src,
+                host: handle,
+                offset,
+                len,
+            },
+            Request::CopyDtoD { dst, src, len } => Desc::CopyDtoD { dst, src, len },
+            Request::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => Desc::Memset {
+                dst,
+                value,
+                elem_size,
+                count,
+            },
+            _ => return None,
+        })
+    }
+
+    /// Bytes the server holds for it.
+    fn bytes(&self) -> u64 {
+        let params = match self {
+            Desc::Launch { params, .. } => params.len(),
+            _ => 0,
+        };
+        (std::mem::size_of::<Desc>() + params) as u64
+    }
+
+    fn host_buffer(&self) -> Option<u64> {
+        match self {
+            Desc::CopyHtoD { host, .. } | Desc::CopyDtoH { host, .. } => Some(*host),
+            _ => None,
+        }
+    }
+}
+
+/// A command held back while its run may still match a shape: checked, ready to submit.
+struct Held<B: Backend> {
+    seq: u64,
+    op: Op<'static, B>,
+}
+
+/// A run seen before, with its executable graph once one was made.
+struct Shape<B: Backend> {
+    /// The stream it ran in, the only one its graph is launched into: CUDA orders each launch
+    /// of an executable graph after its previous launches, which across streams would order
+    /// work the client left unordered (and could deadlock on a cross-stream wait).
+    stream: u64,
+    key: Vec<Desc>,
+    bytes: u64,
+    exec: Option<Arc<B::GraphExec>>,
+    /// The client's SM placement generation the graph was made under.
+    generation: u64,
+    /// No graph could be made of it: its runs are not held any more.
+    unbuildable: bool,
+    last_used: u64,
+}
+
+/// One client's batching state.
+pub(super) struct Batching<B: Backend> {
+    enabled: bool,
+    max_entries: usize,
+    max_bytes: u64,
+    /// The stream of the run being held and of `recent`.
+    stream: u64,
+    held: Vec<Held<B>>,
+    /// Every command of the current run (held or not), to learn its shape when it ends.
+    recent: Vec<Desc>,
+    recent_bytes: u64,
+    /// The run grew past what one shape may hold: it is not learned.
+    recent_overflow: bool,
+    shapes: Vec<Shape<B>>,
+    /// While commands are held: the shapes (indices into `shapes`) that begin with them.
+    candidates: Vec<usize>,
+    bytes: u64,
+    tick: u64,
+    /// Errors of held commands that were submitted one by one, for the shell to post (before
+    /// the answer of the command being handled).
+    errors: Vec<Completion>,
+    /// The description of the command being handled, if it may join a run.
+    pub(super) offered: Option<Desc>,
+}
+
+impl<B: Backend> Batching<B> {
+    pub(super) fn new(enabled: bool, max_entries: usize, max_bytes: u64) -> Self {
+        Batching {
+            enabled,
+            max_entries,
+            max_bytes,
+            stream: 0,
+            held: Vec::new(),
+            recent: Vec::new(),
+            recent_bytes: 0,
+            recent_overflow: false,
+            shapes: Vec::new(),
+            candidates: Vec::new(),
+            bytes: 0,
+            tick: 0,
+            errors: Vec::new(),
+            offered: None,
+        }
+    }
+
+    /// What `req` is in a run, if batching is on and it may join one.
+    pub(super) fn describe(&self, cmd: &Command, req: &Request<'_>) -> Option<Desc> {
+        if !self.enabled || cmd.flags & (flags::MARK | flags::REPLY) != 0 {
+            return None;
+        }
+        Desc::of(req)
+    }
+
+    /// Whether commands are held.
+    pub(super) fn holds(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Errors of commands submitted since the last call, in order.
+    fn take_errors(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.errors)
+    }
+
+    /// Forgets the shapes that `gone` picks (their graphs go when no launch uses them).
+    fn forget(&mut self, gone: impl Fn(&Shape<B>) -> bool) {
+        self.shapes.retain(|s| {
+            if gone(s) {
+                self.bytes -= s.bytes;
+                return false;
+            }
+            true
+        });
+    }
+
+    /// Forgets the shapes of `stream`, which is going away.
+    pub(super) fn forget_stream(&mut self, stream: u64) {
+        self.forget(|s| s.stream == stream);
+    }
+
+    /// Forgets the shapes that copy through host buffer `handle`.
+    pub(super) fn forget_host_buffer(&mut self, handle: u64) {
+        self.forget(|s| s.key.iter().any(|d| d.host_buffer() == Some(handle)));
+    }
+
+    /// Forgets the shapes that launch any of `functions`.
+    pub(super) fn forget_functions(&mut self, functions: &[u64]) {
+        let launches =
+            |d: &Desc| matches!(d, Desc::Launch { function, .. } if functions.contains(function));
+        self.forget(|s| s.key.iter().any(launches));
+    }
+
+    /// Shapes cached and the bytes they hold.
+    pub(super) fn cached(&self) -> (usize, u64) {
+        (self.shapes.len(), self.bytes)
+    }
+
+    /// The shapes that continue the held commands with `desc`: among those the held ones
+    /// matched (shapes do not change while commands are held: whatever changes them ends the
+    /// run first), or among the stream's shapes when nothing is held. Only the next command of
+    /// each is compared, so a long run costs one comparison per command and candidate.
+    fn matching(&self, desc: &Desc) -> Vec<usize> {
+        let n = self.held.len();
+        let fits = |i: &usize| {
+            let s = &self.shapes[*i];
+            !s.unbuildable && s.stream == self.stream && s.key.get(n) == Some(desc)
+        };
+        if n == 0 {
+            (0..self.shapes.len()).filter(fits).collect()
+        } else {
+            self.candidates.iter().copied().filter(fits).collect()
+        }
+    }
+
+    /// The shape the held commands make up whole, if any, and whether a longer one may still
+    /// follow.
+    fn whole(&self) -> (Option<usize>, bool) {
+        let n = self.held.len();
+        let len = |i: &usize| self.shapes[*i].key.len();
+        let whole = self.candidates.iter().copied().find(|i| len(i) == n);
+        (whole, self.candidates.iter().any(|i| len(i) > n))
+    }
+
+    /// Notes a command of the current run for learning.
+    fn note(&mut self, desc: Desc) {
+        if self.recent_overflow {
+            return;
+        }
+        self.recent_bytes += desc.bytes();
+        if self.recent_bytes > self.max_bytes {
+            self.recent_overflow = true;
+            self.recent.clear();
+            return;
+        }
+        self.recent.push(desc);
+    }
+
+    /// Remembers the current run's shape (a run of one command gains nothing) and starts a new
+    /// run.
+    fn learn(&mut self) {
+        let key = std::mem::take(&mut self.recent);
+        let bytes = std::mem::replace(&mut self.recent_bytes, 0);
+        let overflow = std::mem::replace(&mut self.recent_overflow, false);
+        let stream = self.stream;
+        if overflow
+            || key.len() < 2
+            || self
+                .shapes
+                .iter()
+                .any(|s| s.stream == stream && s.key == key)
+        {
+            return;
+        }
+        self.tick += 1;
+        self.shapes.push(Shape {
+            stream,
+            key,
+            bytes,
+            exec: None,
+            generation: 0,
+            unbuildable: false,
+            last_used: self.tick,
+        });
+        self.bytes += bytes;
+        self.bound();
+    }
+
+    /// Drops the least recently used shapes until the cache is within its bounds.
+    fn bound(&mut self) {
+        while self.shapes.len() > self.max_entries || self.bytes > self.max_bytes {
+            let Some(oldest) = (0..self.shapes.len()).min_by_key(|&i| self.shapes[i].last_used)
+            else {
+                return;
+            };
+            let s = self.shapes.swap_remove(oldest);
+            self.bytes -= s.bytes;
+        }
+    }
+}
+
+/// The same work, borrowing what it can (a run's commands are submitted more than once when a
+/// capture fails).
+fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
+    let host = |h: &HostBytes| match h {
+        HostBytes::Shared {
+            segment,
+            offset,
+            len,
+        } => HostBytes::Shared {
+            segment: segment.clone(),
+            offset: *offset,
+            len: *len,
+        },
+        HostBytes::Owned(b) => HostBytes::Owned(b.clone()),
+    };
+    match op {
+        Op::Launch {
+            function,
+            grid,
+            block,
+            shared_mem,
+            params,
+        } => Op::Launch {
+            function: function.clone(),
+            grid: *grid,
+            block: *block,
+            shared_mem: *shared_mem,
+            params: std::borrow::Cow::Borrowed(params),
+        },
+        Op::CopyHtoD { dst, src } => Op::CopyHtoD {
+            dst: *dst,
+            src: host(src),
+        },
+        Op::CopyDtoH { dst, src } => Op::CopyDtoH {
+            dst: host(dst),
+            src: *src,
+        },
+        Op::CopyDtoD { dst, src, len } => Op::CopyDtoD {
+            dst: *dst,
+            src: *src,
+            len: *len,
+        },
+        Op::Memset {
+            dst,
+            value,
+            elem_size,
+            count,
+        } => Op::Memset {
+            dst: *dst,
+            value: *value,
+            elem_size: *elem_size,
+            count: *count,
+        },
+        Op::Record(e) => Op::Record(e.clone()),
+        Op::Wait(e) => Op::Wait(e.clone()),
+        Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),
+        Op::Nop => Op::Nop,
+    }
+}
+
+impl<B: Backend> SessionCore<B> {
+    /// Queues `op` of a command that may join a run (see the module's documentation).
+    pub(super) fn offer(&mut self, cmd: &Command, op: Op<'_, B>, desc: Desc) -> Result<Answer> {
+        if self.batch.stream != cmd.stream {
+            self.end_run();
+            self.batch.stream = cmd.stream;
+        }
+        let mut next = self.batch.matching(&desc);
+        if next.is_empty() && self.batch.holds() {
+            // The run left every shape it followed: what was held goes now, as a graph if it
+            // makes up a shape, else as it came.
+            self.flush_held();
+            next = self.batch.matching(&desc);
+        }
+        // Noted after the flush: a shape launched there ends the run before this command.
+        self.batch.note(desc);
+        if next.is_empty() {
+            return self.submit_now(cmd.stream, cmd.seq, op);
+        }
+        self.batch.candidates = next;
+        self.batch.held.push(Held {
+            seq: cmd.seq,
+            op: op.into_owned(),
+        });
+        // A shape made up whole goes at once, unless a longer one may still follow (it then
+        // goes when the run ends or leaves the longer shape).
+        if let (Some(shape), false) = self.batch.whole() {
+            self.launch_run(shape);
+        }
+        DONE
+    }
+
+    fn submit_now(&self, stream: u64, seq: u64, op: Op<'_, B>) -> Result<Answer> {
+        let s = self.streams.get(stream)?;
+        self.backend.submit(&s.stream, seq, op, None)?;
+        DONE
+    }
+
+    /// Submits the held commands: as a graph if they make up a shape, else one by one, in
+    /// order, an error going to the command that caused it. The run goes on (its shape is
+    /// learned when it ends).
+    pub(crate) fn flush_held(&mut self) {
+        if !self.batch.holds() {
+            return;
+        }
+        if let (Some(shape), _) = self.batch.whole() {
+            self.launch_run(shape);
+            return;
+        }
+        let held = std::mem::take(&mut self.batch.held);
+        self.stats.batch_missed();
+        self.submit_each(held);
+    }
+
+    fn submit_each(&mut self, held: Vec<Held<B>>) {
+        for h in held {
+            if let Err(err) = self.submit_now(self.batch.stream, h.seq, h.op) {
+                tracing::debug!(client = self.ctx.id, seq = h.seq, "command failed: {err}");
+                self.batch
+                    .errors
+                    .push(Completion::error(h.seq, CompletionKind::Reply, &err));
+            }
+        }
+    }
+
+    /// Ends the current run: what is held is submitted and the run's shape learned.
+    pub(super) fn end_run(&mut self) {
+        if !self.batch.enabled {
+            return;
+        }
+        self.flush_held();
+        if !self.batch.recent.is_empty() || self.batch.recent_overflow {
+            self.batch.learn();
+            self.batch_cache_changed();
+        }
+    }
+
+    /// Publishes the cache's size in the client's counters.
+    pub(super) fn batch_cache_changed(&self) {
+        let (entries, bytes) = self.batch.cached();
+        self.stats.batch_cache(entries as u64, bytes);
+    }
+
+    /// Whether commands are held back for a run (the shell submits them with
+    /// [`SessionCore::flush_held`] when the client stops posting).
+    pub(crate) fn holds_run(&self) -> bool {
+        self.batch.holds()
+    }
+
+    /// Errors of held commands submitted since the last call, in order: the shell posts them
+    /// before the answer of the command it handles.
+    pub(crate) fn take_batch_errors(&mut self) -> Vec<Completion> {
+        self.batch.take_errors()
+    }
+
+    /// Launches the held commands, which make up shape `i`, as its graph.
+    fn launch_run(&mut self, i: usize) {
+        let held = std::mem::take(&mut self.batch.held);
+        // The run is whole: what follows begins a new one.
+        self.batch.recent.clear();
+        self.batch.recent_bytes = 0;
+        self.batch.recent_overflow = false;
+        self.batch.tick += 1;
+        let generation = self.ctx.sm.generation.load(Ordering::Acquire);
+        let shape = &mut self.batch.shapes[i];
+        shape.last_used = self.batch.tick;
+        let cached = shape
+            .exec
+            .clone()
+            .filter(|_| shape.generation == generation);
+        let exec = match cached {
+            Some(exec) => {
+                self.stats.batch_hit();
+                exec
+            }
+            None => {
+                self.stats.batch_missed();
+                match self.build(&held) {
+                    Ok(exec) => {
+                        self.stats.batch_instantiated();
+                        let shape = &mut self.batch.shapes[i];
+                        shape.exec = Some(exec.clone());
+                        shape.generation = generation;
+                        exec
+                    }
+                    Err(err) => {
+                        tracing::debug!(
+                            client = self.ctx.id,
+                            "a run of {} commands cannot be made a graph ({err}); its runs are \
+                             submitted command by command",
+                            held.len()
+                        );
+                        self.batch.shapes[i].unbuildable = true;
+                        self.submit_each(held);
+                        return;
+                    }
+                }
+            }
+        };
+        let first = held[0].seq;
+        let launched = self.streams.get(self.batch.stream).and_then(|s| {
+            self.backend
+                .submit(&s.stream, first, Op::GraphLaunch(exec), None)
+        });
+        if let Err(err) = launched {
+            // Nothing was queued: the commands go one by one, each answering for itself.
+            tracing::debug!(client = self.ctx.id, "a batched run's launch failed: {err}");
+            self.submit_each(held);
+        }
+    }
+
+    /// An executable graph of `held`, captured in the run's stream (which runs nothing
+    /// meanwhile).
+    fn build(&self, held: &[Held<B>]) -> Result<Arc<B::GraphExec>> {
+        let s = self.streams.get(self.batch.stream)?;
+        self.backend.capture_begin(&s.stream)?;
+        let recorded = held
+            .iter()
+            .try_for_each(|h| self.backend.submit(&s.stream, h.seq, dup(&h.op), None));
+        // The stream runs its work again whatever happened.
+        let graph = self.backend.capture_end(&s.stream);
+        recorded?;
+        let exec = self.backend.graph_instantiate(&graph?)?;
+        Ok(Arc::new(exec))
+    }
+}

@@ -1,0 +1,570 @@
+//! Launch batching: a repeated run served from one cached graph with the results of the
+//! unbatched path, runs that differ never served by a stale graph, every terminator ending a
+//! run, errors answered by the command that caused them, the cache's bounds, and no graph at
+//! all with batching off.
+
+use super::*;
+use crate::backend::sim::SimBackend;
+use crate::registry::Stats;
+
+fn batching() -> Limits {
+    Limits {
+        launch_batching: true,
+        ..Limits::default()
+    }
+}
+
+/// Hands the core a command that asks for nothing back; it must be accepted silently.
+fn quiet<B: Backend>(c: &mut Client<B>, req: &Request<'_>, stream: u64) -> u64 {
+    let out = c.send(req, stream, 0);
+    assert!(matches!(out, Output::Silent), "{req:?}: {out:?}");
+    c.seq
+}
+
+/// Waits for all work in `stream` so far, as the client library does (a marked no-op).
+fn sync<B: Backend>(c: &mut Client<B>, stream: u64, slot: u32) {
+    let out = c.send(&Request::Mark, stream, flags::MARK);
+    assert!(matches!(out, Output::Silent), "{out:?}");
+    wait_progress(&c.channel, slot, c.seq);
+}
+
+fn host_buffer<B: Backend>(c: &mut Client<B>, size: u64) -> (u64, Arc<Segment>) {
+    match c.send(&Request::HostAlloc { size }, 0, flags::REPLY) {
+        Output::HostBuffer {
+            segment, message, ..
+        } => (message.handle, segment),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn words(seg: &Segment, n: usize) -> Vec<u32> {
+    // SAFETY: the callers' buffers hold at least n words; the stream that wrote them was
+    // synchronised.
+    let bytes = unsafe { std::slice::from_raw_parts(seg.as_ptr(), n * 4) };
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn set_words(seg: &Segment, values: &[u32]) {
+    for (i, v) in values.iter().enumerate() {
+        // SAFETY: the callers' buffers hold at least values.len() words.
+        unsafe { (seg.as_ptr() as *mut u32).add(i).write_unaligned(*v) };
+    }
+}
+
+fn add_params(a: u64, b: u64, out: u64, n: u64) -> [u8; 32] {
+    let mut p = [0u8; 32];
+    for (i, v) in [a, b, out, n].into_iter().enumerate() {
+        p[i * 8..][..8].copy_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+fn counters(stats: &Stats) -> [u64; 4] {
+    [
+        stats.batch_hits.load(Ordering::Relaxed),
+        stats.batch_misses.load(Ordering::Relaxed),
+        stats.batch_graphs.load(Ordering::Relaxed),
+        stats.batch_entries.load(Ordering::Relaxed),
+    ]
+}
+
+/// A client of the simulator set up as a small inference server: input and output host
+/// buffers, device buffers x and y, the kernels, and a stream.
+struct Rig {
+    c: Client<SimBackend>,
+    s: u64,
+    slot: u32,
+    add: u64,
+    fill: u64,
+    n: u64,
+    x: u64,
+    y: u64,
+    input: (u64, Arc<Segment>),
+    output: (u64, Arc<Segment>),
+}
+
+impl Rig {
+    fn new(server: &Server<SimBackend>, limits: Limits) -> Rig {
+        let mut c = server.client(limits);
+        let m = c.load_module(PTX).unwrap();
+        let (add, fill) = (c.function(m, "add_f32"), c.function(m, "fill_u32"));
+        let n = 256u64;
+        let (x, y) = (c.alloc(n * 4), c.alloc(n * 4));
+        let input = host_buffer(&mut c, n * 4);
+        let output = host_buffer(&mut c, n * 8);
+        let [s, slot, ..] = c.ok(&Request::StreamCreate { priority: 0 }, 0);
+        let mut rig = Rig {
+            c,
+            s,
+            slot: slot as u32,
+            add,
+            fill,
+            n,
+            x,
+            y,
+            input,
+            output,
+        };
+        rig.fill_now(rig.y, 0);
+        rig
+    }
+
+    fn sync(&mut self) {
+        sync(&mut self.c, self.s, self.slot);
+    }
+
+    fn fill_now(&mut self, p: u64, value: u32) {
+        let params = fill_params(p, value, self.n);
+        quiet(&mut self.c, &launch(self.fill, &params), self.s);
+        self.sync();
+    }
+
+    fn copy_in(&self) -> Request<'static> {
+        Request::CopyHtoD {
+            dst: self.x,
+            src: HostRef::Buffer {
+                handle: self.input.0,
+                offset: 0,
+            },
+            len: self.n * 4,
+        }
+    }
+
+    fn copy_out(&self, from: u64, offset: u64) -> Request<'static> {
+        Request::CopyDtoH {
+            dst: HostRef::Buffer {
+                handle: self.output.0,
+                offset,
+            },
+            src: from,
+            len: self.n * 4,
+        }
+    }
+
+    /// One request: input in, `chain` dependent kernels (y = x + y), output out, synchronise;
+    /// returns the output.
+    fn infer(&mut self, chain: usize) -> Vec<u32> {
+        let (s, copy_in, copy_out) = (self.s, self.copy_in(), self.copy_out(self.y, 0));
+        quiet(&mut self.c, &copy_in, s);
+        let params = add_params(self.x, self.y, self.y, self.n);
+        for _ in 0..chain {
+            quiet(&mut self.c, &launch(self.add, &params), s);
+        }
+        quiet(&mut self.c, &copy_out, s);
+        self.sync();
+        words(&self.output.1, self.n as usize)
+    }
+
+    fn counters(&self) -> [u64; 4] {
+        counters(self.c.core.stats())
+    }
+}
+
+#[test]
+fn a_repeated_run_is_launched_from_one_cached_graph_with_the_results_of_the_unbatched_path() {
+    let server = sim();
+    let mut batched = Rig::new(&server, batching());
+    let mut plain = Rig::new(&server, Limits::default());
+    for rig in [&batched, &plain] {
+        let input: Vec<u32> = (0..rig.n as u32)
+            .map(|i| (i % 5 + 1) as f32)
+            .map(f32::to_bits)
+            .collect();
+        set_words(&rig.input.1, &input);
+    }
+    for request in 1..=6u32 {
+        let (b, p) = (batched.infer(12), plain.infer(12));
+        assert_eq!(b, p, "request {request}");
+        let want: Vec<u32> = (0..batched.n as u32)
+            .map(|i| ((i % 5 + 1) * 12 * request) as f32)
+            .map(f32::to_bits)
+            .collect();
+        assert_eq!(b, want, "request {request}");
+    }
+    // The first request taught the shape, the second made its graph, the other four were
+    // launched from it.
+    assert_eq!(batched.counters(), [4, 1, 1, 1]);
+    assert_eq!(plain.counters(), [0, 0, 0, 0]);
+    assert!(!batched.c.core.holds_run());
+}
+
+#[test]
+fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let n = r.n as usize;
+    let run = |r: &mut Rig, value: u32| {
+        let params = fill_params(r.x, value, r.n);
+        let (s, out) = (r.s, r.copy_out(r.x, 0));
+        quiet(&mut r.c, &launch(r.fill, &params), s);
+        quiet(&mut r.c, &out, s);
+        r.sync();
+        words(&r.output.1, n)
+    };
+    for _ in 0..3 {
+        assert_eq!(run(&mut r, 7), vec![7; n]);
+    }
+    assert_eq!(r.counters(), [1, 1, 1, 1]);
+    // Another value is another shape: run command by command, then learned and cached alone.
+    assert_eq!(run(&mut r, 9), vec![9; n]);
+    assert_eq!(r.counters(), [1, 1, 1, 2]);
+    assert_eq!(run(&mut r, 9), vec![9; n]);
+    assert_eq!(run(&mut r, 9), vec![9; n]);
+    assert_eq!(r.counters(), [2, 2, 2, 2]);
+    // The first shape's graph still serves its own runs.
+    assert_eq!(run(&mut r, 7), vec![7; n]);
+    assert_eq!(r.counters(), [3, 2, 2, 2]);
+}
+
+/// A command that ends a run, sent to the rig.
+type Terminator = Box<dyn Fn(&mut Rig)>;
+
+#[test]
+fn every_terminator_ends_a_held_run_after_queueing_it() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let n = r.n as usize;
+    let t = r.c.stream();
+    let event = r.c.event();
+    let spare = r.c.alloc(64);
+    // The shape: x filled and copied out, y filled and copied out after it.
+    let send = |r: &mut Rig, step: usize, value: u32| {
+        let s = r.s;
+        match step {
+            0 => quiet(&mut r.c, &launch(r.fill, &fill_params(r.x, value, r.n)), s),
+            1 => {
+                let out = r.copy_out(r.x, 0);
+                quiet(&mut r.c, &out, s)
+            }
+            2 => quiet(&mut r.c, &launch(r.fill, &fill_params(r.y, value, r.n)), s),
+            _ => {
+                let out = r.copy_out(r.y, r.n * 4);
+                quiet(&mut r.c, &out, s)
+            }
+        };
+    };
+    for _ in 0..2 {
+        (0..4).for_each(|step| send(&mut r, step, 3));
+        r.sync();
+    }
+    assert_eq!(r.counters(), [0, 1, 1, 1]);
+    let terminators: Vec<(&str, Terminator)> = vec![
+        (
+            "an event record",
+            Box::new(move |r: &mut Rig| {
+                let s = r.s;
+                r.c.send(&Request::EventRecord { event }, s, flags::MARK);
+            }),
+        ),
+        (
+            "a wait for an event",
+            Box::new(move |r: &mut Rig| {
+                let s = r.s;
+                quiet(&mut r.c, &Request::StreamWaitEvent { event }, s);
+            }),
+        ),
+        (
+            "a synchronise",
+            Box::new(|r: &mut Rig| {
+                let s = r.s;
+                r.c.send(&Request::Mark, s, flags::MARK);
+            }),
+        ),
+        (
+            "a free",
+            Box::new(move |r: &mut Rig| {
+                r.c.ok(&Request::MemFree { ptr: spare }, 0);
+            }),
+        ),
+        (
+            "work on another stream",
+            Box::new(move |r: &mut Rig| {
+                let params = fill_params(r.y, 1, 4);
+                quiet(&mut r.c, &launch(r.fill, &params), t);
+            }),
+        ),
+        (
+            "a query of the device's memory",
+            Box::new(|r: &mut Rig| {
+                r.c.ok(&Request::MemGetInfo, 0);
+            }),
+        ),
+    ];
+    r.c.send(&Request::EventRecord { event }, t, flags::MARK);
+    for (what, terminate) in &terminators {
+        set_words(&r.output.1, &vec![0; 2 * n]);
+        send(&mut r, 0, 3);
+        send(&mut r, 1, 3);
+        assert!(r.c.core.holds_run(), "before {what}");
+        let [hits, misses, ..] = r.counters();
+        terminate(&mut r);
+        assert!(!r.c.core.holds_run(), "{what} left the run held");
+        let [now_hits, now_misses, ..] = r.counters();
+        assert_eq!(now_hits + now_misses, hits + misses + 1, "{what}");
+        r.sync();
+        let out = words(&r.output.1, 2 * n);
+        assert_eq!(
+            out[..n],
+            vec![3; n][..],
+            "{what}: the held copy did not run"
+        );
+        assert_eq!(out[n..], vec![0; n][..], "{what}");
+    }
+    // The whole shape is still served from its graph (not cut at the prefix, which the
+    // interrupted runs made a shape of its own).
+    let [hits, misses, ..] = r.counters();
+    (0..4).for_each(|step| send(&mut r, step, 3));
+    r.sync();
+    assert_eq!(r.counters()[..2], [hits + 1, misses]);
+}
+
+#[test]
+fn an_invalid_command_inside_a_run_is_refused_against_its_own_sequence_number() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let n = r.n as usize;
+    let s = r.s;
+    let fill_x = fill_params(r.x, 5, r.n);
+    let fill_y = fill_params(r.y, 5, r.n);
+    let run = |r: &mut Rig| {
+        quiet(&mut r.c, &launch(r.fill, &fill_x), s);
+        quiet(&mut r.c, &launch(r.fill, &fill_y), s);
+        let out = r.copy_out(r.x, 0);
+        quiet(&mut r.c, &out, s);
+        r.sync();
+    };
+    run(&mut r);
+    run(&mut r);
+    set_words(&r.output.1, &vec![0; n]);
+    quiet(&mut r.c, &launch(r.fill, &fill_x), s);
+    assert!(r.c.core.holds_run());
+    // y's fill with a parameter short.
+    let out = r.c.send(&launch(r.fill, &fill_y[..16]), s, 0);
+    let bad = r.c.seq;
+    match out {
+        Output::Post(c) => {
+            assert_eq!(c.seq, bad);
+            let e = c.result().unwrap_err();
+            assert_eq!(e.status, Status::InvalidValue, "{e}");
+            assert!(e.message.contains("24 bytes of parameters"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!r.c.core.holds_run());
+    assert!(r.c.core.take_batch_errors().is_empty());
+    let out = r.copy_out(r.x, 0);
+    quiet(&mut r.c, &out, s);
+    r.sync();
+    assert_eq!(words(&r.output.1, n), vec![5; n]);
+}
+
+/// The recorder's kernel `k` takes 12 bytes; `i` makes each launch of a run differ.
+fn k_params(i: u8) -> Vec<u8> {
+    (0..12).map(|b| b ^ i).collect()
+}
+
+fn recorder_run(c: &mut Client<Recorder>, f: u64, s: u64, runs: usize) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    for _ in 0..runs {
+        for i in 0..3 {
+            seqs.push(quiet(c, &launch(f, &k_params(i)), s));
+        }
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    seqs
+}
+
+#[test]
+fn a_refused_graph_launch_falls_back_to_each_command_which_answers_for_itself() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 3);
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    server.backend.take();
+    // The launch of the cached graph is refused: the three launches go one by one.
+    server
+        .backend
+        .refuse_graph_launch
+        .store(true, Ordering::Relaxed);
+    let seqs = recorder_run(&mut c, f, s, 1);
+    let sent: Vec<(u64, Opcode)> = server
+        .backend
+        .take()
+        .iter()
+        .map(|s| (s.seq, s.op))
+        .collect();
+    let want: Vec<(u64, Opcode)> = seqs.iter().map(|&q| (q, Opcode::Launch)).collect();
+    assert_eq!(sent[..3], want[..], "{sent:?}");
+    assert!(c.core.take_batch_errors().is_empty());
+    // And a command the backend refuses there is answered under its own number.
+    server
+        .backend
+        .refuse_seq
+        .store(c.seq + 2, Ordering::Relaxed);
+    let seqs = recorder_run(&mut c, f, s, 1);
+    let errors = c.core.take_batch_errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].seq, seqs[1]);
+    assert!(errors[0].result().unwrap_err().message.contains("refused"));
+}
+
+#[test]
+fn with_batching_off_no_graph_is_ever_made() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    let seqs = recorder_run(&mut c, f, s, 5);
+    let b = &server.backend;
+    assert_eq!(b.captures.load(Ordering::Relaxed), 0);
+    assert_eq!(b.live_graphs.load(Ordering::Relaxed), 0);
+    let launched: Vec<u64> = b
+        .take()
+        .iter()
+        .filter(|s| s.op == Opcode::Launch)
+        .map(|s| s.seq)
+        .collect();
+    assert_eq!(launched, seqs);
+    assert_eq!(counters(c.core.stats()), [0, 0, 0, 0]);
+
+    // The same runs with batching on: one capture, three launches of its graph.
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 5);
+    assert_eq!(b.captures.load(Ordering::Relaxed), 1);
+    let graph_launches = b
+        .take()
+        .iter()
+        .filter(|s| s.op == Opcode::GraphLaunch)
+        .count();
+    assert_eq!(graph_launches, 4);
+    assert_eq!(counters(c.core.stats()), [3, 1, 1, 1]);
+}
+
+#[test]
+fn the_cache_keeps_within_its_entries_and_bytes() {
+    let server = Server::new(Recorder::new(16));
+    let limits = Limits {
+        max_batch_entries: 2,
+        max_batch_bytes: 1024,
+        ..batching()
+    };
+    let mut c = server.client(limits);
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    // Four shapes, each run three times (learned, made a graph, launched from it).
+    for shape in 0..4u8 {
+        for _ in 0..3 {
+            for i in 0..3 {
+                quiet(&mut c, &launch(f, &k_params(i + 16 * shape)), s);
+            }
+            c.send(&Request::Mark, s, flags::MARK);
+        }
+        let [hits, _, graphs, entries] = counters(c.core.stats());
+        assert_eq!((hits, graphs), (shape as u64 + 1, shape as u64 + 1));
+        assert!(entries <= 2, "{entries} shapes cached");
+        assert!(c.core.stats().batch_bytes.load(Ordering::Relaxed) <= 1024);
+        // Graphs of evicted shapes are gone.
+        assert!(server.backend.live_graphs.load(Ordering::Relaxed) <= 2);
+    }
+    // A run larger than the bytes a client may cache is never learned.
+    let before = counters(c.core.stats());
+    for _ in 0..3 {
+        for i in 64..104 {
+            quiet(&mut c, &launch(f, &k_params(i)), s);
+        }
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    assert_eq!(counters(c.core.stats()), before);
+}
+
+#[test]
+fn a_clients_own_capture_and_batching_never_mix() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 3);
+    let before = counters(c.core.stats());
+    c.ok(&Request::StreamBeginCapture { stream: s }, 0);
+    for i in 0..3 {
+        quiet(&mut c, &launch(f, &k_params(i)), s);
+        assert!(!c.core.holds_run());
+    }
+    let [_, recorded, ..] = c.ok(&Request::StreamEndCapture { stream: s }, 0);
+    assert_eq!(recorded, 3);
+    assert_eq!(counters(c.core.stats()), before);
+}
+
+#[test]
+fn freeing_a_host_buffer_forgets_the_shapes_that_copy_through_it() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    r.infer(2);
+    r.infer(2);
+    assert_eq!(r.counters()[3], 1);
+    let (hb, _) = r.input.clone();
+    r.c.ok(&Request::HostFree { handle: hb }, 0);
+    assert_eq!(r.counters()[3], 0);
+    assert_eq!(r.c.core.stats().batch_bytes.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_shape_serves_only_the_stream_it_was_learned_in_and_goes_with_it() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let (s, t) = (c.stream(), c.stream());
+    recorder_run(&mut c, f, s, 3);
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    // The same run in another stream is learned there, not launched from s's graph.
+    recorder_run(&mut c, f, t, 1);
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 2]);
+    recorder_run(&mut c, f, t, 2);
+    assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
+    let launches: Vec<u32> = server
+        .backend
+        .take()
+        .iter()
+        .filter(|x| x.op == Opcode::GraphLaunch)
+        .map(|x| x.stream)
+        .collect();
+    // Two in each stream (the first of each made its graph).
+    assert_eq!(launches.len(), 4, "{launches:?}");
+    assert_eq!(launches[0], launches[1]);
+    assert_eq!(launches[2], launches[3]);
+    assert_ne!(launches[0], launches[2]);
+    c.ok(&Request::StreamDestroy { stream: t }, 0);
+    assert_eq!(counters(c.core.stats())[3], 1);
+    assert_eq!(server.backend.live_graphs.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn unloading_a_module_forgets_the_shapes_that_launch_its_kernels() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (m, other) = (c.load_module(PTX).unwrap(), c.load_module(PTX).unwrap());
+    let (f, g) = (c.function(m, "k"), c.function(other, "k"));
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 3);
+    recorder_run(&mut c, g, s, 3);
+    assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
+    c.ok(&Request::ModuleUnload { module: m }, 0);
+    assert_eq!(counters(c.core.stats())[3], 1);
+    assert_eq!(server.backend.live_graphs.load(Ordering::Relaxed), 1);
+    // The other module's shape still serves its runs.
+    recorder_run(&mut c, g, s, 1);
+    assert_eq!(counters(c.core.stats())[0], 3);
+}
