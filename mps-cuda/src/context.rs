@@ -410,7 +410,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", || {
-        current()?;
+        crate::graph::refuse_context_wait(current()?.handle)?;
         driver()?.conn.synchronize()
     })
 }
@@ -419,7 +419,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
-        given_or_current(ctx)?;
+        crate::graph::refuse_context_wait(given_or_current(ctx)?.handle)?;
         driver()?.conn.synchronize()
     })
 }

@@ -15,10 +15,12 @@ use crate::abi::{CUdeviceptr, CUresult, CUstream, MEMHOSTALLOC_FLAGS};
 use crate::connection::{Res, Stream};
 use crate::context::current;
 use crate::driver::{check, driver, entry, lock, put};
+use crate::graph;
 use crate::stream::for_work;
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     check(!dptr.is_null() && size > 0)?;
+    graph::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let d = driver()?;
     let p = d.conn.mem_alloc(size as u64)?;
@@ -38,6 +40,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
         current()?;
+        graph::free_call("cuMemFree")?;
         let d = driver()?;
         d.conn.mem_free(dptr)?;
         lock(&d.allocations).remove(&dptr);
@@ -66,6 +69,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 
 fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
     check(!pp.is_null() && size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
+    graph::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let d = driver()?;
     let p = d.conn.host_alloc(size)?;
@@ -96,6 +100,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
         current()?;
+        graph::free_call("cuMemFreeHost")?;
         let d = driver()?;
         if lock(&d.host).remove(&(p as usize)).is_none() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -122,6 +127,7 @@ unsafe fn htod(dst: u64, src: *const c_void, n: usize, stream: Stream, sync: boo
         return Ok(());
     }
     check(!src.is_null())?;
+    graph::admit_copy(stream, sync, || pinned(src as usize, n))?;
     let conn = &driver()?.conn;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
@@ -138,6 +144,7 @@ unsafe fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: Stream, sync: bool)
         return Ok(());
     }
     check(!dst.is_null())?;
+    graph::admit_copy(stream, sync, || pinned(dst as usize, n))?;
     let conn = &driver()?.conn;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;

@@ -20,6 +20,7 @@ use crate::abi::{
 use crate::connection::{Event, Res, Stream};
 use crate::context::{Context, context, current};
 use crate::driver::{check, driver, entry, lock, put};
+use crate::graph;
 
 /// A stream the program created (or a thread's per-thread default stream).
 #[derive(Debug)]
@@ -69,17 +70,17 @@ impl LegacyOrder {
     }
 }
 
-enum Kind {
+pub(crate) enum Kind {
     Legacy,
     Blocking(usize),
     Independent,
 }
 
 /// A stream argument resolved: its context, its mps stream and how it orders.
-struct Target {
-    ctx: Arc<Context>,
-    stream: Stream,
-    kind: Kind,
+pub(crate) struct Target {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) stream: Stream,
+    pub(crate) kind: Kind,
 }
 
 thread_local! {
@@ -123,7 +124,7 @@ fn per_thread_stream(ctx: &Context) -> Res<usize> {
 
 /// Resolves `h` as a function whose NULL stream is the per-thread one (`per_thread`) or the
 /// legacy one sees it.
-fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
+pub(crate) fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
     let raw = h as usize;
     let d = driver()?;
     let own = if raw == STREAM_LEGACY || (raw == 0 && !per_thread) {
@@ -210,10 +211,13 @@ impl Target {
 }
 
 /// The mps stream that work for `h` goes into, after the waits CUDA's default-stream semantics
-/// call for.
+/// call for. A capturing stream records its work, which orders with nothing outside the
+/// capture.
 pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<Stream> {
     let t = resolve(h, per_thread)?;
-    t.order(true)?;
+    if !graph::admit_work(&t)? {
+        t.order(true)?;
+    }
     Ok(t.stream)
 }
 
@@ -253,6 +257,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
             .streams
             .remove(h as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        graph::forget_stream(s.stream)?;
         let ordering_event = d
             .contexts
             .get(s.ctx)
@@ -270,6 +275,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 /// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
+    graph::refuse_wait(&t)?;
     t.order(false)?;
     driver()?.conn.stream_synchronize(t.stream)
 }
@@ -286,6 +292,7 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
+    graph::refuse_wait(&t)?;
     if driver()?.conn.stream_query(t.stream)? {
         Ok(())
     } else {
@@ -314,6 +321,7 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()>
     check(flags == 0)?;
     let e = event(ev)?;
     let s = for_work(h, per_thread)?;
+    graph::refuse_in_capture(s, "an event wait (a cross-stream join)")?;
     driver()?.conn.stream_wait_event(s, e.event)
 }
 
@@ -411,6 +419,7 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
     let e = event(ev)?;
     let s = for_work(h, per_thread)?;
+    graph::refuse_in_capture(s, "an event record (a cross-stream fork)")?;
     driver()?.conn.event_record(e.event, s)
 }
 

@@ -118,14 +118,12 @@ unsupported! {
     cuGraphConditionalHandleCreate
     cuGraphCreate
     cuGraphDebugDotPrint
-    cuGraphDestroy
     cuGraphDestroyNode
     cuGraphEventRecordNodeGetEvent
     cuGraphEventRecordNodeSetEvent
     cuGraphEventWaitNodeGetEvent
     cuGraphEventWaitNodeSetEvent
     cuGraphExecChildGraphNodeSetParams
-    cuGraphExecDestroy
     cuGraphExecEventRecordNodeSetEvent
     cuGraphExecEventWaitNodeSetEvent
     cuGraphExecExternalSemaphoresSignalNodeSetParams
@@ -148,9 +146,6 @@ unsupported! {
     cuGraphGetRootNodes
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams
-    cuGraphInstantiate
-    cuGraphInstantiateWithFlags
-    cuGraphInstantiateWithParams
     cuGraphKernelNodeCopyAttributes
     cuGraphKernelNodeGetAttribute
     cuGraphKernelNodeGetParams
@@ -158,7 +153,6 @@ unsupported! {
     cuGraphKernelNodeSetAttribute
     cuGraphKernelNodeSetParams
     cuGraphKernelNodeSetParams_v2
-    cuGraphLaunch
     cuGraphMemAllocNodeGetParams
     cuGraphMemFreeNodeGetParams
     cuGraphMemcpyNodeGetParams
@@ -175,7 +169,6 @@ unsupported! {
     cuGraphReleaseUserObject
     cuGraphRemoveDependencies
     cuGraphRetainUserObject
-    cuGraphUpload
     cuGraphicsEGLRegisterImage
     cuGraphicsGLRegisterBuffer
     cuGraphicsGLRegisterImage
@@ -317,20 +310,13 @@ unsupported! {
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2
-    cuStreamBeginCapture
     cuStreamBeginCaptureToGraph
-    cuStreamBeginCapture_v2
     cuStreamCopyAttributes
-    cuStreamEndCapture
     cuStreamGetAttribute
-    cuStreamGetCaptureInfo
-    cuStreamGetCaptureInfo_v2
-    cuStreamGetCaptureInfo_v3
     cuStreamGetCtx
     cuStreamGetCtx_v2
     cuStreamGetDevice
     cuStreamGetId
-    cuStreamIsCapturing
     cuStreamSetAttribute
     cuStreamUpdateCaptureDependencies
     cuStreamWaitValue32
@@ -350,7 +336,6 @@ unsupported! {
     cuTexObjectGetResourceDesc
     cuTexObjectGetResourceViewDesc
     cuTexObjectGetTextureDesc
-    cuThreadExchangeStreamCaptureMode
     cuUserObjectCreate
     cuUserObjectRelease
     cuUserObjectRetain
