@@ -221,3 +221,16 @@ fn an_illegal_address_is_reported_at_the_next_synchronising_call() {
         ],
     );
 }
+
+#[test]
+fn stream_capture_and_graph_launches_with_new_input() {
+    passes(
+        "graph",
+        &[],
+        &[
+            "4 graph launches: y[4095] = 21285.0",
+            "capture on the legacy stream: cudaErrorStreamCaptureUnsupported",
+            "end without a capture: cudaErrorIllegalState",
+        ],
+    );
+}

@@ -1,0 +1,67 @@
+// Stream capture with the runtime API: a copy in, a memset, two kernels and a copy out captured
+// once (cudaStreamBeginCapture), instantiated (cudaGraphInstantiate) and launched
+// (cudaGraphLaunch) with new input each time, every output checked; the capture status and ID
+// while capturing, and CUDA's refusals: no capture on the legacy stream, no end where nothing
+// captures.
+#include "check.h"
+
+int main() {
+    const uint64_t n = 1 << 12;
+    const size_t bytes = n * sizeof(float);
+    float *hin, *hout, *dx, *dy;
+    CHECK(cudaMallocHost(&hin, bytes));
+    CHECK(cudaMallocHost(&hout, bytes));
+    CHECK(cudaMalloc(&dx, bytes));
+    CHECK(cudaMalloc(&dy, bytes));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (uint64_t i = 0; i < n; i++) hout[i] = -1.0f;
+
+    cudaStreamCaptureStatus st;
+    CHECK(cudaStreamIsCapturing(s, &st));
+    EXPECT(st == cudaStreamCaptureStatusNone);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    unsigned long long id = 0;
+    CHECK(cudaStreamGetCaptureInfo(s, &st, &id));
+    EXPECT(st == cudaStreamCaptureStatusActive && id != 0);
+    CHECK(cudaMemcpyAsync(dx, hin, bytes, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemsetAsync(dy, 0, bytes, s));
+    saxpy_f32<<<16, 256, 0, s>>>(2.0f, dx, dy, n);
+    CHECK(cudaGetLastError());
+    add_f32<<<16, 256, 0, s>>>(dy, dx, dy, n);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpyAsync(hout, dy, bytes, cudaMemcpyDeviceToHost, s));
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaStreamIsCapturing(s, &st));
+    EXPECT(st == cudaStreamCaptureStatusNone);
+    // The capture ran nothing.
+    CHECK(cudaStreamSynchronize(s));
+    EXPECT(hout[0] == -1.0f && hout[n - 1] == -1.0f);
+
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphDestroy(graph));
+    const int rounds = 4;
+    for (int round = 0; round < rounds; round++) {
+        for (uint64_t i = 0; i < n; i++) hin[i] = (float)(i + 1000 * round);
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        for (uint64_t i = 0; i < n; i++) EXPECT(hout[i] == 3.0f * hin[i]);
+    }
+    printf("%d graph launches: y[%llu] = %.1f\n", rounds, (unsigned long long)n - 1, hout[n - 1]);
+
+    cudaError_t r = cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal);
+    printf("capture on the legacy stream: %s\n", cudaGetErrorName(r));
+    r = cudaStreamEndCapture(s, &graph);
+    printf("end without a capture: %s\n", cudaGetErrorName(r));
+
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFree(dx));
+    CHECK(cudaFree(dy));
+    CHECK(cudaFreeHost(hin));
+    CHECK(cudaFreeHost(hout));
+    printf("graph: done\n");
+    return 0;
+}
