@@ -250,8 +250,9 @@ impl Connection {
         self.client.stream_begin_capture(stream).map_err(fail)
     }
 
-    pub(crate) fn stream_end_capture(&self, stream: Stream) -> Res<Graph> {
-        self.client.stream_end_capture(stream).map_err(fail)
+    /// The graph `stream` captured, and how many nodes (commands) it holds.
+    pub(crate) fn stream_end_capture(&self, stream: Stream) -> Res<(Graph, u64)> {
+        self.client.stream_end_capture_counted(stream).map_err(fail)
     }
 
     pub(crate) fn graph_instantiate(&self, graph: Graph) -> Res<GraphExec> {

@@ -25,6 +25,9 @@
 //! synchronous copies. The graph being built and its dependency nodes
 //! (`cuStreamGetCaptureInfo`'s `graph_out`, ...) do not exist in the library: asking for them
 //! during a capture is `CUDA_ERROR_NOT_SUPPORTED`.
+//!
+//! Past 600 lines: every ABI of each function (its versions, its per-thread-default-stream
+//! variant) is an exported function of its own, over the rules above, which come first.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -100,10 +103,11 @@ thread_local! {
     static MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
 }
 
-/// A captured graph.
+/// A captured graph, and how many nodes it holds (each copy, memset and launch one).
 #[derive(Debug)]
 struct GraphObj {
     graph: Graph,
+    nodes: u64,
 }
 
 /// An executable graph.
@@ -304,7 +308,7 @@ pub(crate) fn forget_stream(stream: Stream) -> Res<()> {
     };
     if ended {
         // The server spoils nothing here, but what it made is not wanted.
-        if let Ok(g) = conn()?.stream_end_capture(stream) {
+        if let Ok((g, _)) = conn()?.stream_end_capture(stream) {
             conn()?.graph_destroy(g)?;
         }
     }
@@ -380,7 +384,7 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     };
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, 0) }?;
-    let graph = match conn()?.stream_end_capture(t.stream) {
+    let (graph, nodes) = match conn()?.stream_end_capture(t.stream) {
         Ok(g) => g,
         // The server spoilt the capture: a command in it failed (its message is logged).
         Err(CUresult::CUDA_ERROR_INVALID_VALUE) => {
@@ -392,7 +396,7 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
         conn()?.graph_destroy(graph)?;
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
-    let (handle, _) = GRAPHS.insert_with(|_| GraphObj { graph });
+    let (handle, _) = GRAPHS.insert_with(|_| GraphObj { graph, nodes });
     // SAFETY: as above.
     unsafe { put(ph, handle) }
 }
@@ -850,6 +854,35 @@ pub extern "C" fn cuGraphLaunch(e: usize, h: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphLaunch_ptsz(e: usize, h: CUstream) -> CUresult {
     entry("cuGraphLaunch_ptsz", || launch(e, h, true))
+}
+
+/// The number of nodes of a graph (`nodes` NULL): what programs ask to see that a capture
+/// recorded something (PyTorch's `CUDAGraph` does). The nodes themselves exist only on the
+/// server: asking for them is `CUDA_ERROR_NOT_SUPPORTED`.
+///
+/// # Safety
+/// `count` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    g: usize,
+    nodes: *mut usize,
+    count: *mut usize,
+) -> CUresult {
+    entry("cuGraphGetNodes", || {
+        check(!count.is_null())?;
+        let graph = GRAPHS.get(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if !nodes.is_null() {
+            log::once("cuGraphGetNodes nodes", || {
+                "cuGraphGetNodes: a graph's node handles exist only on the mps server (graphs are \
+                 built only by capture); returning CUDA_ERROR_NOT_SUPPORTED (ask for the count \
+                 only, with nodes NULL)"
+                    .to_string()
+            });
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(count, graph.nodes as usize) }
+    })
 }
 
 /// Executable graphs made from it live on.

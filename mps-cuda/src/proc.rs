@@ -128,6 +128,7 @@ abis! {
     "cuGraphInstantiateWithParams" 12000 cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz;
     "cuGraphUpload" 11010 cuGraphUpload | cuGraphUpload_ptsz;
     "cuGraphLaunch" 10000 cuGraphLaunch | cuGraphLaunch_ptsz;
+    "cuGraphGetNodes" 10000 cuGraphGetNodes;
     "cuGraphDestroy" 10000 cuGraphDestroy;
     "cuGraphExecDestroy" 10000 cuGraphExecDestroy;
     "cuEventCreate" 2000 cuEventCreate;

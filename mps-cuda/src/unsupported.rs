@@ -142,7 +142,6 @@ unsupported! {
     cuGraphExternalSemaphoresWaitNodeGetParams
     cuGraphExternalSemaphoresWaitNodeSetParams
     cuGraphGetEdges
-    cuGraphGetNodes
     cuGraphGetRootNodes
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams

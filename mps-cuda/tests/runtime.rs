@@ -228,6 +228,7 @@ fn stream_capture_and_graph_launches_with_new_input() {
         "graph",
         &[],
         &[
+            "captured nodes: 5",
             "4 graph launches: y[4095] = 21285.0",
             "capture on the legacy stream: cudaErrorStreamCaptureUnsupported",
             "end without a capture: cudaErrorIllegalState",

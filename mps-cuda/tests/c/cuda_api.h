@@ -187,6 +187,7 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
 CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
                                       CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 CUresult cuGraphUpload(CUgraphExec exec, CUstream s);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s);
 CUresult cuGraphDestroy(CUgraph graph);

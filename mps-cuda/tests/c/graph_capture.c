@@ -4,7 +4,8 @@
  * capture: no capture on the legacy stream, no synchronising or querying a capturing stream
  * (which invalidates the capture), the legacy stream unusable while a blocking stream captures,
  * allocation refused by the capture mode and allowed in relaxed mode, ending a capture from
- * another thread or where none is.
+ * another thread or where none is; with MPS_ONLY=1, what mps cannot capture and a capture the
+ * server spoils.
  * Usage: graph_capture <test_kernels.ptx> */
 #include <pthread.h>
 #include <string.h>
@@ -93,6 +94,9 @@ int main(int argc, char **argv) {
     CUgraph graph = NULL;
     CHECK(cuStreamEndCapture(s, &graph));
     ASSERT(graph != NULL, "no graph");
+    size_t nodes = 0;
+    CHECK(cuGraphGetNodes(graph, NULL, &nodes));
+    ASSERT(nodes == 5, "%zu nodes, not the 2 copies, memset and 2 kernels captured", nodes);
     ASSERT(status_of(s) == CU_STREAM_CAPTURE_STATUS_NONE, "capturing after the end");
     CHECK(cuStreamSynchronize(s));
     ASSERT(hout[0] == -1.0f && hout[N - 1] == -1.0f, "the capture ran: %f", hout[N - 1]);
@@ -191,6 +195,25 @@ int main(int argc, char **argv) {
                CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         expect_invalidated(s, "pageable copy");
         CHECK(cuEventDestroy_v2(e));
+
+        /* A capture begins once; a command the server refuses (launches and memsets are posted
+         * without waiting) spoils it: it ends without a graph, its error not left for the next
+         * synchronisation, and the stream runs again. */
+        CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        EXPECT(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               CUDA_ERROR_ILLEGAL_STATE);
+        uint64_t n = N;
+        void *params[] = {&dy, &dx, &dy, &n};
+        CHECK(cuLaunchKernel(add, 1, 1, 1, 4096, 1, 1, 0, s, params, NULL));
+        graph = (CUgraph)0x1;
+        EXPECT(cuStreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        ASSERT(graph == NULL, "a spoilt capture gave a graph");
+        CHECK(cuStreamSynchronize(s));
+        CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CHECK(cuMemsetD32Async(dy + ((uint64_t)1 << 40), 0, N, s));
+        EXPECT(cuStreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        CHECK(cuMemsetD32Async(dy, 0, N, s));
+        CHECK(cuStreamSynchronize(s));
     }
 
     CHECK(cuStreamDestroy_v2(s));

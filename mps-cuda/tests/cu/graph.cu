@@ -1,7 +1,7 @@
 // Stream capture with the runtime API: a copy in, a memset, two kernels and a copy out captured
 // once (cudaStreamBeginCapture), instantiated (cudaGraphInstantiate) and launched
 // (cudaGraphLaunch) with new input each time, every output checked; the capture status and ID
-// while capturing, and CUDA's refusals: no capture on the legacy stream, no end where nothing
+// while capturing, the graph's node count, and CUDA's refusals: no capture on the legacy stream, no end where nothing
 // captures.
 #include "check.h"
 
@@ -38,6 +38,10 @@ int main() {
     // The capture ran nothing.
     CHECK(cudaStreamSynchronize(s));
     EXPECT(hout[0] == -1.0f && hout[n - 1] == -1.0f);
+
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    printf("captured nodes: %zu\n", nodes);
 
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
