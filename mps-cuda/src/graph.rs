@@ -290,7 +290,14 @@ pub(crate) fn refuse_context_wait(ctx: usize) -> Res<()> {
     if !any_capturing() {
         return Ok(());
     }
-    invalidate(&mut captures(), |c| c.ctx == ctx);
+    if !invalidate(&mut captures(), |c| c.ctx == ctx) {
+        log::once("capture: context synchronisation", || {
+            "a context synchronisation while a stream of another context captures is not \
+             supported through mps (it waits for the whole process's work); returning \
+             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+                .to_string()
+        });
+    }
     Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
@@ -307,7 +314,7 @@ pub(crate) fn forget_stream(stream: Stream) -> Res<()> {
         ended
     };
     if ended {
-        // The server spoils nothing here, but what it made is not wanted.
+        // What the stream recorded is not wanted: the graph the server made of it goes.
         if let Ok((g, _)) = conn()?.stream_end_capture(stream) {
             conn()?.graph_destroy(g)?;
         }

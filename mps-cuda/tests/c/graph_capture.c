@@ -140,6 +140,9 @@ int main(int argc, char **argv) {
     CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     EXPECT(cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     expect_invalidated(s, "query");
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    expect_invalidated(s, "context synchronisation");
 
     /* While a blocking stream captures, the legacy stream cannot be used (that invalidates the
      * capture); while only a non-blocking one does, it can. */
@@ -195,6 +198,21 @@ int main(int argc, char **argv) {
                CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         expect_invalidated(s, "pageable copy");
         CHECK(cuEventDestroy_v2(e));
+
+        /* The graph being built and its nodes exist only on the server: their count is
+         * answered once the capture has ended, the nodes never. */
+        CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CUgraph building = NULL;
+        EXPECT(cuStreamGetCaptureInfo_v3(s, &st, NULL, &building, NULL, NULL, NULL),
+               CUDA_ERROR_NOT_SUPPORTED);
+        CHECK(cuMemsetD32Async(dy, 0, N, s));
+        CHECK(cuStreamEndCapture(s, &graph));
+        CUgraphNode node[1];
+        nodes = 1;
+        EXPECT(cuGraphGetNodes(graph, node, &nodes), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK(cuGraphGetNodes(graph, NULL, &nodes));
+        ASSERT(nodes == 1, "%zu nodes, not the one memset captured", nodes);
+        CHECK(cuGraphDestroy(graph));
 
         /* A capture begins once; a command the server refuses (launches and memsets are posted
          * without waiting) spoils it: it ends without a graph, its error not left for the next
