@@ -3,9 +3,9 @@
  * and launched several times with new host data, each result checked; then CUDA's rules of
  * capture: no capture on the legacy stream, no synchronising or querying a capturing stream
  * (which invalidates the capture), the legacy stream unusable while a blocking stream captures,
- * allocation refused by the capture mode and allowed in relaxed mode, ending a capture from
- * another thread or where none is; with MPS_ONLY=1, what mps cannot capture and a capture the
- * server spoils.
+ * allocation refused by the capture modes (of this thread and of others) and allowed in
+ * relaxed mode, ending a capture from another thread or where none is; with MPS_ONLY=1, what
+ * mps cannot capture and a capture the server spoils.
  * Usage: graph_capture <test_kernels.ptx> */
 #include <pthread.h>
 #include <string.h>
@@ -59,6 +59,24 @@ static void *end_elsewhere(void *arg) {
     CUgraph g = NULL;
     EXPECT(cuStreamEndCapture(capturing, &g), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     return NULL;
+}
+
+static CUdeviceptr allocated;
+static CUresult alloc_result;
+
+/* Allocates in a thread of its own (in the default, global, capture mode). */
+static void *alloc_elsewhere(void *arg) {
+    (void)arg;
+    CHECK(cuCtxSetCurrent(ctx));
+    alloc_result = cuMemAlloc_v2(&allocated, 256);
+    return NULL;
+}
+
+static CUresult alloc_in_another_thread(void) {
+    pthread_t t;
+    pthread_create(&t, NULL, alloc_elsewhere, NULL);
+    pthread_join(t, NULL);
+    return alloc_result;
 }
 
 int main(int argc, char **argv) {
@@ -173,6 +191,18 @@ int main(int argc, char **argv) {
     CHECK(cuStreamEndCapture(s, &graph));
     CHECK(cuGraphDestroy(graph));
     CHECK(cuMemFree_v2(extra));
+
+    /* Another thread may allocate while this one captures in thread-local mode, not while it
+     * captures in global mode (that invalidates the capture). */
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CHECK(alloc_in_another_thread());
+    CHECK(cuMemsetD32Async(dy, 0, N, s));
+    CHECK(cuStreamEndCapture(s, &graph));
+    CHECK(cuGraphDestroy(graph));
+    CHECK(cuMemFree_v2(allocated));
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(alloc_in_another_thread(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    expect_invalidated(s, "allocation in another thread");
 
     /* A capture not begun in relaxed mode ends only in its own thread. */
     capturing = s;
