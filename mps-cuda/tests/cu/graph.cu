@@ -1,8 +1,9 @@
 // Stream capture with the runtime API: a copy in, a memset, two kernels and a copy out captured
 // once (cudaStreamBeginCapture), instantiated (cudaGraphInstantiate) and launched
 // (cudaGraphLaunch) with new input each time, every output checked; the capture status and ID
-// while capturing, the graph's node count, and CUDA's refusals: no capture on the legacy stream, no end where nothing
-// captures.
+// while capturing, the graph's node count, and CUDA's rules: no capture on the legacy stream,
+// no end where nothing captures, no synchronising a capturing stream, no allocation during a
+// global capture unless the thread is in relaxed mode.
 #include "check.h"
 
 int main() {
@@ -59,6 +60,33 @@ int main() {
     printf("capture on the legacy stream: %s\n", cudaGetErrorName(r));
     r = cudaStreamEndCapture(s, &graph);
     printf("end without a capture: %s\n", cudaGetErrorName(r));
+
+    // Synchronising a capturing stream is refused and invalidates the capture.
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    r = cudaStreamSynchronize(s);
+    printf("synchronise while capturing: %s\n", cudaGetErrorName(r));
+    r = cudaStreamEndCapture(s, &graph);
+    printf("end after it: %s, graph %s\n", cudaGetErrorName(r), graph ? "made" : "none");
+
+    // Allocating during a global capture is refused (and invalidates it) unless the thread is
+    // in relaxed mode.
+    float *extra;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    r = cudaMalloc(&extra, 256);
+    printf("cudaMalloc during a global capture: %s\n", cudaGetErrorName(r));
+    r = cudaStreamEndCapture(s, &graph);
+    printf("end after it: %s\n", cudaGetErrorName(r));
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    CHECK(cudaMalloc(&extra, 256));
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT(mode == cudaStreamCaptureModeRelaxed);
+    CHECK(cudaMemsetAsync(extra, 0, 256, s));
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaFree(extra));
+    printf("cudaMalloc in relaxed mode during a capture: cudaSuccess\n");
 
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaStreamDestroy(s));
