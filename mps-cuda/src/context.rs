@@ -116,7 +116,9 @@ fn release_resources(ctx: &Context) -> Res<()> {
     // The runtime's per-context state goes first, while the context still works.
     crate::export::drop_context_storage(ctx.handle);
     let d = driver()?;
-    let mut first = d.conn.synchronize();
+    // A capturing stream cannot be waited for or destroyed: its capture ends first.
+    let ended = crate::graph::end_captures_of(ctx.handle);
+    let mut first = ended.and(d.conn.synchronize());
     let mut keep = |r: Res<()>| {
         if first.is_ok() {
             first = r;

@@ -322,6 +322,27 @@ pub(crate) fn forget_stream(stream: Stream) -> Res<()> {
     Ok(())
 }
 
+/// Context `ctx` is about to be destroyed: the captures of its streams end, and what they
+/// recorded is dropped (the first failure is returned once every one has been tried).
+pub(crate) fn end_captures_of(ctx: usize) -> Res<()> {
+    if !any_capturing() {
+        return Ok(());
+    }
+    let streams: Vec<Stream> = captures()
+        .iter()
+        .filter(|(_, c)| c.ctx == ctx)
+        .map(|(s, _)| *s)
+        .collect();
+    let mut first = Ok(());
+    for s in streams {
+        let r = forget_stream(s);
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
 // ----- capture -----
 
 fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {

@@ -244,6 +244,19 @@ int main(int argc, char **argv) {
         ASSERT(nodes == 1, "%zu nodes, not the one memset captured", nodes);
         CHECK(cuGraphDestroy(graph));
 
+        /* Destroying a context ends its streams' captures: nothing is left capturing, so
+         * memory can be freed again. */
+        CUcontext other;
+        CUstream in_other;
+        CHECK(cuCtxCreate_v2(&other, 0, 0));
+        CHECK(cuStreamCreate(&in_other, CU_STREAM_NON_BLOCKING));
+        CHECK(cuStreamBeginCapture_v2(in_other, CU_STREAM_CAPTURE_MODE_RELAXED));
+        CHECK(cuCtxDestroy_v2(other));
+        CHECK(cuCtxSetCurrent(ctx));
+        CUdeviceptr scratch;
+        CHECK(cuMemAlloc_v2(&scratch, 256));
+        CHECK(cuMemFree_v2(scratch));
+
         /* A capture begins once; a command the server refuses (launches and memsets are posted
          * without waiting) spoils it: it ends without a graph, its error not left for the next
          * synchronisation, and the stream runs again. */
