@@ -33,7 +33,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use crate::abi::{CUresult, CUstream};
@@ -41,7 +41,7 @@ use crate::connection::{Connection, Graph, GraphExec, Res, Stream};
 use crate::driver::{check, driver, entry, lock, put};
 use crate::handles::Registry;
 use crate::log;
-use crate::stream::{Kind, Target, resolve};
+use crate::stream::{Kind, Target, properties, resolve};
 
 /// The connection capture and graphs go through: the one place this module reaches it.
 fn conn() -> Res<&'static Connection> {
@@ -90,6 +90,8 @@ struct Capture {
     /// CUDA's capture sequence ID, unique in the process.
     id: u64,
     invalidated: bool,
+    /// The stream's priority, which CUDA copies into the kernel nodes it captures.
+    priority: i32,
 }
 
 /// Capturing streams, by mps stream.
@@ -103,17 +105,21 @@ thread_local! {
     static MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
 }
 
-/// A captured graph, and how many nodes it holds (each copy, memset and launch one).
+/// A captured graph, how many nodes it holds (each copy, memset and launch one), and the
+/// priority of the stream it was captured in.
 #[derive(Debug)]
 struct GraphObj {
     graph: Graph,
     nodes: u64,
+    priority: i32,
 }
 
-/// An executable graph.
+/// An executable graph; with `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`, the priority its
+/// kernel nodes ask for.
 #[derive(Debug)]
 struct ExecObj {
     exec: GraphExec,
+    node_priority: Option<i32>,
 }
 
 static GRAPHS: LazyLock<Registry<GraphObj>> = LazyLock::new(Registry::default);
@@ -356,6 +362,7 @@ fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {
     if captures().contains_key(&t.stream) {
         return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
     }
+    let (_, priority) = properties(h, per_thread)?;
     conn()?.stream_begin_capture(t.stream)?;
     let mut caps = captures();
     caps.insert(
@@ -367,6 +374,7 @@ fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {
             thread: std::thread::current().id(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             invalidated: false,
+            priority,
         },
     );
     counted(&caps);
@@ -397,7 +405,7 @@ pub extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresu
 fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     check(!ph.is_null())?;
     let t = resolve(h, per_thread)?;
-    let invalidated = {
+    let (invalidated, priority) = {
         let mut caps = captures();
         let c = caps
             .get(&t.stream)
@@ -405,10 +413,10 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
         if c.mode != MODE_RELAXED && c.thread != std::thread::current().id() {
             return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
         }
-        let invalidated = c.invalidated;
+        let ended = (c.invalidated, c.priority);
         caps.remove(&t.stream);
         counted(&caps);
-        invalidated
+        ended
     };
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, 0) }?;
@@ -424,7 +432,11 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
         conn()?.graph_destroy(graph)?;
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
-    let (handle, _) = GRAPHS.insert_with(|_| GraphObj { graph, nodes });
+    let (handle, _) = GRAPHS.insert_with(|_| GraphObj {
+        graph,
+        nodes,
+        priority,
+    });
     // SAFETY: as above.
     unsafe { put(ph, handle) }
 }
@@ -685,26 +697,13 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
         | INSTANTIATE_USE_NODE_PRIORITY
         | upload.map_or(0, |_| INSTANTIATE_UPLOAD);
     check(flags & !known == 0)?;
-    for (flag, what) in [
-        (
-            INSTANTIATE_DEVICE_LAUNCH,
-            "CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH",
-        ),
-        (
-            INSTANTIATE_USE_NODE_PRIORITY,
-            "CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY",
-        ),
-    ] {
-        if flags & flag != 0 {
-            log::once(what, || {
-                format!(
-                    "graph instantiation with {what} is not supported through mps (a graph runs \
-                     in the stream it is launched into, with its priority); returning \
-                     CUDA_ERROR_NOT_SUPPORTED"
-                )
-            });
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
+    if flags & INSTANTIATE_DEVICE_LAUNCH != 0 {
+        log::once("CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH", || {
+            "graph instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH is not supported \
+             through mps (graphs are launched by the server); returning CUDA_ERROR_NOT_SUPPORTED"
+                .to_string()
+        });
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     // An upload has nothing to do (the server's graph is ready once instantiated): the stream
     // is only checked.
@@ -713,7 +712,11 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
     }
     // Allocation nodes, which AUTO_FREE_ON_LAUNCH is about, are never captured here.
     let exec = conn()?.graph_instantiate(graph.graph)?;
-    let (handle, _) = EXECS.insert_with(|_| ExecObj { exec });
+    let node_priority = (flags & INSTANTIATE_USE_NODE_PRIORITY != 0).then_some(graph.priority);
+    let (handle, _) = EXECS.insert_with(|_| ExecObj {
+        exec,
+        node_priority,
+    });
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, handle) }
 }
@@ -843,11 +846,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
     })
 }
 
-fn exec(e: usize) -> Res<GraphExec> {
-    EXECS
-        .get(e)
-        .map(|x| x.exec)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+fn exec(e: usize) -> Res<Arc<ExecObj>> {
+    EXECS.get(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// An upload has nothing to do: the server's executable graph is ready once instantiated.
@@ -866,12 +866,25 @@ pub extern "C" fn cuGraphUpload_ptsz(e: usize, h: CUstream) -> CUresult {
     entry("cuGraphUpload_ptsz", || upload(e, h, true))
 }
 
-/// Posted without waiting, as kernel launches are.
+/// Posted without waiting, as kernel launches are. The graph's work runs with the priority of
+/// the stream it is launched into: where it was instantiated to use its nodes' priority (that
+/// of the stream it was captured in) and the two differ, that is said once.
 fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
     let exec = exec(e)?;
+    if let Some(wanted) = exec.node_priority
+        && properties(h, per_thread)?.1 != wanted
+    {
+        log::once("graph node priority", || {
+            format!(
+                "a graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY \
+                 (captured at priority {wanted}) runs through mps with the priority of the \
+                 stream it is launched into, which differs"
+            )
+        });
+    }
     let stream = crate::stream::for_work(h, per_thread)?;
     refuse_in_capture(stream, "a graph launch (a child graph)")?;
-    conn()?.graph_launch(exec, stream)
+    conn()?.graph_launch(exec.exec, stream)
 }
 
 #[unsafe(no_mangle)]

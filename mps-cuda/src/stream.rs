@@ -336,7 +336,7 @@ pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -
 }
 
 /// The flags and priority of a stream (the default streams: blocking, priority 0).
-fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
+pub(crate) fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
     let t = resolve(h, per_thread)?;
     if let Kind::Legacy = t.kind {
         return Ok((0, 0));

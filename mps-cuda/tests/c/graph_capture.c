@@ -120,7 +120,10 @@ int main(int argc, char **argv) {
     ASSERT(hout[0] == -1.0f && hout[N - 1] == -1.0f, "the capture ran: %f", hout[N - 1]);
 
     CUgraphExec exec[2];
-    CHECK(cuGraphInstantiateWithFlags(&exec[0], graph, 0));
+    /* With the flags PyTorch's CUDAGraph gives. */
+    CHECK(cuGraphInstantiateWithFlags(&exec[0], graph,
+                                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                          CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY));
     CUDA_GRAPH_INSTANTIATE_PARAMS params = {CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, s, NULL, -1};
     CHECK(cuGraphInstantiateWithParams(&exec[1], graph, &params));
     ASSERT(params.result_out == CUDA_GRAPH_INSTANTIATE_SUCCESS && params.hErrNode_out == NULL,

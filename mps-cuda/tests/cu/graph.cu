@@ -44,13 +44,16 @@ int main() {
     CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
     printf("captured nodes: %zu\n", nodes);
 
-    cudaGraphExec_t exec;
+    // Instantiated plainly, and with the flags PyTorch's CUDAGraph gives.
+    cudaGraphExec_t exec, flagged;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphInstantiateWithFlags(
+        &flagged, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority));
     CHECK(cudaGraphDestroy(graph));
     const int rounds = 4;
     for (int round = 0; round < rounds; round++) {
         for (uint64_t i = 0; i < n; i++) hin[i] = (float)(i + 1000 * round);
-        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaGraphLaunch(round % 2 ? flagged : exec, s));
         CHECK(cudaStreamSynchronize(s));
         for (uint64_t i = 0; i < n; i++) EXPECT(hout[i] == 3.0f * hin[i]);
     }
@@ -89,6 +92,7 @@ int main() {
     printf("cudaMalloc in relaxed mode during a capture: cudaSuccess\n");
 
     CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphExecDestroy(flagged));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(dx));
     CHECK(cudaFree(dy));
