@@ -227,15 +227,18 @@ fn the_transparent_mode_runs_the_native_workers_through_mps_cuda() {
         "--clients",
         "1,2",
         "--workloads",
-        "spin,infer,rtt,launch-rate",
+        "spin,infer,infer-graph,rtt,launch-rate",
     ];
     let Some((table, out)) = bench("run", &args) else {
         return;
     };
     let records = records(&out.join("bench.json"));
-    let expected: [(&str, &[usize], &[&str]); 4] = [
+    // infer-graph: each worker captures its request with cuStreamBeginCapture and replays it
+    // with cuGraphLaunch, through the library's stream capture.
+    let expected: [(&str, &[usize], &[&str]); 5] = [
         ("spin", &[1, 2], &["kernels_per_s"]),
         ("infer", &[1, 2], &["requests_per_s", "p99_us"]),
+        ("infer-graph", &[1, 2], &["requests_per_s", "p99_us"]),
         ("rtt", &[1], &["median_us", "p99_us"]),
         ("launch-rate", &[1], &["launches_per_s"]),
     ];

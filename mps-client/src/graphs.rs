@@ -7,7 +7,7 @@
 //! event records and waits, graph launches, and copies through pageable memory (copy through a
 //! host buffer from [`Client::host_alloc`], whose contents each launch reads again).
 
-use mps_core::protocol::Request;
+use mps_core::protocol::{Request, flags};
 use mps_core::{Error, Result};
 
 use crate::connection::Client;
@@ -24,13 +24,42 @@ impl Client {
     }
 
     /// Ends the capture of `stream` and returns the graph of what it recorded; `stream` runs
-    /// its work again. Fails (and makes no graph) if a command failed during the capture.
+    /// its work again. Fails (and makes no graph) if a command failed during the capture, or
+    /// if an earlier command left an error to report.
     pub fn stream_end_capture(&self, stream: Stream) -> Result<Graph> {
+        self.stream_end_capture_counted(stream)
+            .map(|(graph, _)| graph)
+    }
+
+    /// As [`Client::stream_end_capture`], with the number of commands the graph holds (each a
+    /// node of the server's graph: a copy, a memset or a kernel launch).
+    pub fn stream_end_capture_counted(&self, stream: Stream) -> Result<(Graph, u64)> {
         self.stream_slot(stream)?;
-        let reply = self.call(&Request::StreamEndCapture { stream: stream.0 });
+        // The capture ends whatever an earlier command left to report (the usual check before a
+        // call would return that and leave the server capturing, its stream never to run again).
+        let pending = self.check();
+        let reply = self
+            .submit_request(
+                &Request::StreamEndCapture { stream: stream.0 },
+                Stream::DEFAULT,
+                flags::REPLY,
+            )
+            .and_then(|seq| self.wait_reply(seq));
         // Whatever the answer, the server ended the capture.
         self.captures().remove(&stream.0);
-        Ok(Graph(reply?.values[0]))
+        // The errors of commands recorded in the capture arrived before the reply: they are
+        // the capture's (its reply names the first), not the next synchronisation's.
+        let recorded = self.check();
+        let values = reply?.values;
+        let graph = Graph(values[0]);
+        match pending.and(recorded) {
+            Ok(()) => Ok((graph, values[1])),
+            Err(e) => {
+                // The error is the answer; a graph is not (it may lack the failed command).
+                let _ = self.graph_destroy(graph);
+                Err(e)
+            }
+        }
     }
 
     /// Whether `stream` is capturing.

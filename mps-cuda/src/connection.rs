@@ -7,7 +7,7 @@
 
 use mps_client::Client;
 use mps_client::Error;
-pub(crate) use mps_client::{Event, Function, Module, Stream};
+pub(crate) use mps_client::{Event, Function, Graph, GraphExec, Module, Stream};
 use mps_core::protocol::{Dim3, ParamInfo};
 
 use crate::abi::CUresult;
@@ -264,5 +264,32 @@ impl Connection {
 
     pub(crate) fn event_elapsed_ms(&self, start: Event, end: Event) -> Res<f32> {
         self.client.event_elapsed_ms(start, end).map_err(fail)
+    }
+
+    // ----- graphs -----
+
+    pub(crate) fn stream_begin_capture(&self, stream: Stream) -> Res<()> {
+        self.client.stream_begin_capture(stream).map_err(fail)
+    }
+
+    /// The graph `stream` captured, and how many nodes (commands) it holds.
+    pub(crate) fn stream_end_capture(&self, stream: Stream) -> Res<(Graph, u64)> {
+        self.client.stream_end_capture_counted(stream).map_err(fail)
+    }
+
+    pub(crate) fn graph_instantiate(&self, graph: Graph) -> Res<GraphExec> {
+        self.client.graph_instantiate(graph).map_err(fail)
+    }
+
+    pub(crate) fn graph_launch(&self, exec: GraphExec, stream: Stream) -> Res<()> {
+        self.client.graph_launch(exec, stream).map_err(fail)
+    }
+
+    pub(crate) fn graph_destroy(&self, graph: Graph) -> Res<()> {
+        self.client.graph_destroy(graph).map_err(fail)
+    }
+
+    pub(crate) fn graph_exec_destroy(&self, exec: GraphExec) -> Res<()> {
+        self.client.graph_exec_destroy(exec).map_err(fail)
     }
 }

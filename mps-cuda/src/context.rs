@@ -122,7 +122,9 @@ fn release_resources(ctx: &Context) -> Res<()> {
     crate::export::drop_context_storage(ctx.handle);
     let d = driver()?;
     let conn = ctx.conn()?;
-    let mut first = conn.synchronize();
+    // A capturing stream cannot be waited for or destroyed: its capture ends first.
+    let ended = crate::graph::end_captures_of(ctx.handle);
+    let mut first = ended.and(conn.synchronize());
     let mut keep = |r: Res<()>| {
         if first.is_ok() {
             first = r;
@@ -414,14 +416,20 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
 /// view of its server's one context).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", || current()?.conn()?.synchronize())
+    entry("cuCtxSynchronize", || {
+        let ctx = current()?;
+        crate::graph::refuse_context_wait(ctx.handle)?;
+        ctx.conn()?.synchronize()
+    })
 }
 
 /// CUDA 13's form, naming the context (NULL: the current one).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
-        given_or_current(ctx)?.conn()?.synchronize()
+        let ctx = given_or_current(ctx)?;
+        crate::graph::refuse_context_wait(ctx.handle)?;
+        ctx.conn()?.synchronize()
     })
 }
 

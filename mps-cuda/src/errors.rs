@@ -78,6 +78,9 @@ results! {
     CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => "system has unsupported display driver / cuda driver combination",
     CUDA_ERROR_MPS_CONNECTION_FAILED => "MPS client failed to connect to the MPS control daemon or the MPS server",
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => "operation not permitted when stream is capturing",
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => "operation failed due to a previous error during capture",
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => "operation would make the legacy stream depend on a capturing blocking stream",
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "attempt to terminate a thread-local capture sequence from another thread",
     CUDA_ERROR_TIMEOUT => "wait operation timed out",
     CUDA_ERROR_UNKNOWN => "unknown error",
 }

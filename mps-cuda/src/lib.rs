@@ -19,6 +19,7 @@ pub mod device;
 mod driver;
 mod errors;
 pub mod export;
+pub mod graph;
 mod handles;
 mod image;
 mod log;

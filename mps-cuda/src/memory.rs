@@ -23,11 +23,13 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTAL
 use crate::connection::{Connection, Res, Stream};
 use crate::context::{Context, context, current, handle_of};
 use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::graph;
 use crate::log;
 use crate::stream::{for_legacy_work, for_work};
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     check(!dptr.is_null() && size > 0)?;
+    graph::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.mem_alloc(size as u64)?;
     lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
@@ -67,6 +69,7 @@ pub(crate) fn device_of(
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
         let here = current()?.device;
+        graph::free_call("cuMemFree")?;
         let d = driver()?;
         let dev = {
             let allocations = lock(&d.allocations);
@@ -99,6 +102,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 
 fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
     check(!pp.is_null() && size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
+    graph::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
     lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
@@ -128,6 +132,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
         current()?;
+        graph::free_call("cuMemFreeHost")?;
         let (_, _, dev) = lock(&driver()?.host)
             .remove(&(p as usize))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
@@ -159,6 +164,7 @@ unsafe fn htod(
         return Ok(());
     }
     check(!src.is_null())?;
+    graph::admit_copy((stream, conn), sync, || pinned(src as usize, n))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
     if sync && pinned(src as usize, n)? {
@@ -180,6 +186,7 @@ unsafe fn dtoh(
         return Ok(());
     }
     check(!dst.is_null())?;
+    graph::admit_copy((stream, conn), sync, || pinned(dst as usize, n))?;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
     if sync && pinned(dst as usize, n)? {

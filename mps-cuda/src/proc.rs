@@ -17,6 +17,7 @@ use crate::device::*;
 use crate::driver::{check, entry, put};
 use crate::errors;
 use crate::export::cuGetExportTable;
+use crate::graph::*;
 use crate::memory::*;
 use crate::module::*;
 use crate::stream::*;
@@ -117,6 +118,24 @@ abis! {
     "cuStreamWaitEvent" 3020 cuStreamWaitEvent | cuStreamWaitEvent_ptsz;
     "cuStreamGetFlags" 5050 cuStreamGetFlags | cuStreamGetFlags_ptsz;
     "cuStreamGetPriority" 5050 cuStreamGetPriority | cuStreamGetPriority_ptsz;
+    "cuStreamBeginCapture" 10000 cuStreamBeginCapture | cuStreamBeginCapture_ptsz;
+    "cuStreamBeginCapture" 10010 cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz;
+    "cuStreamEndCapture" 10000 cuStreamEndCapture | cuStreamEndCapture_ptsz;
+    "cuStreamIsCapturing" 10000 cuStreamIsCapturing | cuStreamIsCapturing_ptsz;
+    "cuStreamGetCaptureInfo" 10010 cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz;
+    "cuStreamGetCaptureInfo" 11030 cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz;
+    "cuStreamGetCaptureInfo" 12030 cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz;
+    "cuThreadExchangeStreamCaptureMode" 10010 cuThreadExchangeStreamCaptureMode;
+    "cuGraphInstantiate" 10000 cuGraphInstantiate;
+    "cuGraphInstantiate" 11000 cuGraphInstantiate_v2;
+    "cuGraphInstantiate" 12000 cuGraphInstantiateWithFlags;
+    "cuGraphInstantiateWithFlags" 11040 cuGraphInstantiateWithFlags;
+    "cuGraphInstantiateWithParams" 12000 cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz;
+    "cuGraphUpload" 11010 cuGraphUpload | cuGraphUpload_ptsz;
+    "cuGraphLaunch" 10000 cuGraphLaunch | cuGraphLaunch_ptsz;
+    "cuGraphGetNodes" 10000 cuGraphGetNodes;
+    "cuGraphDestroy" 10000 cuGraphDestroy;
+    "cuGraphExecDestroy" 10000 cuGraphExecDestroy;
     "cuEventCreate" 2000 cuEventCreate;
     "cuEventRecord" 2000 cuEventRecord | cuEventRecord_ptsz;
     "cuEventSynchronize" 2000 cuEventSynchronize;
@@ -307,6 +326,63 @@ mod tests {
         assert_eq!(
             lookup("cuMemAlloc", 3020, pt),
             Ok(cuMemAlloc_v2 as *const () as usize)
+        );
+    }
+
+    /// The capture and graph functions at the versions cudart 13 asks for them (the H200 trace
+    /// of PyTorch, `mlp.txt`): each version its ABI.
+    #[test]
+    fn capture_and_graph_functions_by_the_versions_cudart_asks_for() {
+        let at = |name, version, flags| lookup(name, version, flags);
+        let f = |f: usize| Ok(f);
+        let pt = PROC_PER_THREAD_DEFAULT_STREAM;
+        assert_eq!(
+            at("cuStreamBeginCapture", 10000, 0),
+            f(cuStreamBeginCapture as *const () as usize)
+        );
+        assert_eq!(
+            at("cuStreamBeginCapture", 10010, pt),
+            f(cuStreamBeginCapture_v2_ptsz as *const () as usize)
+        );
+        assert_eq!(
+            at("cuStreamGetCaptureInfo", 10010, 0),
+            f(cuStreamGetCaptureInfo as *const () as usize)
+        );
+        assert_eq!(
+            at("cuStreamGetCaptureInfo", 11030, pt),
+            f(cuStreamGetCaptureInfo_v2_ptsz as *const () as usize)
+        );
+        assert_eq!(
+            at("cuStreamGetCaptureInfo", 12030, 0),
+            f(cuStreamGetCaptureInfo_v3 as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphInstantiate", 10000, 0),
+            f(cuGraphInstantiate as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphInstantiate", 11000, 0),
+            f(cuGraphInstantiate_v2 as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphInstantiate", 12000, 0),
+            f(cuGraphInstantiateWithFlags as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphInstantiateWithParams", 12000, pt),
+            f(cuGraphInstantiateWithParams_ptsz as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphLaunch", 10000, pt),
+            f(cuGraphLaunch_ptsz as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphUpload", 11010, 0),
+            f(cuGraphUpload as *const () as usize)
+        );
+        assert_eq!(
+            at("cuThreadExchangeStreamCaptureMode", 10010, 0),
+            f(cuThreadExchangeStreamCaptureMode as *const () as usize)
         );
     }
 

@@ -25,6 +25,7 @@ use crate::abi::{
 use crate::connection::{Connection, Event, Res, Stream};
 use crate::context::{Context, context, current};
 use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::graph;
 
 /// A stream the program created (or a thread's per-thread default stream).
 #[derive(Debug)]
@@ -76,7 +77,7 @@ impl LegacyOrder {
     }
 }
 
-enum Kind {
+pub(crate) enum Kind {
     Legacy,
     Blocking(usize),
     Independent,
@@ -84,11 +85,11 @@ enum Kind {
 
 /// A stream argument resolved: its context, its device's connection, its mps stream and how it
 /// orders.
-struct Target {
-    ctx: Arc<Context>,
-    conn: &'static Connection,
-    stream: Stream,
-    kind: Kind,
+pub(crate) struct Target {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) conn: &'static Connection,
+    pub(crate) stream: Stream,
+    pub(crate) kind: Kind,
 }
 
 thread_local! {
@@ -133,7 +134,7 @@ fn per_thread_stream(ctx: &Context) -> Res<usize> {
 
 /// Resolves `h` as a function whose NULL stream is the per-thread one (`per_thread`) or the
 /// legacy one sees it.
-fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
+pub(crate) fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
     let raw = h as usize;
     let d = driver()?;
     let own = if raw == STREAM_LEGACY || (raw == 0 && !per_thread) {
@@ -226,17 +227,22 @@ impl Target {
 }
 
 /// The mps stream that work for `h` goes into, after the waits CUDA's default-stream semantics
-/// call for, and the connection of its device.
+/// call for, and the connection of its device. A capturing stream records its work, which
+/// orders with nothing outside the capture.
 pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<(Stream, &'static Connection)> {
-    let t = resolve(h, per_thread)?;
-    t.order(true)?;
-    Ok((t.stream, t.conn))
+    admitted(resolve(h, per_thread)?)
 }
 
 /// As [`for_work`], for the legacy default stream of context `ctx`.
 pub(crate) fn for_legacy_work(ctx: Arc<Context>) -> Res<(Stream, &'static Connection)> {
-    let t = legacy_of(ctx)?;
-    t.order(true)?;
+    admitted(legacy_of(ctx)?)
+}
+
+/// Work for `t`, admitted by the capture rules and ordered as its kind of stream orders.
+fn admitted(t: Target) -> Res<(Stream, &'static Connection)> {
+    if !graph::admit_work(&t)? {
+        t.order(true)?;
+    }
     Ok((t.stream, t.conn))
 }
 
@@ -276,6 +282,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
             .streams
             .remove(h as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        graph::forget_stream(connection(s.device)?, s.stream)?;
         let ordering_event = d
             .contexts
             .get(s.ctx)
@@ -294,6 +301,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 /// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
+    graph::refuse_wait(&t)?;
     t.order(false)?;
     t.conn.stream_synchronize(t.stream)
 }
@@ -310,6 +318,7 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
+    graph::refuse_wait(&t)?;
     if t.conn.stream_query(t.stream)? {
         Ok(())
     } else {
@@ -338,6 +347,7 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()>
     check(flags == 0)?;
     let e = event(ev)?;
     let (s, conn) = for_work(h, per_thread)?;
+    graph::refuse_in_capture(conn, s, "an event wait (a cross-stream join)")?;
     if conn.ordinal() == e.device {
         conn.stream_wait_event(s, e.event)
     } else {
@@ -357,7 +367,7 @@ pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -
 }
 
 /// The flags and priority of a stream (the default streams: blocking, priority 0).
-fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
+pub(crate) fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
     let t = resolve(h, per_thread)?;
     if let Kind::Legacy = t.kind {
         return Ok((0, 0));
@@ -440,6 +450,7 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
     let e = event(ev)?;
     let (s, conn) = for_work(h, per_thread)?;
+    graph::refuse_in_capture(conn, s, "an event record (a cross-stream fork)")?;
     if conn.ordinal() != e.device {
         // CUDA refuses an event and a stream of two devices alike.
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);

@@ -115,14 +115,12 @@ unsupported! {
     cuGraphConditionalHandleCreate
     cuGraphCreate
     cuGraphDebugDotPrint
-    cuGraphDestroy
     cuGraphDestroyNode
     cuGraphEventRecordNodeGetEvent
     cuGraphEventRecordNodeSetEvent
     cuGraphEventWaitNodeGetEvent
     cuGraphEventWaitNodeSetEvent
     cuGraphExecChildGraphNodeSetParams
-    cuGraphExecDestroy
     cuGraphExecEventRecordNodeSetEvent
     cuGraphExecEventWaitNodeSetEvent
     cuGraphExecExternalSemaphoresSignalNodeSetParams
@@ -141,13 +139,9 @@ unsupported! {
     cuGraphExternalSemaphoresWaitNodeGetParams
     cuGraphExternalSemaphoresWaitNodeSetParams
     cuGraphGetEdges
-    cuGraphGetNodes
     cuGraphGetRootNodes
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams
-    cuGraphInstantiate
-    cuGraphInstantiateWithFlags
-    cuGraphInstantiateWithParams
     cuGraphKernelNodeCopyAttributes
     cuGraphKernelNodeGetAttribute
     cuGraphKernelNodeGetParams
@@ -155,7 +149,6 @@ unsupported! {
     cuGraphKernelNodeSetAttribute
     cuGraphKernelNodeSetParams
     cuGraphKernelNodeSetParams_v2
-    cuGraphLaunch
     cuGraphMemAllocNodeGetParams
     cuGraphMemFreeNodeGetParams
     cuGraphMemcpyNodeGetParams
@@ -172,7 +165,6 @@ unsupported! {
     cuGraphReleaseUserObject
     cuGraphRemoveDependencies
     cuGraphRetainUserObject
-    cuGraphUpload
     cuGraphicsEGLRegisterImage
     cuGraphicsGLRegisterBuffer
     cuGraphicsGLRegisterImage
@@ -312,20 +304,13 @@ unsupported! {
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2
-    cuStreamBeginCapture
     cuStreamBeginCaptureToGraph
-    cuStreamBeginCapture_v2
     cuStreamCopyAttributes
-    cuStreamEndCapture
     cuStreamGetAttribute
-    cuStreamGetCaptureInfo
-    cuStreamGetCaptureInfo_v2
-    cuStreamGetCaptureInfo_v3
     cuStreamGetCtx
     cuStreamGetCtx_v2
     cuStreamGetDevice
     cuStreamGetId
-    cuStreamIsCapturing
     cuStreamSetAttribute
     cuStreamUpdateCaptureDependencies
     cuStreamWaitValue32
@@ -345,7 +330,6 @@ unsupported! {
     cuTexObjectGetResourceDesc
     cuTexObjectGetResourceViewDesc
     cuTexObjectGetTextureDesc
-    cuThreadExchangeStreamCaptureMode
     cuUserObjectCreate
     cuUserObjectRelease
     cuUserObjectRetain

@@ -424,3 +424,21 @@ fn unmodified_processes_share_the_daemon_under_its_limits_groups_and_lists() {
         assert!(printed.contains("devices: 1\n"), "{printed}");
     }
 }
+
+#[test]
+fn stream_capture_makes_graphs_that_replay_with_new_data_and_keeps_cudas_rules() {
+    let (stdout, stderr) = passes("graph_capture", &[]);
+    // y = 3x for the last round's x[4095] = 4095 + 3000: the fourth launch read new input.
+    assert!(
+        stdout.contains("4 graph launches: y[4095] = 21285.0"),
+        "{stdout}"
+    );
+    // What mps cannot capture is said once each, by name.
+    for what in ["an event record", "a copy through pageable memory"] {
+        let said = stderr
+            .lines()
+            .filter(|l| l.contains(what) && l.contains("is not supported through mps"))
+            .count();
+        assert_eq!(said, 1, "{what}: {stderr}");
+    }
+}

@@ -288,3 +288,22 @@ fn several_devices_with_cuda_set_device() {
         &|| Box::new(Daemon::start()),
     );
 }
+
+#[test]
+fn stream_capture_and_graph_launches_with_new_input() {
+    passes(
+        "graph",
+        &[],
+        &[
+            "captured nodes: 5",
+            "4 graph launches: y[4095] = 21285.0",
+            "capture on the legacy stream: cudaErrorStreamCaptureUnsupported",
+            "end without a capture: cudaErrorIllegalState",
+            "synchronise while capturing: cudaErrorStreamCaptureUnsupported",
+            "end after it: cudaErrorStreamCaptureInvalidated, graph none",
+            "cudaMalloc during a global capture: cudaErrorStreamCaptureUnsupported",
+            "end after it: cudaErrorStreamCaptureInvalidated",
+            "cudaMalloc in relaxed mode during a capture: cudaSuccess",
+        ],
+    );
+}

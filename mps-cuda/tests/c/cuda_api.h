@@ -19,6 +19,9 @@ typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct { char bytes[16]; } CUuuid;
 
 enum {
@@ -32,12 +35,41 @@ enum {
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
 };
 
 #define CU_CTX_SCHED_BLOCKING_SYNC 0x4
+typedef enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+} CUstreamCaptureStatus;
+
+typedef enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+} CUstreamCaptureMode;
+
+#define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 0x1
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 0x2
+#define CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY 0x8
+#define CUDA_GRAPH_INSTANTIATE_SUCCESS 0
+
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 #define CU_STREAM_DEFAULT 0x0
@@ -158,6 +190,21 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                              unsigned long long flags, CUdriverProcAddressQueryResult *status);
 CUresult cuGetExportTable(const void **table, const CUuuid *id);
 CUresult cuGraphCreate(void **graph, unsigned int flags);
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream s, CUgraph *graph);
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status);
+CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, uint64_t *id,
+                                   CUgraph *graph, const CUgraphNode **deps,
+                                   const void **edgeData, size_t *numDeps);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuGraphUpload(CUgraphExec exec, CUstream s);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream s);
+CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
 
 static int failures = 0;
 
