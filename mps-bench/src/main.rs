@@ -92,6 +92,11 @@ enum Cmd {
         /// stays on one device.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         devices: u32,
+        /// Requests per client of the infer workloads (at most 200,000 for infer and
+        /// infer-graph, 600 for infer-vary, 1,000 for infer-pairs: every output is checked
+        /// exactly in f32). More requests make a longer run: a soak of N clients for minutes.
+        #[arg(long, default_value_t = workload::INFER_REQUESTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        requests: usize,
     },
     /// Measures SM shares, SM reservations and separate groups (see `quotas.rs`).
     Quotas {
@@ -123,6 +128,9 @@ enum Cmd {
         /// The inherited descriptor whose end of file starts the group.
         #[arg(long)]
         start_fd: i32,
+        /// Requests per client of the infer workloads.
+        #[arg(long, default_value_t = workload::INFER_REQUESTS)]
+        requests: usize,
     },
 }
 
@@ -149,7 +157,7 @@ fn scales(workload: &str) -> bool {
 
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
 /// ready once set up, waits for the group's start, and prints its report.
-fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, start: Start) {
+fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, requests: usize, start: Start) {
     // A client that fails ends the whole worker at once: its other threads would otherwise wait
     // for a start the parent gives only once every client said ready.
     let report = std::panic::take_hook();
@@ -167,7 +175,7 @@ fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, start: Start) 
             }
             _ => Box::new(native::Native::new(ptx)),
         };
-        workload::run(gpu.as_mut(), workload, &|| {
+        workload::run(gpu.as_mut(), workload, requests, &|| {
             println!("ready");
             start.wait();
         });
@@ -227,7 +235,7 @@ fn run(
     workloads: &[&str],
     setup: &Setup,
     server_args: &str,
-    devices: u32,
+    (devices, requests): (u32, usize),
 ) {
     let began = Instant::now();
     let baseline = workloads
@@ -288,7 +296,7 @@ fn run(
                 w => vec![(1, w)],
             };
             for (n, workload) in runs {
-                let specs = if *mode == "one-context" {
+                let mut specs = if *mode == "one-context" {
                     vec![Spec {
                         threads: n,
                         ..Spec::new(workload, &[])
@@ -305,6 +313,9 @@ fn run(
                 } else {
                     vec![Spec::new(workload, &extra_env); n]
                 };
+                for s in &mut specs {
+                    s.requests = requests;
+                }
                 let g = Instant::now();
                 let footprint = *w == "footprint";
                 let outcome = run_group(mode, &service, &specs, &setup.ptx, footprint);
@@ -396,11 +407,13 @@ fn main() {
             ptx,
             threads,
             start_fd,
+            requests,
         } => worker(
             &mode,
             &read_ptx(&ptx),
             &workload,
             threads,
+            requests,
             Start::inherited(start_fd),
         ),
         Cmd::Quotas { setup } => {
@@ -414,6 +427,7 @@ fn main() {
             setup,
             server_args,
             devices,
+            requests,
         } => {
             let modes = list(&modes);
             if let Some(m) = modes.iter().find(|m| !MODE_ORDER.contains(m)) {
@@ -429,13 +443,22 @@ fn main() {
                         .unwrap_or_else(|_| panic!("--clients: {c} is not a count"))
                 })
                 .collect();
+            let workloads = list(&workloads);
+            for w in &workloads {
+                if let Some(max) = workload::max_requests(w).filter(|m| requests > *m) {
+                    panic!(
+                        "--requests {requests}: {w} checks its outputs exactly for at most {max} \
+                         requests per client"
+                    );
+                }
+            }
             run(
                 &modes,
                 &counts,
-                &list(&workloads),
+                &workloads,
                 &setup,
                 &server_args,
-                devices,
+                (devices, requests),
             );
         }
     }

@@ -129,8 +129,19 @@ fn spins(gpu: &mut dyn Gpu, go: &dyn Fn(), s: Spins) -> Report {
 const INFER_BYTES: usize = 4096;
 /// Dependent kernels per request.
 const INFER_CHAIN: usize = 12;
-/// Requests per client.
-const INFER_REQUESTS: usize = 500;
+/// Requests per client, unless `run --requests` says otherwise.
+pub(crate) const INFER_REQUESTS: usize = 500;
+
+/// The most requests per client `infer` can check exactly: its outputs are sums in f32, exact
+/// below 2^24 (inputs up to 6, 12 kernels a request, and `Vary` / `Pairs` sum growing factors).
+pub(crate) fn max_requests(workload: &str) -> Option<usize> {
+    match workload {
+        "infer" | "infer-graph" => Some(200_000),
+        "infer-vary" => Some(600),
+        "infer-pairs" => Some(1_000),
+        _ => None,
+    }
+}
 
 /// How `infer` issues its requests.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -153,7 +164,7 @@ enum Infer {
 /// inference servers keep their I/O buffers. `Graph` captures the request once (after the
 /// warm-up) and makes each request one launch of it and the synchronise; `Vary` and `Pairs`
 /// change the factor `a` between requests (see [`Infer`]).
-fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer) -> Report {
+fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer, requests: usize) -> Report {
     let n = INFER_BYTES / 4;
     let (x, y) = (gpu.alloc(INFER_BYTES), gpu.alloc(INFER_BYTES));
     let (input, output) = (gpu.host_alloc(INFER_BYTES), gpu.host_alloc(INFER_BYTES));
@@ -195,8 +206,8 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer) -> Report {
     };
     go();
     let start = now_s();
-    let mut samples_us = Vec::with_capacity(INFER_REQUESTS);
-    for r in 1..=INFER_REQUESTS {
+    let mut samples_us = Vec::with_capacity(requests);
+    for r in 1..=requests {
         let t = Instant::now();
         request(gpu, r);
         samples_us.push(t.elapsed().as_secs_f64() * 1e6);
@@ -204,7 +215,7 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer) -> Report {
     let end_s = now_s();
     // y began at 0 and gained a * x on each of the 12 kernels of every request; the values
     // stay below 2^24, so the f32 sums are exact.
-    let scale: f32 = (0..=INFER_REQUESTS).map(factor).sum::<f32>() * INFER_CHAIN as f32;
+    let scale: f32 = (0..=requests).map(factor).sum::<f32>() * INFER_CHAIN as f32;
     // SAFETY: `output` is INFER_BYTES of pinned memory, written by the last (synchronised) copy.
     let outputs = unsafe { std::slice::from_raw_parts(output as *const f32, n) };
     for (i, v) in outputs.iter().enumerate() {
@@ -214,15 +225,15 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer) -> Report {
     Report {
         start_s: start,
         end_s,
-        work: [("requests".to_string(), INFER_REQUESTS as f64)].into(),
+        work: [("requests".to_string(), requests as f64)].into(),
         samples_us,
         values: BTreeMap::new(),
     }
 }
 
-/// Runs `workload` and prints its report; `go` returns when the clock may start (when the whole
-/// group starts).
-pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
+/// Runs `workload` (the infer workloads with `requests` requests) and prints its report; `go`
+/// returns when the clock may start (when the whole group starts).
+pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, requests: usize, go: &dyn Fn()) {
     let zero = |counter| [Arg::U64(0), Arg::U64(counter)];
     let report = match workload {
         "spin" => spins(
@@ -260,10 +271,10 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, go: &dyn Fn()) {
                 sync_every: 10,
             },
         ),
-        "infer" => infer(gpu, go, Infer::Plain),
-        "infer-graph" => infer(gpu, go, Infer::Graph),
-        "infer-vary" => infer(gpu, go, Infer::Vary),
-        "infer-pairs" => infer(gpu, go, Infer::Pairs),
+        "infer" => infer(gpu, go, Infer::Plain, requests),
+        "infer-graph" => infer(gpu, go, Infer::Graph, requests),
+        "infer-vary" => infer(gpu, go, Infer::Vary, requests),
+        "infer-pairs" => infer(gpu, go, Infer::Pairs, requests),
         // Keeps every SM it can reach busy until told to stop (a line on standard input).
         "greedy" => {
             let counter = gpu.alloc(4);

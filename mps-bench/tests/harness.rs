@@ -405,3 +405,49 @@ fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&bin);
 }
+
+/// `--requests` sets the infer workloads' requests per client (a longer run: a soak), every
+/// output still checked; a count past what a workload can check exactly is refused at once,
+/// naming the limit.
+#[test]
+fn requests_per_client_set_the_length_of_an_infer_run_within_what_is_checked() {
+    let args = [
+        "--modes",
+        "mps",
+        "--clients",
+        "2",
+        "--workloads",
+        "infer",
+        "--requests",
+        "40",
+    ];
+    let Some((_, out)) = bench("run", &args) else {
+        return;
+    };
+    let records = records(&out.join("bench.json"));
+    let v = checked(&records[0]);
+    let done = v["requests_per_s"].as_f64().unwrap() * v["wall_s"].as_f64().unwrap();
+    assert!(
+        (done - 80.0).abs() < 1e-6,
+        "2 clients of 40 requests made {done}: {records:?}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let refused = Command::new(&bench)
+        .args([
+            "run",
+            "--backend",
+            "sim",
+            "--modes",
+            "mps",
+            "--clients",
+            "1",
+        ])
+        .args(["--workloads", "infer-vary", "--requests", "601"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert!(err.contains("at most 600 requests"), "{err}");
+}
