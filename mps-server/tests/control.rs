@@ -1172,3 +1172,40 @@ fn server_args_a_server_would_refuse_stop_the_daemon_at_start() {
     assert!(err.contains("--max-streams"), "{err}");
     assert!(!dir.join("control.sock").exists(), "{err}");
 }
+
+/// With launch batching on in the daemon's servers, a client's counters of it reach
+/// `get_client_list -v`: runs served from a cached graph, the others, and graphs made.
+#[test]
+fn launch_batching_counters_reach_get_client_list() {
+    let d = TestDaemon::start(
+        "control",
+        &[
+            "--server-arg=--launch-batching",
+            "--server-arg=on",
+            "--server-arg=--batch-hold-us",
+            "--server-arg=10000000",
+        ],
+    );
+    let c = d.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let p = c.mem_alloc(4096).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let (pb, nb) = (p.0.to_le_bytes(), 1024u64.to_le_bytes());
+    let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
+    let block = mpsclient::Dim3 { x: 256, y: 1, z: 1 };
+    // Ten identical runs of three launches, each ended by a synchronise: the first teaches the
+    // shape, the second makes its graph, the other eight are launched from it.
+    for _ in 0..10 {
+        for v in [1u32, 2, 3] {
+            c.launch(fill, one, block, 0, s, &[&pb, &v.to_le_bytes(), &nb])
+                .unwrap();
+        }
+        c.stream_synchronize(s).unwrap();
+    }
+    let pid = d.server_pids()[0].to_string();
+    let verbose = d.ctl_ok(&["get_client_list", &pid, "-v"]);
+    for key in ["batch_hits=8 ", "batch_misses=1 ", "batch_graphs=1 "] {
+        assert!(verbose.contains(key), "{key} missing in {verbose}");
+    }
+}

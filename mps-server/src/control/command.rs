@@ -322,7 +322,9 @@ impl Daemon {
                 .map(|c| {
                     format!(
                         "{} uid={} mem={} mem_limit={} priority={} sms={} sm_share={} \
-                         sm_reserve={} launches={} copies={} bytes_copied={} gpu_ms={}\n",
+                         sm_reserve={} launches={} copies={} bytes_copied={} gpu_ms={} \
+                         batch_hits={} batch_misses={} batch_graphs={} batch_cache_entries={} \
+                         batch_cache_bytes={}\n",
                         c.pid,
                         c.uid,
                         c.mem,
@@ -334,7 +336,12 @@ impl Daemon {
                         c.launches,
                         c.copies,
                         c.bytes_copied,
-                        c.gpu_ms
+                        c.gpu_ms,
+                        c.batch_hits,
+                        c.batch_misses,
+                        c.batch_graphs,
+                        c.batch_cache_entries,
+                        c.batch_cache_bytes
                     )
                 })
                 .collect()),
