@@ -62,7 +62,7 @@ pub struct DaemonConfig {
     /// What new servers' clients start from, until an operator command changes it.
     pub defaults: crate::registry::Defaults,
     /// Whether a standby server, its context made, waits beside each server to take its
-    /// clients at once if its context fails ([`standby`]).
+    /// clients at once if its context fails (`mps-control --standby`).
     pub standby: bool,
     /// Connections that may wait for their hello at once, and how long each may take; the
     /// daemon reads every hello on one thread, as a server does ([`crate::intake`]).
