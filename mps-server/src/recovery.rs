@@ -103,15 +103,32 @@ pub struct Standby {
 
 impl Standby {
     /// Tells the standby to serve; fails if it is gone (its context could not be made, say).
-    fn go(mut self) -> std::io::Result<u32> {
+    fn go(&mut self) -> std::io::Result<()> {
         use std::io::Write;
         if let Ok(Some(status)) = self.child.try_wait() {
             return Err(std::io::Error::other(format!("it exited ({status})")));
         }
-        self.go.write_all(b"g")?;
-        Ok(self.pid)
+        self.go.write_all(b"g")
+    }
+
+    /// Whether the standby, told to go, failed within `within` (it reads its go only once its
+    /// context is made: one that could not make it exits without serving).
+    fn failed_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            match self.child.try_wait() {
+                Ok(Some(status)) if !status.success() => return Some(status),
+                Ok(Some(_)) | Err(_) => return None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        None
     }
 }
+
+/// How long a standby told to go is watched for a failure to start serving (its context may
+/// still be in the making when the fault comes).
+const STANDBY_WATCH: Duration = Duration::from_secs(30);
 
 /// What a standby server is told.
 #[derive(Debug, PartialEq, Eq)]
@@ -326,14 +343,25 @@ impl Recovery {
         match successor {
             Successor::Daemon(daemon) => self.tell_daemon(&daemon, why),
             Successor::Process { program, args, .. } => {
-                if let Some(standby) = standby {
+                if let Some(mut standby) = standby {
                     match standby.go() {
-                        Ok(pid) => {
+                        Ok(()) => {
                             // The socket's path now leads to the standby.
                             self.path_given_up.store(true, Ordering::Release);
-                            return tracing::info!(
-                                "the standby server (pid {pid}) serves {} from now on",
+                            tracing::info!(
+                                "the standby server (pid {}) serves {} from now on",
+                                standby.pid,
                                 self.socket_path.display()
+                            );
+                            // This thread has nothing else to do: it watches that the standby
+                            // does start serving, and starts a fresh server if it cannot.
+                            let Some(status) = standby.failed_within(STANDBY_WATCH) else {
+                                return;
+                            };
+                            tracing::warn!(
+                                "the standby server (pid {}) exited before serving ({status}); \
+                                 starting a fresh server instead",
+                                standby.pid
                             );
                         }
                         Err(e) => tracing::warn!(

@@ -500,9 +500,23 @@ fn with_standbys_the_daemon_hands_a_faulted_group_to_its_standby_at_once() {
     );
     served(&fresh, 6);
     drop(fresh);
+    // Stopping the group's server stops its standby with it.
+    d.ctl_ok(&["shutdown_server", &standby.to_string(), "-f"]);
+    wait_for(
+        "the standby's exit with its server",
+        || ended(next as i32).then_some(()),
+        || d.ctl_line("status"),
+    );
+    // A new client gets a new server, and a new standby beside it, which quit stops.
+    served(&d.client(), 7);
+    let last = wait_for(
+        "the new server's standby",
+        || standby_of(&d).filter(|p| *p != next),
+        || d.ctl_line("status"),
+    );
     drop(d);
     assert!(
-        std::fs::read_to_string(format!("/proc/{next}/stat")).is_err(),
-        "the standby {next} outlived the daemon's quit"
+        ended(last as i32),
+        "the standby {last} outlived the daemon's quit"
     );
 }

@@ -544,3 +544,56 @@ fn limits_past_the_protocols_ceilings_are_refused_at_start() {
     let err = refused_start(&["--max-module-bytes".as_ref(), "1GiB".as_ref()]);
     assert!(err.contains("--max-module-bytes"), "{err}");
 }
+
+/// A server that stops reading its socket (a user can SIGSTOP their own server) holds up only
+/// its own clients: the daemon hands clients over from a queue of each server's own, so other
+/// groups are routed at once, and past the queue's bound the stopped server's clients are
+/// refused with the reason, never left to block the daemon.
+#[test]
+fn a_stopped_server_holds_up_its_own_clients_only() {
+    if std::env::var("MPS_TEST_ROLE").as_deref() == Ok("other-group") {
+        let c = mpsclient::Client::connect(None).expect("group b is routed");
+        c.mem_alloc(4096).unwrap();
+        return;
+    }
+    let d = TestDaemon::start("security-stopped", &[]);
+    // Group a's server, started by a first client, then stopped.
+    d.client().mem_alloc(4096).unwrap();
+    let stopped = nix::unistd::Pid::from_raw(d.server_pids()[0] as i32);
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    struct Resume(nix::unistd::Pid);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    let _resume = Resume(stopped);
+    // More clients for it than its queue and socket hold, each a hello sent at once.
+    let waiting: Vec<UnixStream> = (0..600)
+        .map(|_| {
+            let s = UnixStream::connect(d.dir.join(socket::SOCKET_NAME)).unwrap();
+            socket::send(&s, bytemuck::bytes_of(&hello()), &[]).unwrap();
+            s
+        })
+        .collect();
+    // Another group is routed (and served) while group a's server is stopped.
+    let other = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a_stopped_server_holds_up_its_own_clients_only", "--exact"])
+        .env("MPS_TEST_ROLE", "other-group")
+        .env("MPS_PIPE_DIRECTORY", &d.dir)
+        .env("MPS_GROUP", "b")
+        .output()
+        .unwrap();
+    assert!(
+        other.status.success(),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    // Beyond what the stopped server can be given, its clients are refused with the reason.
+    wait_until("no client of the stopped server was refused", || {
+        waiting.iter().any(closed_by_server)
+    });
+    let refused = waiting.iter().find(|s| closed_by_server(s)).unwrap();
+    let why = refusal(refused);
+    assert!(why.contains("clients waiting to be taken"), "{why}");
+}

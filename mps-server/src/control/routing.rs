@@ -54,22 +54,58 @@ pub(super) struct ServerProc {
 struct Link {
     socket: UnixStream,
     /// One message at a time: handoffs and requests come from several threads.
-    sending: Mutex<()>,
+    sending: Arc<Mutex<()>>,
     /// Answers, from the thread that reads the socket; one request at a time waits here.
     replies: Mutex<mpsc::Receiver<Vec<u8>>>,
+    /// Clients waiting to be handed to the server, sent by a thread of the server's own
+    /// ([`send_handoffs`]): a server that does not read its socket (stopped, or still making
+    /// its context) holds up its own clients only, never the daemon's one intake thread.
+    handoffs: mpsc::SyncSender<Handoff>,
+}
+
+/// A client whose hello the daemon read, on its way to its server.
+struct Handoff {
+    hello: Hello,
+    client: UnixStream,
+}
+
+/// Clients that may wait for one server to take them; more are refused at once.
+const HANDOFF_QUEUE: usize = 256;
+/// How long one message to a server may take to go out before it is given up (the server's
+/// socket buffer stays full only while it does not read).
+const SEND_WITHIN: Duration = Duration::from_secs(5);
+
+/// Sends server `pid` the clients queued for it, in order, until the daemon forgets the server;
+/// a client the server cannot be given (it has exited, or has not read its socket for
+/// [`SEND_WITHIN`]) is refused with the reason.
+fn send_handoffs(
+    pid: u32,
+    socket: UnixStream,
+    sending: Arc<Mutex<()>>,
+    queued: mpsc::Receiver<Handoff>,
+) {
+    for h in queued {
+        let sent = {
+            let _turn = sending.lock().unwrap_or_else(|p| p.into_inner());
+            wire::send(
+                &socket,
+                wire::HANDOFF,
+                bytemuck::bytes_of(&h.hello),
+                Some(h.client.as_fd()),
+            )
+        };
+        if let Err(e) = sent {
+            tracing::warn!(pid, "cannot hand a client to the server: {e}");
+            let e = Error::new(
+                Status::Connection,
+                format!("the mps server (pid {pid}) did not take this client: {e}; try again"),
+            );
+            crate::server::refuse(&h.client, &e);
+        }
+    }
 }
 
 impl Link {
-    fn send(
-        &self,
-        kind: u32,
-        payload: &[u8],
-        fd: Option<std::os::fd::BorrowedFd<'_>>,
-    ) -> std::io::Result<()> {
-        let _turn = self.sending.lock().unwrap_or_else(|p| p.into_inner());
-        wire::send(&self.socket, kind, payload, fd)
-    }
-
     fn ask(&self, request: &ServerRequest) -> Result<ServerAnswer> {
         let replies = self.replies.lock().unwrap_or_else(|p| p.into_inner());
         // An answer that came after its request gave up is not this request's.
@@ -168,25 +204,41 @@ impl Daemon {
     }
 
     /// Stops the server with this pid: SIGTERM, then SIGKILL after `grace`.
+    /// An active server's standby goes with it; a standby's pid stops that standby alone.
     pub(super) fn shutdown_server(&self, pid: u32, grace: Duration) -> Result<()> {
         let mut servers = self.servers();
         let key = servers
             .iter()
             .find(|(_, s)| s.child.id() == pid)
             .map(|(k, _)| k.clone());
-        let mut s = match key {
-            Some(key) => servers.remove(&key).expect("found above"),
+        let mut stopped = match key {
+            Some(key) => {
+                let s = servers.remove(&key).expect("found above");
+                // Stopped after the lock is let go: routing goes on meanwhile.
+                drop(servers);
+                let mut stopped = vec![s];
+                stopped.extend(self.take_standby(|k, _| *k == key));
+                stopped
+            }
             None => {
                 drop(servers);
                 let mut failed = self.failed();
-                let at = failed
-                    .iter()
-                    .position(|s| s.child.id() == pid)
-                    .ok_or_else(|| no_server(pid))?;
-                failed.remove(at)
+                match failed.iter().position(|s| s.child.id() == pid) {
+                    Some(at) => vec![failed.remove(at)],
+                    None => {
+                        drop(failed);
+                        let standby = self.take_standby(|_, s| s.child.id() == pid);
+                        if standby.is_empty() {
+                            return Err(no_server(pid));
+                        }
+                        standby
+                    }
+                }
             }
         };
-        stop_server(&mut s, grace);
+        for s in &mut stopped {
+            stop_server(s, grace);
+        }
         Ok(())
     }
 
@@ -341,25 +393,41 @@ impl Daemon {
                 self.keep_standby(&key);
             }
             let s = servers.get_mut(&key).expect("inserted above");
-            match s.link.send(
-                wire::HANDOFF,
-                bytemuck::bytes_of(hello),
-                Some(stream.as_fd()),
-            ) {
+            let client = stream.try_clone().map_err(|e| {
+                Error::new(
+                    Status::Connection,
+                    format!("cannot keep the connection: {e}"),
+                )
+            })?;
+            let handoff = Handoff {
+                hello: *hello,
+                client,
+            };
+            match s.link.handoffs.try_send(handoff) {
                 Ok(()) => {
                     s.clients += 1;
                     return Ok(());
                 }
-                Err(e) if attempt == 0 => {
-                    tracing::warn!(uid, group, "handoff to server failed ({e}); restarting it");
-                    let _ = s.child.kill();
-                }
-                Err(e) => {
+                Err(mpsc::TrySendError::Full(_)) => {
                     return Err(Error::new(
                         Status::Connection,
                         format!(
-                            "the server for uid {uid}, group {group} does not take clients: {e}"
+                            "the server for uid {uid}, group {group} (pid {}) already has \
+                             {HANDOFF_QUEUE} clients waiting to be taken; try again",
+                            s.child.id()
                         ),
+                    ));
+                }
+                // Its sending thread is gone: the server cannot be reached.
+                Err(mpsc::TrySendError::Disconnected(_)) if attempt == 0 => {
+                    tracing::warn!(uid, group, "the server cannot be reached; restarting it");
+                    let _ = s.child.kill();
+                    let _ = s.child.wait();
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    return Err(Error::new(
+                        Status::Connection,
+                        format!("the server for uid {uid}, group {group} does not take clients"),
                     ));
                 }
             }
@@ -460,6 +528,23 @@ impl Daemon {
             .name(format!("server-{pid}"))
             .spawn(move || listen_to(daemon, pid, reading, replies))
             .map_err(|e| fail(format!("cannot start a thread for server {pid}: {e}")))?;
+        // A server that stops reading its socket fails a send after a while instead of holding
+        // up whoever sends.
+        socket
+            .set_write_timeout(Some(SEND_WITHIN))
+            .map_err(|e| fail(format!("cannot bound sends to server {pid}: {e}")))?;
+        let sending = Arc::new(Mutex::new(()));
+        let (handoffs, queued) = mpsc::sync_channel(HANDOFF_QUEUE);
+        let (sender, turn) = (
+            socket
+                .try_clone()
+                .map_err(|e| fail(format!("cannot write to server {pid}'s socket: {e}")))?,
+            sending.clone(),
+        );
+        std::thread::Builder::new()
+            .name(format!("handoff-{pid}"))
+            .spawn(move || send_handoffs(pid, sender, turn, queued))
+            .map_err(|e| fail(format!("cannot start a thread for server {pid}: {e}")))?;
         Ok(ServerProc {
             uid,
             group: group.to_string(),
@@ -468,8 +553,9 @@ impl Daemon {
             child,
             link: Arc::new(Link {
                 socket,
-                sending: Mutex::new(()),
+                sending,
                 replies: Mutex::new(answers),
+                handoffs,
             }),
             started: Instant::now(),
             clients: 0,

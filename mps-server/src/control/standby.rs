@@ -114,6 +114,23 @@ impl Daemon {
             .collect()
     }
 
+    /// The standby servers `which` picks (by key and server), taken out for stopping.
+    pub(super) fn take_standby(
+        &self,
+        which: impl Fn(&ServerKey, &ServerProc) -> bool,
+    ) -> Vec<ServerProc> {
+        let mut standbys = self.standbys();
+        let keys: Vec<ServerKey> = standbys
+            .iter()
+            .filter(|(k, s)| which(k, &s.server))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| standbys.remove(&k))
+            .map(|s| s.server)
+            .collect()
+    }
+
     /// Every standby server, for stopping.
     pub(super) fn take_standbys(&self) -> Vec<ServerProc> {
         std::mem::take(&mut *self.standbys())

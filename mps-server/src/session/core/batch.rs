@@ -469,14 +469,31 @@ impl<B: Backend> SessionCore<B> {
         self.submit_each(held);
     }
 
+    ///
+    /// Only the first failure is reported (against its own command): the shell reserves room
+    /// for a completion or two before it takes a command, and a run of thousands of commands
+    /// on a dead context would otherwise post thousands at once and hold the session worker
+    /// until the client drained them. The client learns of the failure at its next wait, as
+    /// CUDA reports an asynchronous error; the others are logged.
     fn submit_each(&mut self, held: Vec<Held<B>>) {
+        let mut failed = 0usize;
         for h in held {
             if let Err(err) = self.submit_now(self.batch.stream, h.seq, h.op) {
                 tracing::debug!(client = self.ctx.id, seq = h.seq, "command failed: {err}");
-                self.batch
-                    .errors
-                    .push(Completion::error(h.seq, CompletionKind::Reply, &err));
+                if failed == 0 {
+                    self.batch
+                        .errors
+                        .push(Completion::error(h.seq, CompletionKind::Reply, &err));
+                }
+                failed += 1;
             }
+        }
+        if failed > 1 {
+            tracing::debug!(
+                client = self.ctx.id,
+                "{} more commands of the held run failed after the first, which is reported",
+                failed - 1
+            );
         }
     }
 

@@ -414,6 +414,30 @@ fn a_refused_graph_launch_falls_back_to_each_command_which_answers_for_itself() 
     assert!(errors[0].result().unwrap_err().message.contains("refused"));
 }
 
+/// A held run whose every command fails (a dead context) reports its first failure alone,
+/// against that command: the completions it posts stay within the room the shell reserved.
+#[test]
+fn a_held_run_that_fails_throughout_reports_its_first_failure_alone() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "k");
+    let s = c.stream();
+    recorder_run(&mut c, f, s, 3);
+    server
+        .backend
+        .refuse_graph_launch
+        .store(true, Ordering::Relaxed);
+    server
+        .backend
+        .refuse_from_seq
+        .store(c.seq + 1, Ordering::Relaxed);
+    let seqs = recorder_run(&mut c, f, s, 1);
+    let errors = c.core.take_batch_errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].seq, seqs[0]);
+}
+
 #[test]
 fn with_batching_off_no_graph_is_ever_made() {
     let server = Server::new(Recorder::new(16));

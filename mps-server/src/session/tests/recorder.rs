@@ -24,6 +24,9 @@ pub(super) struct Recorder {
     pub(super) refuse_graph_launch: AtomicBool,
     /// Refuse the submission of this command, outside a capture (0: none).
     pub(super) refuse_seq: AtomicU64,
+    /// Refuse the submission of every command from this one on, outside a capture, as a dead
+    /// context would (0: none).
+    pub(super) refuse_from_seq: AtomicU64,
 }
 
 /// A graph or executable graph of the recorder, counted while it lives.
@@ -75,6 +78,7 @@ impl Recorder {
             captures: AtomicUsize::new(0),
             refuse_graph_launch: AtomicBool::new(false),
             refuse_seq: AtomicU64::new(0),
+            refuse_from_seq: AtomicU64::new(0),
         }
     }
 
@@ -154,7 +158,8 @@ impl Backend for Recorder {
             {
                 return Err(Error::new(Status::OutOfMemory, "graph launch refused"));
             }
-            if seq == self.refuse_seq.load(Ordering::Relaxed) {
+            let from = self.refuse_from_seq.load(Ordering::Relaxed);
+            if seq == self.refuse_seq.load(Ordering::Relaxed) || (from != 0 && seq >= from) {
                 return Err(Error::new(
                     Status::InvalidValue,
                     format!("command {seq} refused"),
