@@ -418,8 +418,9 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", || {
         let ctx = current()?;
-        crate::graph::refuse_context_wait(ctx.handle)?;
-        ctx.conn()?.synchronize()
+        let conn = ctx.conn()?;
+        crate::graph::refuse_context_wait(ctx.handle, conn)?;
+        conn.synchronize()
     })
 }
 
@@ -428,8 +429,9 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
         let ctx = given_or_current(ctx)?;
-        crate::graph::refuse_context_wait(ctx.handle)?;
-        ctx.conn()?.synchronize()
+        let conn = ctx.conn()?;
+        crate::graph::refuse_context_wait(ctx.handle, conn)?;
+        conn.synchronize()
     })
 }
 

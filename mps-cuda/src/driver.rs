@@ -24,6 +24,10 @@ pub(crate) struct DeviceSlot {
     ordinal: CUdevice,
     /// Set on first use.
     conn: OnceLock<Connection>,
+    /// Why the connection failed, once it did: kept, as CUDA keeps a device's failure to
+    /// initialise, so that every later question is not a new attempt (each of which would
+    /// have the daemon start a server again).
+    failed: OnceLock<CUresult>,
     /// Held while connecting, so that two threads do not both connect.
     connecting: Mutex<()>,
     /// The device's primary context (always registered; active while retained).
@@ -39,10 +43,15 @@ impl DeviceSlot {
         if let Some(c) = self.conn.get() {
             return Ok(c);
         }
+        if let Some(&failed) = self.failed.get() {
+            return Err(failed);
+        }
         let c = Connection::connect(self.ordinal as u32).map_err(|(message, result)| {
-            // Said once: a program may well ask again, and fail alike.
-            let what = format!("device {}: {message}", self.ordinal);
-            log::once(&what, || what.clone());
+            log::always(&format!(
+                "device {}: {message} (its later calls fail alike)",
+                self.ordinal
+            ));
+            self.failed.get_or_init(|| result);
             result
         })?;
         Ok(self.conn.get_or_init(|| c))
@@ -93,6 +102,7 @@ pub(crate) fn init() -> Res<()> {
                 .map(|ordinal| DeviceSlot {
                     ordinal,
                     conn: OnceLock::new(),
+                    failed: OnceLock::new(),
                     connecting: Mutex::new(()),
                     primary: contexts
                         .insert_with(|handle| Context::primary(handle, ordinal))

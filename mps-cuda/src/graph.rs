@@ -280,12 +280,13 @@ pub(crate) fn unsafe_call(name: &str) -> Res<()> {
     Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
-/// Memory is about to be freed (`name`): as `unsafe_call`, and also refused while any stream
-/// captures, since the server cannot free memory then (freeing waits for the device, and a
-/// capturing stream cannot be waited for).
-pub(crate) fn free_call(name: &str) -> Res<()> {
+/// Memory of `conn`'s device is about to be freed (`name`): as `unsafe_call`, and also refused
+/// while a stream of that device captures, since its server cannot free memory then (freeing
+/// waits for the device, and a capturing stream cannot be waited for).
+pub(crate) fn free_call(conn: &Connection, name: &str) -> Res<()> {
     unsafe_call(name)?;
-    if !any_capturing() {
+    let device = conn.ordinal();
+    if !any_capturing() || !captures().keys().any(|(d, _)| *d == device) {
         return Ok(());
     }
     log::once(&format!("capture: {name}"), || {
@@ -298,15 +299,20 @@ pub(crate) fn free_call(name: &str) -> Res<()> {
     Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
-/// Context `ctx` is about to be synchronised: refused while a stream captures, as CUDA refuses
-/// it while one of the context's streams captures (those captures are invalidated). The
-/// library's synchronisation waits for the whole process, so a capture in another context is
-/// refused too.
-pub(crate) fn refuse_context_wait(ctx: usize) -> Res<()> {
+/// Context `ctx` of `conn`'s device is about to be synchronised: refused while a stream of it
+/// captures, as CUDA refuses it (those captures are invalidated). The library's synchronisation
+/// waits for all of the process's work on the device, so a capture in another context of the
+/// same device is refused too.
+pub(crate) fn refuse_context_wait(ctx: usize, conn: &Connection) -> Res<()> {
     if !any_capturing() {
         return Ok(());
     }
-    if !invalidate(&mut captures(), |c| c.ctx == ctx) {
+    let mut caps = captures();
+    let device = conn.ordinal();
+    if !caps.keys().any(|(d, _)| *d == device) {
+        return Ok(());
+    }
+    if !invalidate(&mut caps, |c| c.ctx == ctx) {
         log::once("capture: context synchronisation", || {
             "a context synchronisation while a stream of another context captures is not \
              supported through mps (it waits for the whole process's work); returning \

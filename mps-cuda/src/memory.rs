@@ -69,14 +69,15 @@ pub(crate) fn device_of(
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
         let here = current()?.device;
-        graph::free_call("cuMemFree")?;
         let d = driver()?;
         let dev = {
             let allocations = lock(&d.allocations);
             let has = |dev, p| allocations.contains_key(&(dev, p));
             device_of(d.devices.len() as CUdevice, has, dptr, here)?
         };
-        connection(dev)?.mem_free(dptr)?;
+        let conn = connection(dev)?;
+        graph::free_call(conn, "cuMemFree")?;
+        conn.mem_free(dptr)?;
         lock(&d.allocations).remove(&(dev, dptr));
         Ok(())
     })
@@ -132,21 +133,29 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
         current()?;
-        graph::free_call("cuMemFreeHost")?;
-        let (_, _, dev) = lock(&driver()?.host)
-            .remove(&(p as usize))
+        let host = &driver()?.host;
+        let (_, _, dev) = *lock(host)
+            .get(&(p as usize))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        connection(dev)?.host_free(p.cast())
+        let conn = connection(dev)?;
+        graph::free_call(conn, "cuMemFreeHost")?;
+        // Forgotten only once the server freed it: a buffer it keeps (a graph copies through
+        // it) stays this library's, to be freed later and to be waited for as page-locked.
+        conn.host_free(p.cast())?;
+        lock(host).remove(&(p as usize));
+        Ok(())
     })
 }
 
-/// Whether `[p, p + len)` lies in page-locked memory from this library.
-fn pinned(p: usize, len: usize) -> Res<bool> {
+/// Whether `[p, p + len)` lies in page-locked memory this library got from the server of
+/// `conn`'s device: another device's server does not know the buffer, and copies it as
+/// pageable memory.
+fn pinned(p: usize, len: usize, conn: &Connection) -> Res<bool> {
     let host = lock(&driver()?.host);
     Ok(host
         .range(..=p)
         .next_back()
-        .is_some_and(|(base, (n, _, _))| p + len <= base + n))
+        .is_some_and(|(base, (n, _, dev))| p + len <= base + n && *dev == conn.ordinal()))
 }
 
 // ----- copies -----
@@ -164,10 +173,10 @@ unsafe fn htod(
         return Ok(());
     }
     check(!src.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(src as usize, n))?;
+    graph::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
-    if sync && pinned(src as usize, n)? {
+    if sync && pinned(src as usize, n, conn)? {
         conn.stream_synchronize(stream)?;
     }
     Ok(())
@@ -186,10 +195,10 @@ unsafe fn dtoh(
         return Ok(());
     }
     check(!dst.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(dst as usize, n))?;
+    graph::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
-    if sync && pinned(dst as usize, n)? {
+    if sync && pinned(dst as usize, n, conn)? {
         conn.stream_synchronize(stream)?;
     }
     Ok(())
@@ -486,7 +495,13 @@ pub extern "C" fn cuMemcpyPeer(
         if n == 0 {
             return Ok(());
         }
-        peer(dst, for_legacy_work(to)?, src, for_legacy_work(from)?, n)
+        let (to, from) = (for_legacy_work(to)?, for_legacy_work(from)?);
+        if to.1.ordinal() == from.1.ordinal() && to.0 != from.0 {
+            // Two contexts of one device: the copy follows the source context's work, as
+            // CUDA orders it after both contexts' (the destination's by its stream).
+            from.1.stream_synchronize(from.0)?;
+        }
+        peer(dst, to, src, from, n)
     })
 }
 
@@ -521,6 +536,10 @@ fn peer_async(
     }
     let (to, to_in_h) = side_of(to, stream)?;
     let (from, from_in_h) = side_of(from, stream)?;
+    if to.1.ordinal() != from.1.ordinal() {
+        // Staged through the host, with waits: nothing a capture could record.
+        graph::refuse_in_capture(stream.1, stream.0, "a copy between two devices")?;
+    }
     if !from_in_h {
         stream.1.stream_synchronize(stream.0)?;
     }

@@ -247,6 +247,18 @@ int main(int argc, char **argv) {
         ASSERT(nodes == 1, "%zu nodes, not the one memset captured", nodes);
         CHECK(cuGraphDestroy(graph));
 
+        /* A page-locked buffer a graph copies through is kept by the server while the graph
+         * lives: freeing it is refused, and it stays the library's, freed once the graph is
+         * gone (at the end). */
+        CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CHECK(cuMemcpyHtoDAsync_v2(dx, hin, N * sizeof(float), s));
+        CHECK(cuStreamEndCapture(s, &graph));
+        CUgraphExec holds;
+        CHECK(cuGraphInstantiateWithFlags(&holds, graph, 0));
+        ASSERT(cuMemFreeHost(hin) != CUDA_SUCCESS, "a buffer a graph copies through was freed");
+        CHECK(cuGraphExecDestroy(holds));
+        CHECK(cuGraphDestroy(graph));
+
         /* Destroying a context ends its streams' captures: nothing is left capturing, so
          * memory can be freed again. */
         CUcontext other;

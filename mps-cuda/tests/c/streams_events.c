@@ -90,6 +90,22 @@ int main(int argc, char **argv) {
     CHECK(cuStreamSynchronize(a));
     expect_all(q, 12, "blocking stream after CU_STREAM_LEGACY");
 
+    /* cuMemcpyPeer between two contexts of one device follows the source context's work: its
+     * legacy stream fills p after 20 ms, and the copy into the other context's memory sees it. */
+    CUcontext other;
+    CUdeviceptr r;
+    CHECK(cuCtxCreate_v2(&other, 0, 0));
+    CHECK(cuMemAlloc_v2(&r, N * 4));
+    CHECK(cuMemsetD32_v2(r, 0, N));
+    CHECK(cuCtxSetCurrent(ctx));
+    spin_then_fill(CU_STREAM_LEGACY, 20 * MS, p, 13);
+    CHECK(cuMemcpyPeer(r, other, p, ctx, N * 4));
+    CHECK(cuCtxSetCurrent(other));
+    expect_all(r, 13, "cuMemcpyPeer after the source context's work");
+    CHECK(cuMemFree_v2(r));
+    CHECK(cuCtxDestroy_v2(other));
+    CHECK(cuCtxSetCurrent(ctx));
+
     CHECK(cuCtxSynchronize());
     CHECK(cuStreamDestroy_v2(a));
     CHECK(cuStreamDestroy_v2(b));
