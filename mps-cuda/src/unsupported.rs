@@ -43,12 +43,9 @@ unsupported! {
     cuArrayGetSparseProperties
     cuCtxDetach
     cuCtxGetCacheConfig
-    cuCtxGetLimit
     cuCtxGetSharedMemConfig
-    cuCtxGetStreamPriorityRange
     cuCtxResetPersistingL2Cache
     cuCtxSetCacheConfig
-    cuCtxSetLimit
     cuCtxSetSharedMemConfig
     cuDestroyExternalMemory
     cuDestroyExternalSemaphore
@@ -80,9 +77,7 @@ unsupported! {
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
-    cuFuncGetAttribute
     cuFuncGetName
-    cuFuncSetAttribute
     cuFuncSetCacheConfig
     cuFuncSetSharedMemConfig
     cuGLCtxCreate
@@ -186,10 +181,8 @@ unsupported! {
     cuIpcOpenEventHandle
     cuIpcOpenMemHandle
     cuIpcOpenMemHandle_v2
-    cuKernelGetAttribute
     cuKernelGetLibrary
     cuKernelGetName
-    cuKernelSetAttribute
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
     cuLaunchHostFunc
@@ -288,10 +281,6 @@ unsupported! {
     cuModuleGetTexRef
     cuModuleLoad
     cuModuleLoadFatBinary
-    cuOccupancyAvailableDynamicSMemPerBlock
-    cuOccupancyMaxActiveBlocksPerMultiprocessor
-    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
-    cuOccupancyMaxActiveClusters
     cuOccupancyMaxPotentialBlockSize
     cuOccupancyMaxPotentialClusterSize
     cuPointerGetAttribute
