@@ -150,6 +150,7 @@ abis! {
     "cuGraphExecDestroy" 10000 cuGraphExecDestroy;
     "cuEventCreate" 2000 cuEventCreate;
     "cuEventRecord" 2000 cuEventRecord | cuEventRecord_ptsz;
+    "cuEventRecordWithFlags" 11010 cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz;
     "cuEventSynchronize" 2000 cuEventSynchronize;
     "cuEventQuery" 2000 cuEventQuery;
     "cuEventElapsedTime" 2000 cuEventElapsedTime;

@@ -73,7 +73,6 @@ unsupported! {
     cuEGLStreamProducerDisconnect
     cuEGLStreamProducerPresentFrame
     cuEGLStreamProducerReturnFrame
-    cuEventRecordWithFlags
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
