@@ -6,7 +6,7 @@ use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, Reques
 use mps_core::{Error, Result};
 
 use crate::connection::Client;
-use crate::handles::Function;
+use crate::handles::{DevicePtr, Function, Module};
 
 /// The server context's stream priorities and limits, as its device reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,24 @@ impl Client {
         Ok(FunctionAttributes(
             values.map(|v| v.map(|v| v as u32 as i32)),
         ))
+    }
+
+    /// The device address and size of the global variable `name` of `module`. Kernels may be
+    /// given the address; copies to and from it are refused (they reach allocations only).
+    pub fn module_get_global(&self, module: Module, name: &str) -> Result<(DevicePtr, u64)> {
+        if name.is_empty() || name.len() > mps_core::protocol::MAX_NAME_BYTES {
+            return Err(Error::invalid_value(format!(
+                "global name must be 1 to {} bytes",
+                mps_core::protocol::MAX_NAME_BYTES
+            )));
+        }
+        let [ptr, size, ..] = self
+            .call(&Request::ModuleGlobal {
+                module: module.0,
+                name: name.as_bytes(),
+            })?
+            .values;
+        Ok((DevicePtr(ptr), size))
     }
 
     /// The occupancy figure `query` of kernel `f`, per SM of the whole device.

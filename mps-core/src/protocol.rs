@@ -162,6 +162,8 @@ crate::wire_enum! {
         FuncAttributes = 36 => "func_attributes",
         /// An occupancy figure of a kernel (`cuOccupancy*`'s).
         Occupancy = 37 => "occupancy",
+        /// The address and size of a module's global variable.
+        ModuleGlobal = 38 => "module_global",
     }
 }
 
@@ -335,6 +337,12 @@ pub enum Request<'a> {
         module: u64,
         name: &'a [u8],
     },
+    /// The device address and size of the global variable `name` of `module`: replies
+    /// `[address, size, 0, 0]`.
+    ModuleGlobal {
+        module: u64,
+        name: &'a [u8],
+    },
     /// Parameter layout of `function`, starting at parameter `first`.
     ParamInfo {
         function: u64,
@@ -465,6 +473,7 @@ impl Request<'_> {
             Request::ParamInfo { .. } => Opcode::ParamInfo,
             Request::DeviceAttributes { .. } => Opcode::DeviceAttributes,
             Request::ContextLimits => Opcode::ContextLimits,
+            Request::ModuleGlobal { .. } => Opcode::ModuleGlobal,
             Request::FuncAttributes { .. } => Opcode::FuncAttributes,
             Request::Occupancy { .. } => Opcode::Occupancy,
             Request::Launch { .. } => Opcode::Launch,
@@ -549,7 +558,7 @@ impl Request<'_> {
                 last,
             } => args = [staging_offset, len, last as u64, 0, 0],
             Request::ModuleUnload { module } => args[0] = module,
-            Request::GetFunction { module, name } => {
+            Request::GetFunction { module, name } | Request::ModuleGlobal { module, name } => {
                 args = [module, name.len() as u64, 0, 0, 0];
                 payload = name;
             }
@@ -641,7 +650,11 @@ impl Request<'_> {
             }
             Ok(&payload[..len as usize])
         };
-        if !matches!(op, Opcode::GetFunction | Opcode::Launch) && cmd.extra_slots != 0 {
+        if !matches!(
+            op,
+            Opcode::GetFunction | Opcode::ModuleGlobal | Opcode::Launch
+        ) && cmd.extra_slots != 0
+        {
             return Err(Error::invalid_value(format!(
                 "command {} ({op:?}) takes no payload but has {} extra slots",
                 cmd.seq, cmd.extra_slots
@@ -715,6 +728,10 @@ impl Request<'_> {
                     .map_err(|_| Error::invalid_value("attribute index out of range"))?,
             },
             Opcode::ContextLimits => Request::ContextLimits,
+            Opcode::ModuleGlobal => Request::ModuleGlobal {
+                module: a[0],
+                name: expect_payload(a[1], MAX_NAME_BYTES, "global name")?,
+            },
             Opcode::FuncAttributes => Request::FuncAttributes { function: a[0] },
             Opcode::Occupancy => Request::Occupancy {
                 function: a[0],
@@ -984,6 +1001,10 @@ mod tests {
             Request::MemFree { ptr: 0x1234 },
             Request::MemGetInfo,
             Request::ContextLimits,
+            Request::ModuleGlobal {
+                module: 3,
+                name: b"table",
+            },
             Request::FuncAttributes { function: 5 },
             Request::Occupancy {
                 function: 5,

@@ -181,6 +181,12 @@ impl Connection {
         self.client.function_attributes(f).map_err(fail)
     }
 
+    /// A module global's (address, size).
+    pub(crate) fn module_global(&self, module: Module, name: &str) -> Res<(u64, u64)> {
+        let (p, size) = self.client.module_get_global(module, name).map_err(fail)?;
+        Ok((p.0, size))
+    }
+
     pub(crate) fn occupancy(&self, f: Function, q: mps_client::OccupancyQuery) -> Res<u64> {
         self.client.occupancy(f, q).map_err(fail)
     }

@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use mps_core::protocol::{FUNC_ATTRIBUTES, ParamInfo};
 
 use crate::abi::{
-    CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
-    LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
+    CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
+    CUstream, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
+    MODULE_EAGER_LOADING,
 };
 use crate::connection::{Connection, Function, Module, Res};
 use crate::context::{current, current_handle};
@@ -202,6 +203,79 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
     };
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, std::ptr::without_provenance_mut(f)) }
+}
+
+/// The address and size of global `name` of module (or library) `h` on the current context's
+/// device (device 0 without one), where a library is loaded now if it was not yet.
+fn global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    h: usize,
+    name: *const c_char,
+    library: bool,
+) -> Res<()> {
+    check(!name.is_null())?;
+    // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_str()
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let d = driver()?;
+    let m = d
+        .modules
+        .get(h)
+        .filter(|m| m.ctx.is_none() == library)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let dev = match m.ctx {
+        Some(ctx) => d.contexts.get(ctx).map_or(0, |c| c.device),
+        None => current_handle()
+            .and_then(|c| d.contexts.get(c))
+            .map_or(0, |c| c.device),
+    };
+    let (p, size) = connection(dev)?.module_global(m.on(dev)?, name)?;
+    // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped, as
+    // the driver skips them.
+    unsafe {
+        if !dptr.is_null() {
+            put(dptr, p)?;
+        }
+        if !bytes.is_null() {
+            put(bytes, size as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// A module's global variable. Kernels may be given its address; copies to and from it are
+/// refused by the server (they reach allocations only).
+///
+/// # Safety
+/// `dptr` and `bytes` must be NULL or writable; `name` NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetGlobal_v2", || {
+        global(dptr, bytes, module as usize, name, false)
+    })
+}
+
+/// As `cuModuleGetGlobal_v2`, for a library, on the current context's device.
+///
+/// # Safety
+/// As `cuModuleGetGlobal_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    library: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuLibraryGetGlobal", || {
+        global(dptr, bytes, library as usize, name, true)
+    })
 }
 
 pub(crate) fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {

@@ -106,6 +106,8 @@ abis! {
     "cuLibraryLoadData" 12000 cuLibraryLoadData;
     "cuLibraryUnload" 12000 cuLibraryUnload;
     "cuLibraryGetKernel" 12000 cuLibraryGetKernel;
+    "cuModuleGetGlobal" 3020 cuModuleGetGlobal_v2;
+    "cuLibraryGetGlobal" 12000 cuLibraryGetGlobal;
     "cuKernelGetFunction" 12000 cuKernelGetFunction;
     "cuFuncGetParamInfo" 12040 cuFuncGetParamInfo;
     "cuKernelGetParamInfo" 12040 cuKernelGetParamInfo;

@@ -186,7 +186,6 @@ unsupported! {
     cuLaunchCooperativeKernel
     cuLaunchHostFunc
     cuLibraryEnumerateKernels
-    cuLibraryGetGlobal
     cuLibraryGetKernelCount
     cuLibraryGetManaged
     cuLibraryGetModule
@@ -275,7 +274,6 @@ unsupported! {
     cuMipmappedArrayGetMemoryRequirements
     cuMipmappedArrayGetSparseProperties
     cuModuleGetGlobal
-    cuModuleGetGlobal_v2
     cuModuleGetSurfRef
     cuModuleGetTexRef
     cuModuleLoad

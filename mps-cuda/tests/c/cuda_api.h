@@ -170,6 +170,8 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule module, const char *name);
+CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
 CUresult cuCtxGetLimit(size_t *value, int limit);
 CUresult cuCtxSetLimit(int limit, size_t value);
 CUresult cuFuncGetAttribute(int *pi, int attrib, CUfunction f);

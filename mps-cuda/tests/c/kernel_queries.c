@@ -57,11 +57,18 @@ int main(int argc, char **argv) {
     CHECK(cuFuncGetAttribute(&got, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, fill));
     ASSERT(got == 50, "carveout %d after setting 50", got);
 
+    /* A global the module lacks is not found, in a module and in a library alike. */
+    CUdeviceptr global = 0;
+    size_t global_size = 0;
+    EXPECT(cuModuleGetGlobal_v2(&global, &global_size, module, "no_such_global"),
+           CUDA_ERROR_NOT_FOUND);
+
     /* A library's kernel, asked per device as cuBLASLt does. */
     CUlibrary lib;
     CUkernel kernel;
     CHECK(cuLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0));
     CHECK(cuLibraryGetKernel(&kernel, lib, "fill_u32"));
+    EXPECT(cuLibraryGetGlobal(&global, &global_size, lib, "no_such_global"), CUDA_ERROR_NOT_FOUND);
     CHECK(cuKernelGetAttribute(&got, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, dev));
     ASSERT(got == threads, "the library's kernel takes %d threads, the module's %d", got, threads);
     CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024, kernel, dev));

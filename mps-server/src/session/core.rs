@@ -418,6 +418,7 @@ impl<B: Backend> SessionCore<B> {
             Request::ParamInfo { function, first } => self.param_info(seq, function, first),
             Request::DeviceAttributes { first } => Ok(self.device_attributes(seq, first)),
             Request::ContextLimits => Ok(self.context_limits(seq)),
+            Request::ModuleGlobal { module, name } => self.module_global(module, name),
             Request::FuncAttributes { function } => self.func_attributes(seq, function),
             Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {

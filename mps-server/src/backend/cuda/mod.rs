@@ -279,6 +279,27 @@ impl Backend for CudaBackend {
         Ok((func, params))
     }
 
+    fn module_global(&self, module: &CudaModule, name: &str) -> Result<(u64, u64)> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        let cname = CString::new(name)
+            .map_err(|_| Error::invalid_value("global name contains a NUL byte"))?;
+        let (mut ptr, mut size) = (0, 0);
+        // SAFETY: the module is loaded; cname is NUL-terminated; writes an address and a size.
+        let r =
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw, cname.as_ptr()) };
+        if r == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::new(
+                Status::NotFound,
+                format!("the module has no global named {name:?}"),
+            ));
+        }
+        self.ctx.check(check_on(r, "cuModuleGetGlobal", || {
+            format!("global {name:?}")
+        }))?;
+        Ok((ptr, size as u64))
+    }
+
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
         self.ctx.bind();
         (self.priorities, queries::context_limits())

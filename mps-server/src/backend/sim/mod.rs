@@ -520,6 +520,16 @@ impl Backend for SimBackend {
         Ok((f, entry.params.clone()))
     }
 
+    /// The simulator's kernels are built in and hold no device variables: every name is
+    /// missing, as a name a module lacks is on a GPU.
+    fn module_global(&self, _module: &SimModule, name: &str) -> Result<(u64, u64)> {
+        self.context.alive()?;
+        Err(Error::new(
+            Status::NotFound,
+            format!("the module has no global named {name:?} (the simulator's modules hold none)"),
+        ))
+    }
+
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
         (occupancy::PRIORITIES, occupancy::context_limits())
     }

@@ -119,6 +119,16 @@ impl<B: Backend> SessionCore<B> {
         Ok(Answer::Values([h.0, count, param_bytes as u64, 0]))
     }
 
+    /// A module global's address and size. Kernels may be given the address; copies are
+    /// checked against the client's allocations, which a global is not.
+    pub(super) fn module_global(&mut self, module: u64, name: &[u8]) -> Result<Answer> {
+        let m = self.modules.get(module)?.clone();
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Error::invalid_value("global name is not UTF-8"))?;
+        let (ptr, size) = self.backend.module_global(&m, name)?;
+        Ok(Answer::Values([ptr, size, 0, 0]))
+    }
+
     pub(super) fn param_info(&self, seq: u64, function: u64, first: u32) -> Result<Answer> {
         let f = self.functions.get(function)?;
         let rest = f.params.get(first as usize..).unwrap_or(&[]);

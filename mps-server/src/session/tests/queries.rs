@@ -87,3 +87,21 @@ fn occupancy_is_the_backend_figure_and_a_bad_block_is_refused() {
     // The client's session is fine after a refusal.
     assert_eq!(ask(&mut c, blocks).unwrap()[0], 8);
 }
+
+#[test]
+fn a_module_global_is_the_backend_answer_and_needs_a_module_of_the_client() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let global = Request::ModuleGlobal {
+        module: m,
+        name: b"table",
+    };
+    c.refused(&global, 0, Status::NotFound, "no global named \"table\"");
+    let f = c.function(m, "fill_u32");
+    let wrong = Request::ModuleGlobal {
+        module: f,
+        name: b"table",
+    };
+    c.refused(&wrong, 0, Status::InvalidHandle, "");
+}
