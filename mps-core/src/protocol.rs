@@ -185,9 +185,9 @@ impl Opcode {
     }
 }
 
-/// Context limits reported by [`Request::ContextLimits`]: `CUlimit` 0 (stack size) to 6
-/// (persisting L2 cache size).
-pub const CONTEXT_LIMITS: usize = 7;
+/// Context limits reported by [`Request::ContextLimits`]: `CUlimit` 0 (stack size) to 9 (CIG
+/// shared-memory fallback), CUDA 13's.
+pub const CONTEXT_LIMITS: usize = 10;
 
 /// Function attributes reported by [`Request::FuncAttributes`]: `CUfunction_attribute` 0
 /// (max threads per block) to 15 (cluster scheduling policy preference).

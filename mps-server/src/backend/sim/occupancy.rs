@@ -6,7 +6,8 @@
 //!   simulator accepts them and runs every stream alike.
 //! - **Context limits** are CUDA's defaults: a 1 KiB stack per thread, a 1 MiB printf FIFO, an
 //!   8 MiB device heap, a device-runtime sync depth of 2 and 2048 pending launches, and no
-//!   persisting L2 cache (0). It has no L2 fetch granularity to report.
+//!   persisting L2 cache (0). It has no L2 fetch granularity, shared-memory size or CIG
+//!   (CUDA-in-graphics) limits to report.
 //! - **A kernel** uses 32 registers per thread and no static shared, constant or local memory;
 //!   it takes up to 1024 threads per block, is PTX and binary version 9.0 (`sm_90`), may use
 //!   48 KiB of dynamic shared memory until the program raises it, has no preferred carveout
@@ -42,6 +43,9 @@ pub(super) fn context_limits() -> [Option<u64>; CONTEXT_LIMITS] {
         Some(2048),
         None,
         Some(0),
+        None,
+        None,
+        None,
     ]
 }
 
