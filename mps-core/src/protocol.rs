@@ -29,7 +29,7 @@ pub use crate::handshake::{
 };
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Size of one submission slot: one cache line.
 pub const SLOT_BYTES: usize = 64;
