@@ -54,6 +54,8 @@ pub struct Client {
     pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
     /// The device's attributes and UUID, fetched on the first question (see `attributes`).
     pub(crate) report: OnceLock<DeviceReport>,
+    /// The context's priority range and limits, fetched on the first question.
+    pub(crate) context: OnceLock<crate::queries::ContextLimits>,
 }
 
 impl std::fmt::Debug for Client {
@@ -185,6 +187,7 @@ impl Client {
             lost: AtomicBool::new(false),
             capturing: Mutex::default(),
             report: OnceLock::new(),
+            context: OnceLock::new(),
         }
     }
 

@@ -39,6 +39,7 @@ mod launch;
 #[cfg(test)]
 mod loopback_tests;
 mod memory;
+mod queries;
 mod streams;
 mod submission;
 mod transport;
@@ -48,5 +49,6 @@ pub use handles::{
     DeviceInfo, DevicePtr, Event, Function, Graph, GraphExec, Module, SmInfo, Stream,
 };
 pub use mps_core::handshake::BackendKind;
-pub use mps_core::protocol::{Dim3, ParamInfo};
+pub use mps_core::protocol::{Dim3, OccupancyQuery, ParamInfo};
 pub use mps_core::{Error, Result, Status};
+pub use queries::{ContextLimits, FunctionAttributes};

@@ -29,7 +29,7 @@ pub use crate::handshake::{
 };
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Size of one submission slot: one cache line.
 pub const SLOT_BYTES: usize = 64;
@@ -156,6 +156,14 @@ crate::wire_enum! {
         GraphLaunch = 33 => "graph_launch",
         /// A page of the device's attributes, and its UUID.
         DeviceAttributes = 34 => "device_attributes",
+        /// The context's stream priority range and limits (`cuCtxGetLimit`'s).
+        ContextLimits = 35 => "context_limits",
+        /// A kernel's attributes (`cuFuncGetAttribute`'s).
+        FuncAttributes = 36 => "func_attributes",
+        /// An occupancy figure of a kernel (`cuOccupancy*`'s).
+        Occupancy = 37 => "occupancy",
+        /// The address and size of a module's global variable.
+        ModuleGlobal = 38 => "module_global",
     }
 }
 
@@ -175,6 +183,50 @@ impl Opcode {
                 | Opcode::GraphLaunch
         )
     }
+}
+
+/// Context limits reported by [`Request::ContextLimits`]: `CUlimit` 0 (stack size) to 9 (CIG
+/// shared-memory fallback), CUDA 13's.
+pub const CONTEXT_LIMITS: usize = 10;
+
+/// Function attributes reported by [`Request::FuncAttributes`]: `CUfunction_attribute` 0
+/// (max threads per block) to 15 (cluster scheduling policy preference).
+pub const FUNC_ATTRIBUTES: usize = 16;
+
+const _: () = assert!(CONTEXT_LIMITS * 8 <= COMPLETION_DATA_BYTES);
+const _: () = assert!(FUNC_ATTRIBUTES * 4 <= COMPLETION_DATA_BYTES);
+
+/// Which occupancy figure a [`Request::Occupancy`] asks for (the `cuOccupancy*` functions').
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OccupancyQuery {
+    /// Blocks of `block_size` threads with `dynamic_smem` bytes of dynamic shared memory that
+    /// fit on one SM (`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`).
+    ActiveBlocks {
+        /// Threads per block.
+        block_size: u32,
+        /// Dynamic shared memory per block.
+        dynamic_smem: u32,
+        /// `CU_OCCUPANCY_*` flags.
+        flags: u32,
+    },
+    /// Dynamic shared memory a block may use for `blocks` blocks of `block_size` threads to fit
+    /// on one SM (`cuOccupancyAvailableDynamicSMemPerBlock`).
+    DynamicSmem {
+        /// Blocks per SM.
+        blocks: u32,
+        /// Threads per block.
+        block_size: u32,
+    },
+    /// Clusters of `cluster` blocks of `block` threads that can run at once
+    /// (`cuOccupancyMaxActiveClusters`); a zero `cluster` means the kernel's own cluster size.
+    ActiveClusters {
+        /// Block geometry.
+        block: Dim3,
+        /// Cluster geometry, in blocks (0: the kernel's compile-time one).
+        cluster: Dim3,
+        /// Dynamic shared memory per block.
+        dynamic_smem: u32,
+    },
 }
 
 /// Host memory named by a copy: the client's staging area, or a buffer from `mps_host_alloc`.
@@ -285,6 +337,12 @@ pub enum Request<'a> {
         module: u64,
         name: &'a [u8],
     },
+    /// The device address and size of the global variable `name` of `module`: replies
+    /// `[address, size, 0, 0]`.
+    ModuleGlobal {
+        module: u64,
+        name: &'a [u8],
+    },
     /// Parameter layout of `function`, starting at parameter `first`.
     ParamInfo {
         function: u64,
@@ -296,6 +354,21 @@ pub enum Request<'a> {
     /// 0]`; the UUID (`cuDeviceGetUuid`'s 16 bytes) follows the page in the data when known.
     DeviceAttributes {
         first: u32,
+    },
+    /// The context's stream priority range and limits: replies `[least priority, greatest
+    /// priority (each as the i32 bits in a u64), a mask of the limits reported (bit n: `CUlimit`
+    /// n), 0]` and, in its data, [`CONTEXT_LIMITS`] little-endian u64 values (0 where not
+    /// reported).
+    ContextLimits,
+    /// The attributes of `function`: replies `[FUNC_ATTRIBUTES, a mask of those reported (bit
+    /// n: attribute n), 0, 0]` and, in its data, [`FUNC_ATTRIBUTES`] little-endian i32 values.
+    FuncAttributes {
+        function: u64,
+    },
+    /// An occupancy figure of `function`: replies `[the figure, 0, 0, 0]`.
+    Occupancy {
+        function: u64,
+        query: OccupancyQuery,
     },
     Launch {
         function: u64,
@@ -399,6 +472,10 @@ impl Request<'_> {
             Request::GetFunction { .. } => Opcode::GetFunction,
             Request::ParamInfo { .. } => Opcode::ParamInfo,
             Request::DeviceAttributes { .. } => Opcode::DeviceAttributes,
+            Request::ContextLimits => Opcode::ContextLimits,
+            Request::ModuleGlobal { .. } => Opcode::ModuleGlobal,
+            Request::FuncAttributes { .. } => Opcode::FuncAttributes,
+            Request::Occupancy { .. } => Opcode::Occupancy,
             Request::Launch { .. } => Opcode::Launch,
             Request::StreamCreate { .. } => Opcode::StreamCreate,
             Request::StreamDestroy { .. } => Opcode::StreamDestroy,
@@ -431,7 +508,35 @@ impl Request<'_> {
             Request::MemAlloc { size } | Request::HostAlloc { size } => args[0] = size,
             Request::MemFree { ptr } => args[0] = ptr,
             Request::HostFree { handle } => args[0] = handle,
-            Request::MemGetInfo | Request::Mark | Request::EventCreate | Request::SmInfo => {}
+            Request::MemGetInfo
+            | Request::Mark
+            | Request::EventCreate
+            | Request::SmInfo
+            | Request::ContextLimits => {}
+            Request::FuncAttributes { function } => args[0] = function,
+            Request::Occupancy { function, query } => {
+                args = match query {
+                    OccupancyQuery::ActiveBlocks {
+                        block_size,
+                        dynamic_smem,
+                        flags,
+                    } => [function, 0, pack(block_size, dynamic_smem), flags as u64, 0],
+                    OccupancyQuery::DynamicSmem { blocks, block_size } => {
+                        [function, 1, pack(blocks, block_size), 0, 0]
+                    }
+                    OccupancyQuery::ActiveClusters {
+                        block,
+                        cluster,
+                        dynamic_smem,
+                    } => [
+                        function,
+                        pack(2, dynamic_smem),
+                        pack(block.x, block.y),
+                        pack(block.z, cluster.x),
+                        pack(cluster.y, cluster.z),
+                    ],
+                }
+            }
             Request::CopyHtoD { dst, src, len } => {
                 let (h, o) = src.encode();
                 args = [dst, h, o, len, 0];
@@ -453,7 +558,7 @@ impl Request<'_> {
                 last,
             } => args = [staging_offset, len, last as u64, 0, 0],
             Request::ModuleUnload { module } => args[0] = module,
-            Request::GetFunction { module, name } => {
+            Request::GetFunction { module, name } | Request::ModuleGlobal { module, name } => {
                 args = [module, name.len() as u64, 0, 0, 0];
                 payload = name;
             }
@@ -545,7 +650,11 @@ impl Request<'_> {
             }
             Ok(&payload[..len as usize])
         };
-        if !matches!(op, Opcode::GetFunction | Opcode::Launch) && cmd.extra_slots != 0 {
+        if !matches!(
+            op,
+            Opcode::GetFunction | Opcode::ModuleGlobal | Opcode::Launch
+        ) && cmd.extra_slots != 0
+        {
             return Err(Error::invalid_value(format!(
                 "command {} ({op:?}) takes no payload but has {} extra slots",
                 cmd.seq, cmd.extra_slots
@@ -618,6 +727,16 @@ impl Request<'_> {
                 first: u32::try_from(a[0])
                     .map_err(|_| Error::invalid_value("attribute index out of range"))?,
             },
+            Opcode::ContextLimits => Request::ContextLimits,
+            Opcode::ModuleGlobal => Request::ModuleGlobal {
+                module: a[0],
+                name: expect_payload(a[1], MAX_NAME_BYTES, "global name")?,
+            },
+            Opcode::FuncAttributes => Request::FuncAttributes { function: a[0] },
+            Opcode::Occupancy => Request::Occupancy {
+                function: a[0],
+                query: occupancy_query(cmd.seq, a)?,
+            },
             Opcode::Launch => {
                 let (gx, gy) = unpack(a[1]);
                 let (gz, bx) = unpack(a[2]);
@@ -682,6 +801,51 @@ impl Request<'_> {
         };
         Ok(req)
     }
+}
+
+/// The query of an occupancy command's arguments.
+fn occupancy_query(seq: u64, a: [u64; 5]) -> Result<OccupancyQuery> {
+    let (kind, smem) = unpack(a[1]);
+    let unused = |used: usize| a[used..].iter().any(|v| *v != 0);
+    let q = match kind {
+        0 if smem == 0 && !unused(4) && a[3] <= u32::MAX as u64 => {
+            let (block_size, dynamic_smem) = unpack(a[2]);
+            OccupancyQuery::ActiveBlocks {
+                block_size,
+                dynamic_smem,
+                flags: a[3] as u32,
+            }
+        }
+        1 if smem == 0 && !unused(3) => {
+            let (blocks, block_size) = unpack(a[2]);
+            OccupancyQuery::DynamicSmem { blocks, block_size }
+        }
+        2 => {
+            let (bx, by) = unpack(a[2]);
+            let (bz, cx) = unpack(a[3]);
+            let (cy, cz) = unpack(a[4]);
+            OccupancyQuery::ActiveClusters {
+                block: Dim3 {
+                    x: bx,
+                    y: by,
+                    z: bz,
+                },
+                cluster: Dim3 {
+                    x: cx,
+                    y: cy,
+                    z: cz,
+                },
+                dynamic_smem: smem,
+            }
+        }
+        _ => {
+            return Err(Error::invalid_value(format!(
+                "command {seq}: occupancy query {kind} is not one of 0 (active blocks), 1 \
+                 (dynamic shared memory), 2 (active clusters), or has stray arguments"
+            )));
+        }
+    };
+    Ok(q)
 }
 
 /// A percentage of the device's SMs: 1 to 100.
@@ -836,6 +1000,35 @@ mod tests {
             Request::MemAlloc { size: 1 << 40 },
             Request::MemFree { ptr: 0x1234 },
             Request::MemGetInfo,
+            Request::ContextLimits,
+            Request::ModuleGlobal {
+                module: 3,
+                name: b"table",
+            },
+            Request::FuncAttributes { function: 5 },
+            Request::Occupancy {
+                function: 5,
+                query: OccupancyQuery::ActiveBlocks {
+                    block_size: 256,
+                    dynamic_smem: 1 << 16,
+                    flags: 1,
+                },
+            },
+            Request::Occupancy {
+                function: 5,
+                query: OccupancyQuery::DynamicSmem {
+                    blocks: 3,
+                    block_size: 128,
+                },
+            },
+            Request::Occupancy {
+                function: 5,
+                query: OccupancyQuery::ActiveClusters {
+                    block: Dim3 { x: 128, y: 2, z: 1 },
+                    cluster: Dim3 { x: 2, y: 1, z: 1 },
+                    dynamic_smem: 4096,
+                },
+            },
             Request::HostAlloc { size: 4096 },
             Request::HostFree { handle: 9 },
             Request::CopyHtoD {
@@ -976,6 +1169,16 @@ mod tests {
         cmd.opcode = 999;
         let e = Request::decode(&cmd, &[]).unwrap_err();
         assert!(e.message.contains("unknown opcode 999"), "{e}");
+
+        let (mut cmd, _) = Request::FuncAttributes { function: 1 }.encode(1, 0, 0);
+        cmd.opcode = Opcode::Occupancy as u16;
+        cmd.args[1] = 3;
+        let e = Request::decode(&cmd, &[]).unwrap_err();
+        assert!(e.message.contains("occupancy query 3"), "{e}");
+        cmd.args[1] = 1;
+        cmd.args[4] = 9;
+        let e = Request::decode(&cmd, &[]).unwrap_err();
+        assert!(e.message.contains("stray arguments"), "{e}");
 
         let (cmd, _) = Request::MemAlloc { size: 1 }.encode(1, 0, flags::MARK);
         assert!(

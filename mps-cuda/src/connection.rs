@@ -171,6 +171,26 @@ impl Connection {
 
     /// The kernel `name` of `module` and its parameters' (offset, size), as the server reported
     /// them.
+    /// The server context's priority range and limits (the client keeps them).
+    pub(crate) fn context_limits(&self) -> Res<mps_client::ContextLimits> {
+        self.client.context_limits().map_err(fail)
+    }
+
+    /// Kernel `f`'s attributes as the server's driver reports them now.
+    pub(crate) fn function_attributes(&self, f: Function) -> Res<mps_client::FunctionAttributes> {
+        self.client.function_attributes(f).map_err(fail)
+    }
+
+    /// A module global's (address, size).
+    pub(crate) fn module_global(&self, module: Module, name: &str) -> Res<(u64, u64)> {
+        let (p, size) = self.client.module_get_global(module, name).map_err(fail)?;
+        Ok((p.0, size))
+    }
+
+    pub(crate) fn occupancy(&self, f: Function, q: mps_client::OccupancyQuery) -> Res<u64> {
+        self.client.occupancy(f, q).map_err(fail)
+    }
+
     pub(crate) fn get_function(
         &self,
         module: Module,

@@ -22,6 +22,7 @@ pub mod export;
 pub mod graph;
 mod handles;
 mod image;
+pub mod kernel_queries;
 mod log;
 pub mod memory;
 pub mod module;

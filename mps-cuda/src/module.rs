@@ -14,11 +14,12 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mps_core::protocol::ParamInfo;
+use mps_core::protocol::{FUNC_ATTRIBUTES, ParamInfo};
 
 use crate::abi::{
-    CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult, CUstream,
-    LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END, MODULE_EAGER_LOADING,
+    CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
+    CUstream, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
+    MODULE_EAGER_LOADING,
 };
 use crate::connection::{Connection, Function, Module, Res};
 use crate::context::{current, current_handle};
@@ -86,11 +87,14 @@ pub(crate) struct FunctionObj {
     /// Its mps function on each device, by ordinal, fetched on the first launch there.
     function: Vec<OnceLock<Function>>,
     params: Vec<ParamInfo>,
+    /// Its attributes on each device, by ordinal: the server's, fetched on the first question
+    /// there, with what the program set since.
+    pub(crate) attributes: Vec<Mutex<Option<[Option<i32>; FUNC_ATTRIBUTES]>>>,
 }
 
 impl FunctionObj {
     /// Its mps function on the device of `conn`.
-    fn on(&self, conn: &Connection) -> Res<Function> {
+    pub(crate) fn on(&self, conn: &Connection) -> Res<Function> {
         let dev = conn.ordinal();
         let slot = self
             .function
@@ -191,6 +195,7 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
                 name: name.to_string(),
                 function: slots,
                 params,
+                attributes: (0..d.devices.len()).map(|_| Mutex::new(None)).collect(),
             });
             known.insert(name.to_string(), f);
             f
@@ -200,7 +205,80 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
     unsafe { put(out, std::ptr::without_provenance_mut(f)) }
 }
 
-fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
+/// The address and size of global `name` of module (or library) `h` on the current context's
+/// device (device 0 without one), where a library is loaded now if it was not yet.
+fn global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    h: usize,
+    name: *const c_char,
+    library: bool,
+) -> Res<()> {
+    check(!name.is_null())?;
+    // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_str()
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let d = driver()?;
+    let m = d
+        .modules
+        .get(h)
+        .filter(|m| m.ctx.is_none() == library)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let dev = match m.ctx {
+        Some(ctx) => d.contexts.get(ctx).map_or(0, |c| c.device),
+        None => current_handle()
+            .and_then(|c| d.contexts.get(c))
+            .map_or(0, |c| c.device),
+    };
+    let (p, size) = connection(dev)?.module_global(m.on(dev)?, name)?;
+    // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped, as
+    // the driver skips them.
+    unsafe {
+        if !dptr.is_null() {
+            put(dptr, p)?;
+        }
+        if !bytes.is_null() {
+            put(bytes, size as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// A module's global variable. Kernels may be given its address; copies to and from it are
+/// refused by the server (they reach allocations only).
+///
+/// # Safety
+/// `dptr` and `bytes` must be NULL or writable; `name` NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetGlobal_v2", || {
+        global(dptr, bytes, module as usize, name, false)
+    })
+}
+
+/// As `cuModuleGetGlobal_v2`, for a library, on the current context's device.
+///
+/// # Safety
+/// As `cuModuleGetGlobal_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    library: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuLibraryGetGlobal", || {
+        global(dptr, bytes, library as usize, name, true)
+    })
+}
+
+pub(crate) fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
     driver()?
         .functions
         .get(h)
@@ -506,9 +584,31 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     })
 }
 
-/// `cuLaunchKernelEx` without launch attributes. An attribute (cluster dimensions, priority,
-/// programmatic serialisation, ...) would change how the server launches, which it does not
-/// offer: a launch with any is refused, naming the attribute once.
+/// A launch attribute that asks for nothing the plain launch does not do: `IGNORE`, a
+/// cluster of one block, cooperation or programmatic serialisation turned off.
+///
+/// # Safety
+/// `a` must point at a readable `CUlaunchAttribute` (an id, padding, a 64-byte value).
+unsafe fn changes_nothing(a: *const u32) -> bool {
+    // SAFETY: the caller guarantees a whole attribute: the id at word 0, the value from word 2.
+    let (id, v) = unsafe {
+        (
+            a.read(),
+            [a.add(2).read(), a.add(3).read(), a.add(4).read()],
+        )
+    };
+    match id {
+        0 => true,
+        2 | 6 => v[0] == 0,
+        4 => v == [1, 1, 1],
+        _ => false,
+    }
+}
+
+/// `cuLaunchKernelEx`. A launch attribute that would change how the server launches
+/// (a cluster of several blocks, a priority, programmatic dependent launch, ...) is not
+/// offered: a launch with one is refused, naming the attribute once; attributes that ask for
+/// nothing beyond a plain launch are accepted.
 ///
 /// # Safety
 /// `config` must be NULL or readable, its `attrs` readable for `numAttrs` attributes; the
@@ -524,11 +624,18 @@ unsafe fn launch_ex(
     let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     if c.numAttrs > 0 {
         check(!c.attrs.is_null())?;
+        let mut refused = false;
         for i in 0..c.numAttrs as usize {
-            // The id is read as the integer it is in C, not as cudarc's enum, which may lack
-            // it. SAFETY: the caller guarantees `numAttrs` readable attributes; the id is the
-            // first 4 bytes of each.
-            let id = unsafe { c.attrs.add(i).cast::<u32>().read() };
+            // The attribute is read as the integers it is in C, not as cudarc's enum, which
+            // may lack its id. SAFETY: the caller guarantees `numAttrs` readable attributes.
+            let a = unsafe { c.attrs.add(i) }.cast::<u32>();
+            // SAFETY: as above.
+            if unsafe { changes_nothing(a) } {
+                continue;
+            }
+            refused = true;
+            // SAFETY: as above; the id is the first 4 bytes.
+            let id = unsafe { a.read() };
             log::once(&format!("launch attribute {id}"), || {
                 format!(
                     "cuLaunchKernelEx: launch attribute {id} is not supported through mps; \
@@ -536,7 +643,9 @@ unsafe fn launch_ex(
                 )
             });
         }
-        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        if refused {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
     }
     let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
     let block = [c.blockDimX, c.blockDimY, c.blockDimZ];

@@ -26,6 +26,7 @@ use crate::connection::{Connection, Event, Res, Stream};
 use crate::context::{Context, context, current};
 use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::graph;
+use crate::log;
 
 /// A stream the program created (or a thread's per-thread default stream).
 #[derive(Debug)]
@@ -466,6 +467,38 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord_ptsz(ev: CUevent, h: CUstream) -> CUresult {
     entry("cuEventRecord_ptsz", || record(ev, h, true))
+}
+
+/// `CU_EVENT_RECORD_DEFAULT` is a plain record; `CU_EVENT_RECORD_EXTERNAL` (a record node
+/// that other graphs or streams may wait on, inside a capture) is not offered by the server's
+/// captures and is refused, said once.
+fn record_with_flags(ev: CUevent, h: CUstream, flags: u32, per_thread: bool) -> Res<()> {
+    match flags {
+        0 => record(ev, h, per_thread),
+        _ => {
+            log::once(&format!("cuEventRecordWithFlags {flags}"), || {
+                format!(
+                    "cuEventRecordWithFlags: flags {flags:#x} (an external record) are not \
+                     supported through mps; returning CUDA_ERROR_NOT_SUPPORTED"
+                )
+            });
+            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(ev: CUevent, h: CUstream, flags: u32) -> CUresult {
+    entry("cuEventRecordWithFlags", || {
+        record_with_flags(ev, h, flags, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags_ptsz(ev: CUevent, h: CUstream, flags: u32) -> CUresult {
+    entry("cuEventRecordWithFlags_ptsz", || {
+        record_with_flags(ev, h, flags, true)
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -43,12 +43,9 @@ unsupported! {
     cuArrayGetSparseProperties
     cuCtxDetach
     cuCtxGetCacheConfig
-    cuCtxGetLimit
     cuCtxGetSharedMemConfig
-    cuCtxGetStreamPriorityRange
     cuCtxResetPersistingL2Cache
     cuCtxSetCacheConfig
-    cuCtxSetLimit
     cuCtxSetSharedMemConfig
     cuDestroyExternalMemory
     cuDestroyExternalSemaphore
@@ -76,13 +73,10 @@ unsupported! {
     cuEGLStreamProducerDisconnect
     cuEGLStreamProducerPresentFrame
     cuEGLStreamProducerReturnFrame
-    cuEventRecordWithFlags
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
-    cuFuncGetAttribute
     cuFuncGetName
-    cuFuncSetAttribute
     cuFuncSetCacheConfig
     cuFuncSetSharedMemConfig
     cuGLCtxCreate
@@ -186,15 +180,12 @@ unsupported! {
     cuIpcOpenEventHandle
     cuIpcOpenMemHandle
     cuIpcOpenMemHandle_v2
-    cuKernelGetAttribute
     cuKernelGetLibrary
     cuKernelGetName
-    cuKernelSetAttribute
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
     cuLaunchHostFunc
     cuLibraryEnumerateKernels
-    cuLibraryGetGlobal
     cuLibraryGetKernelCount
     cuLibraryGetManaged
     cuLibraryGetModule
@@ -283,15 +274,10 @@ unsupported! {
     cuMipmappedArrayGetMemoryRequirements
     cuMipmappedArrayGetSparseProperties
     cuModuleGetGlobal
-    cuModuleGetGlobal_v2
     cuModuleGetSurfRef
     cuModuleGetTexRef
     cuModuleLoad
     cuModuleLoadFatBinary
-    cuOccupancyAvailableDynamicSMemPerBlock
-    cuOccupancyMaxActiveBlocksPerMultiprocessor
-    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
-    cuOccupancyMaxActiveClusters
     cuOccupancyMaxPotentialBlockSize
     cuOccupancyMaxPotentialClusterSize
     cuPointerGetAttribute

@@ -108,6 +108,11 @@ fn mps_run_makes_the_program_load_this_library() {
 }
 
 #[test]
+fn context_limits_kernel_attributes_and_occupancy() {
+    passes("kernel_queries", &[]);
+}
+
+#[test]
 fn streams_events_and_the_legacy_default_stream() {
     passes("streams_events", &[]);
 }

@@ -98,6 +98,16 @@ typedef struct {
     } value;
 } CUlaunchAttribute;
 #define CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
+#define CU_LIMIT_STACK_SIZE 0
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+#define CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0
+#define CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES 1
+#define CU_FUNC_ATTRIBUTE_NUM_REGS 4
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT 9
+#define CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED 14
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -159,6 +169,21 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule module, const char *name);
+CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
+CUresult cuCtxGetLimit(size_t *value, int limit);
+CUresult cuCtxSetLimit(int limit, size_t value);
+CUresult cuFuncGetAttribute(int *pi, int attrib, CUfunction f);
+CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value);
+CUresult cuKernelGetAttribute(int *pi, int attrib, CUkernel k, CUdevice dev);
+CUresult cuKernelSetAttribute(int attrib, int value, CUkernel k, CUdevice dev);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block, size_t smem);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int block,
+                                                              size_t smem, unsigned int flags);
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f, int blocks,
+                                                 int block);
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *config);
 CUresult cuModuleUnload(CUmodule module);
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions,

@@ -94,11 +94,17 @@ int main(int argc, char **argv) {
     CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
     CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
     ASSERT(hc[N - 1] == 3.0f * (float)(N - 1), "cuLaunchKernelEx: %f", hc[N - 1]);
+    /* A cluster of one block asks for nothing beyond a plain launch (cuBLASLt passes one). */
+    CUlaunchAttribute cluster = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
+    cluster.value.clusterDim.x = cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL)); /* db = a + 3a */
+    CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
+    ASSERT(hc[N - 1] == 4.0f * (float)(N - 1), "a cluster of one: %f", hc[N - 1]);
     if (mps_only()) {
-        /* Launch attributes are not supported through mps: refused, never ignored. */
-        CUlaunchAttribute cluster = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
-        config.attrs = &cluster;
-        config.numAttrs = 1;
+        /* Other launch attributes are not supported through mps: refused, never ignored. */
+        cluster.value.clusterDim.x = 2;
         EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
     }
 

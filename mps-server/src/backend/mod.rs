@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3, ParamInfo};
+use mps_core::protocol::{
+    BackendKind, CONTEXT_LIMITS, DeviceAttribute, Dim3, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo,
+};
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
@@ -291,6 +293,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
         module: &Self::Module,
         name: &str,
     ) -> Result<(Self::Function, Vec<ParamInfo>)>;
+    /// The device address and size of the global variable `name` of a module.
+    fn module_global(&self, module: &Self::Module, name: &str) -> Result<(u64, u64)>;
+    /// The context's stream priority range (least, greatest) and its limits
+    /// (`cuCtxGetLimit`'s, by `CUlimit`; `None` where the device has no such limit).
+    fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]);
+    /// A kernel's attributes (`cuFuncGetAttribute`'s, by `CUfunction_attribute`; `None` where
+    /// the device reports none).
+    fn function_attributes(
+        &self,
+        function: &Self::Function,
+    ) -> Result<[Option<i32>; FUNC_ATTRIBUTES]>;
+    /// An occupancy figure of a kernel, per SM of the whole device (a client's SM share
+    /// changes how many SMs it has, not what fits on one).
+    fn occupancy(&self, function: &Self::Function, query: OccupancyQuery) -> Result<u64>;
     /// Makes `assignments` the SM placement of their clients: work submitted after the call runs
     /// where it says (streams created before follow at their next submission). On failure the
     /// previous placement stays.

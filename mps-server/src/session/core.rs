@@ -417,6 +417,10 @@ impl<B: Backend> SessionCore<B> {
             Request::GetFunction { module, name } => self.get_function(module, name),
             Request::ParamInfo { function, first } => self.param_info(seq, function, first),
             Request::DeviceAttributes { first } => Ok(self.device_attributes(seq, first)),
+            Request::ContextLimits => Ok(self.context_limits(seq)),
+            Request::ModuleGlobal { module, name } => self.module_global(module, name),
+            Request::FuncAttributes { function } => self.func_attributes(seq, function),
+            Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {
                 let slot = self.streams.take_slot()?;
                 // A below-normal client's streams get the device's least urgent priority (the

@@ -32,6 +32,7 @@ mod health;
 mod host;
 mod objects;
 mod partition;
+mod queries;
 mod stream;
 
 use std::ffi::{CString, c_void};
@@ -39,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
-use mps_core::protocol::ParamInfo;
+use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -276,6 +277,50 @@ impl Backend for CudaBackend {
             opted_in: AtomicBool::new(false),
         };
         Ok((func, params))
+    }
+
+    fn module_global(&self, module: &CudaModule, name: &str) -> Result<(u64, u64)> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        let cname = CString::new(name)
+            .map_err(|_| Error::invalid_value("global name contains a NUL byte"))?;
+        let (mut ptr, mut size) = (0, 0);
+        // SAFETY: the module is loaded; cname is NUL-terminated; writes an address and a size.
+        let r =
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw, cname.as_ptr()) };
+        if r == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::new(
+                Status::NotFound,
+                format!("the module has no global named {name:?}"),
+            ));
+        }
+        self.ctx.check(check_on(r, "cuModuleGetGlobal", || {
+            format!("global {name:?}")
+        }))?;
+        Ok((ptr, size as u64))
+    }
+
+    fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
+        self.ctx.bind();
+        (self.priorities, queries::context_limits())
+    }
+
+    fn function_attributes(
+        &self,
+        function: &CudaFunction,
+    ) -> Result<[Option<i32>; FUNC_ATTRIBUTES]> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        Ok(queries::function_attributes(function.raw))
+    }
+
+    fn occupancy(&self, function: &CudaFunction, query: OccupancyQuery) -> Result<u64> {
+        self.ctx.bind();
+        self.ctx.alive()?;
+        // As its launches will: a kernel asked about more dynamic shared memory than the
+        // default per block is opted in first, so that the figure is the one launches get.
+        self.opt_in(function)?;
+        self.ctx.check(queries::occupancy(function.raw, query))
     }
 
     fn place(&self, assignments: &[Assignment]) -> Result<()> {

@@ -16,6 +16,7 @@ mod attributes;
 mod fatbin;
 mod kernels;
 pub mod memory;
+mod occupancy;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{BackendKind, ParamInfo};
+use mps_core::protocol::{BackendKind, CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
 use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -517,6 +518,33 @@ impl Backend for SimBackend {
             layout: entry.params.clone(),
         };
         Ok((f, entry.params.clone()))
+    }
+
+    /// The simulator's kernels are built in and hold no device variables: every name is
+    /// missing, as a name a module lacks is on a GPU.
+    fn module_global(&self, _module: &SimModule, name: &str) -> Result<(u64, u64)> {
+        self.context.alive()?;
+        Err(Error::new(
+            Status::NotFound,
+            format!("the module has no global named {name:?} (the simulator's modules hold none)"),
+        ))
+    }
+
+    fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
+        (occupancy::PRIORITIES, occupancy::context_limits())
+    }
+
+    fn function_attributes(
+        &self,
+        _function: &SimFunction,
+    ) -> Result<[Option<i32>; FUNC_ATTRIBUTES]> {
+        self.context.alive()?;
+        Ok(occupancy::function_attributes(&self.info.limits))
+    }
+
+    fn occupancy(&self, _function: &SimFunction, query: OccupancyQuery) -> Result<u64> {
+        self.context.alive()?;
+        occupancy::occupancy(query, self.info.sm_count, &self.info.limits)
     }
 
     fn place(&self, _assignments: &[Assignment]) -> Result<()> {

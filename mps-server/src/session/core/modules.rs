@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mps_core::handle::{Handle, HandleKind};
-use mps_core::protocol::{Completion, PARAMS_PER_REPLY, ParamInfo};
+use mps_core::protocol::{Completion, OccupancyQuery, PARAMS_PER_REPLY, ParamInfo};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result};
 
@@ -119,6 +119,16 @@ impl<B: Backend> SessionCore<B> {
         Ok(Answer::Values([h.0, count, param_bytes as u64, 0]))
     }
 
+    /// A module global's address and size. Kernels may be given the address; copies are
+    /// checked against the client's allocations, which a global is not.
+    pub(super) fn module_global(&mut self, module: u64, name: &[u8]) -> Result<Answer> {
+        let m = self.modules.get(module)?.clone();
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Error::invalid_value("global name is not UTF-8"))?;
+        let (ptr, size) = self.backend.module_global(&m, name)?;
+        Ok(Answer::Values([ptr, size, 0, 0]))
+    }
+
     pub(super) fn param_info(&self, seq: u64, function: u64, first: u32) -> Result<Answer> {
         let f = self.functions.get(function)?;
         let rest = f.params.get(first as usize..).unwrap_or(&[]);
@@ -129,6 +139,54 @@ impl<B: Backend> SessionCore<B> {
         c.data_len = bytes.len() as u32;
         Ok(Answer::Full(Box::new(c)))
     }
+}
+
+impl<B: Backend> SessionCore<B> {
+    /// The context's priority range and limits, as [`Request::ContextLimits`] lays them out.
+    ///
+    /// [`Request::ContextLimits`]: mps_core::protocol::Request::ContextLimits
+    pub(super) fn context_limits(&self, seq: u64) -> Answer {
+        let ((least, greatest), limits) = self.backend.context_limits();
+        let mask = mask(limits.iter().map(Option::is_some));
+        let mut c = Completion::reply(seq, [least as u32 as u64, greatest as u32 as u64, mask, 0]);
+        let bytes: Vec<u8> = limits
+            .iter()
+            .flat_map(|v| v.unwrap_or(0).to_le_bytes())
+            .collect();
+        c.data[..bytes.len()].copy_from_slice(&bytes);
+        c.data_len = bytes.len() as u32;
+        Answer::Full(Box::new(c))
+    }
+
+    /// A kernel's attributes, as [`Request::FuncAttributes`] lays them out.
+    ///
+    /// [`Request::FuncAttributes`]: mps_core::protocol::Request::FuncAttributes
+    pub(super) fn func_attributes(&self, seq: u64, function: u64) -> Result<Answer> {
+        let f = self.functions.get(function)?;
+        let attrs = self.backend.function_attributes(&f.function)?;
+        let mask = mask(attrs.iter().map(Option::is_some));
+        let mut c = Completion::reply(seq, [attrs.len() as u64, mask, 0, 0]);
+        let bytes: Vec<u8> = attrs
+            .iter()
+            .flat_map(|v| v.unwrap_or(0).to_le_bytes())
+            .collect();
+        c.data[..bytes.len()].copy_from_slice(&bytes);
+        c.data_len = bytes.len() as u32;
+        Ok(Answer::Full(Box::new(c)))
+    }
+
+    pub(super) fn occupancy(&self, function: u64, query: OccupancyQuery) -> Result<Answer> {
+        let f = self.functions.get(function)?;
+        let figure = self.backend.occupancy(&f.function, query)?;
+        Ok(Answer::Values([figure, 0, 0, 0]))
+    }
+}
+
+/// Bit n set where the nth flag is.
+fn mask(flags: impl Iterator<Item = bool>) -> u64 {
+    flags
+        .enumerate()
+        .fold(0, |m, (i, set)| m | (set as u64) << i)
 }
 
 /// `.entry` directives in a PTX image, counted up to one past `most`.

@@ -30,6 +30,7 @@ mod graphs;
 mod isolation;
 mod launch;
 mod limits;
+mod queries;
 mod recorder;
 mod validation;
 mod workers;

@@ -134,6 +134,32 @@ impl Backend for Recorder {
         Ok((name.to_string(), layout))
     }
 
+    fn module_global(&self, _module: &(), name: &str) -> Result<(u64, u64)> {
+        Err(Error::new(
+            Status::NotFound,
+            format!("the recorder's modules have no global {name:?}"),
+        ))
+    }
+
+    /// Nothing to report: the session tests ask these of the simulator.
+    fn context_limits(&self) -> ((i32, i32), [Option<u64>; protocol::CONTEXT_LIMITS]) {
+        ((0, 0), [None; protocol::CONTEXT_LIMITS])
+    }
+
+    fn function_attributes(
+        &self,
+        _function: &String,
+    ) -> Result<[Option<i32>; protocol::FUNC_ATTRIBUTES]> {
+        Ok([None; protocol::FUNC_ATTRIBUTES])
+    }
+
+    fn occupancy(&self, function: &String, _query: protocol::OccupancyQuery) -> Result<u64> {
+        Err(Error::new(
+            Status::Unsupported,
+            format!("the recorder has no occupancy figures for kernel {function:?}"),
+        ))
+    }
+
     fn place(&self, _assignments: &[crate::sm::Assignment]) -> Result<()> {
         Ok(())
     }

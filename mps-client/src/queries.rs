@@ -1,0 +1,117 @@
+//! Questions about the server's context and a kernel: the stream priority range, the
+//! context's limits (`cuCtxGetLimit`'s), a kernel's attributes (`cuFuncGetAttribute`'s) and
+//! occupancy figures (`cuOccupancy*`'s).
+
+use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, Request};
+use mps_core::{Error, Result};
+
+use crate::connection::Client;
+use crate::handles::{DevicePtr, Function, Module};
+
+/// The server context's stream priorities and limits, as its device reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextLimits {
+    /// The least urgent stream priority (CUDA's numbers: lower is more urgent).
+    pub least_priority: i32,
+    /// The most urgent stream priority.
+    pub greatest_priority: i32,
+    /// Each `CUlimit` from 0, `None` where the device has no such limit.
+    pub limits: [Option<u64>; CONTEXT_LIMITS],
+}
+
+/// A kernel's attributes: each `CUfunction_attribute` from 0, `None` where the device
+/// reports none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FunctionAttributes(pub [Option<i32>; FUNC_ATTRIBUTES]);
+
+/// The values that a reply's `mask` marks as reported, from its data of `width`-byte
+/// little-endian values.
+fn masked<const N: usize>(mask: u64, data: &[u8], width: usize) -> Result<[Option<u64>; N]> {
+    if data.len() < N * width {
+        return Err(Error::internal(format!(
+            "a reply of {} bytes for {N} values of {width} bytes",
+            data.len()
+        )));
+    }
+    Ok(std::array::from_fn(|i| {
+        let mut b = [0u8; 8];
+        b[..width].copy_from_slice(&data[i * width..(i + 1) * width]);
+        (mask >> i & 1 == 1).then_some(u64::from_le_bytes(b))
+    }))
+}
+
+impl Client {
+    /// The context's stream priority range and limits: asked once, then kept (the server's
+    /// context does not change them; clients cannot).
+    pub fn context_limits(&self) -> Result<ContextLimits> {
+        if let Some(l) = self.context.get() {
+            return Ok(*l);
+        }
+        let c = self.call(&Request::ContextLimits)?;
+        let [least, greatest, mask, _] = c.values;
+        let limits = masked::<CONTEXT_LIMITS>(mask, c.data(), 8)?;
+        let l = ContextLimits {
+            least_priority: least as u32 as i32,
+            greatest_priority: greatest as u32 as i32,
+            limits,
+        };
+        Ok(*self.context.get_or_init(|| l))
+    }
+
+    /// The attributes of kernel `f`, as the server's driver reports them now (callers that
+    /// keep them must follow the changes they make).
+    pub fn function_attributes(&self, f: Function) -> Result<FunctionAttributes> {
+        let c = self.call(&Request::FuncAttributes { function: f.0 })?;
+        let [count, mask, ..] = c.values;
+        if count != FUNC_ATTRIBUTES as u64 {
+            return Err(Error::internal(format!(
+                "the server reported {count} kernel attributes, not {FUNC_ATTRIBUTES}"
+            )));
+        }
+        let values = masked::<FUNC_ATTRIBUTES>(mask, c.data(), 4)?;
+        Ok(FunctionAttributes(
+            values.map(|v| v.map(|v| v as u32 as i32)),
+        ))
+    }
+
+    /// The device address and size of the global variable `name` of `module`. Kernels may be
+    /// given the address; copies to and from it are refused (they reach allocations only).
+    pub fn module_get_global(&self, module: Module, name: &str) -> Result<(DevicePtr, u64)> {
+        if name.is_empty() || name.len() > mps_core::protocol::MAX_NAME_BYTES {
+            return Err(Error::invalid_value(format!(
+                "global name must be 1 to {} bytes",
+                mps_core::protocol::MAX_NAME_BYTES
+            )));
+        }
+        let [ptr, size, ..] = self
+            .call(&Request::ModuleGlobal {
+                module: module.0,
+                name: name.as_bytes(),
+            })?
+            .values;
+        Ok((DevicePtr(ptr), size))
+    }
+
+    /// The occupancy figure `query` of kernel `f`, per SM of the whole device.
+    pub fn occupancy(&self, f: Function, query: OccupancyQuery) -> Result<u64> {
+        Ok(self
+            .call(&Request::Occupancy {
+                function: f.0,
+                query,
+            })?
+            .values[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_values_keep_only_those_reported() {
+        let data: Vec<u8> = [7i32, -1, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let v = masked::<3>(0b101, &data, 4).unwrap();
+        assert_eq!(v, [Some(7), None, Some(3)]);
+        assert!(masked::<4>(0b1, &data, 4).is_err(), "too short");
+    }
+}

@@ -1,0 +1,338 @@
+//! Questions about the context and its kernels: the stream priority range and limits
+//! (`cuCtxGetStreamPriorityRange`, `cuCtxGetLimit`, `cuCtxSetLimit`), kernel attributes
+//! (`cuFuncGetAttribute` and `cuKernelGetAttribute`, answered from what the server reported on
+//! the first question, and their setters) and occupancy (`cuOccupancy*`, asked of the server).
+//!
+//! The server's context is shared by every client, so a limit is the server's to set: setting
+//! one to the value it has succeeds, any other value is refused. A kernel's dynamic shared
+//! memory ceiling and preferred carveout are the program's own: they are kept here, and the
+//! server lets every kernel use the device's opt-in shared memory at its first launch that
+//! needs it, which honours any ceiling a program may set.
+
+use mps_client::OccupancyQuery;
+use mps_core::protocol::{CONTEXT_LIMITS, Dim3, FUNC_ATTRIBUTES};
+
+use crate::abi::{CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUresult};
+use crate::connection::{Connection, Res};
+use crate::context::current;
+use crate::driver::{check, connection, entry, lock, put};
+use crate::log;
+use crate::module::function_obj;
+
+/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, `_MAX_DYNAMIC_SHARED_SIZE_BYTES`,
+/// `_PREFERRED_SHARED_MEMORY_CARVEOUT`.
+const SHARED_SIZE: usize = 1;
+const MAX_DYNAMIC_SHARED: usize = 8;
+const CARVEOUT: usize = 9;
+/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
+const OPTIN_SHARED: i32 = 97;
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+const LAUNCH_CLUSTER_DIMENSION: u32 = 4;
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+const UNSUPPORTED_LIMIT: CUresult = CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
+
+fn limits() -> Res<mps_client::ContextLimits> {
+    current()?.conn()?.context_limits()
+}
+
+/// # Safety
+/// `least` and `greatest` must each be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut i32,
+    greatest: *mut i32,
+) -> CUresult {
+    entry("cuCtxGetStreamPriorityRange", || {
+        let l = limits()?;
+        // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
+        unsafe {
+            if !least.is_null() {
+                put(least, l.least_priority)?;
+            }
+            if !greatest.is_null() {
+                put(greatest, l.greatest_priority)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn limit(which: u32) -> Res<u64> {
+    let l = limits()?;
+    if which as usize >= CONTEXT_LIMITS {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    l.limits[which as usize].ok_or(UNSUPPORTED_LIMIT)
+}
+
+/// # Safety
+/// `value` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: u32) -> CUresult {
+    entry("cuCtxGetLimit", || {
+        let v = limit(which)?;
+        // SAFETY: the caller guarantees a non-null `value` is writable.
+        unsafe { put(value, v as usize) }
+    })
+}
+
+/// Succeeds where the limit already has `value`; the server's context is every client's, so a
+/// change is refused, saying so once per limit.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(which: u32, value: usize) -> CUresult {
+    entry("cuCtxSetLimit", || {
+        if limit(which)? == value as u64 {
+            return Ok(());
+        }
+        log::once(&format!("cuCtxSetLimit {which}"), || {
+            format!(
+                "cuCtxSetLimit: limit {which} of the mps server's context is shared by every \
+                 client and is not changed; returning CUDA_ERROR_NOT_SUPPORTED"
+            )
+        });
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
+/// Runs `with` on kernel `h`'s attributes on device `dev` (fetched from its server on the first
+/// question there).
+fn with_attributes<T>(
+    h: usize,
+    dev: CUdevice,
+    with: impl FnOnce(&mut [Option<i32>; FUNC_ATTRIBUTES], &Connection) -> Res<T>,
+) -> Res<T> {
+    let f = function_obj(h)?;
+    let conn = connection(dev)?;
+    let slot = f
+        .attributes
+        .get(dev as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    let mut known = lock(slot);
+    if known.is_none() {
+        let function = f.on(conn)?;
+        *known = Some(conn.function_attributes(function)?.0);
+    }
+    with(known.as_mut().expect("fetched above"), conn)
+}
+
+fn get_attribute(out: *mut i32, attribute: i32, h: usize, dev: CUdevice) -> Res<()> {
+    check(!out.is_null())?;
+    let v = with_attributes(h, dev, |a, _| {
+        let i = usize::try_from(attribute).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        a.get(i)
+            .copied()
+            .flatten()
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    })?;
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(out, v) }
+}
+
+fn set_attribute(attribute: i32, value: i32, h: usize, dev: CUdevice) -> Res<()> {
+    with_attributes(h, dev, |a, conn| match attribute as usize {
+        MAX_DYNAMIC_SHARED => {
+            let optin = conn
+                .reported_attribute(OPTIN_SHARED)
+                .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            let room = optin - a[SHARED_SIZE].unwrap_or(0);
+            check((0..=room).contains(&value))?;
+            a[MAX_DYNAMIC_SHARED] = Some(value);
+            Ok(())
+        }
+        CARVEOUT => {
+            check((-1..=100).contains(&value))?;
+            a[CARVEOUT] = Some(value);
+            Ok(())
+        }
+        _ => {
+            log::once(&format!("kernel attribute {attribute}"), || {
+                format!(
+                    "setting kernel attribute {attribute} is not supported through mps; \
+                     returning CUDA_ERROR_NOT_SUPPORTED"
+                )
+            });
+            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+        }
+    })
+}
+
+fn current_device() -> Res<CUdevice> {
+    Ok(current()?.device)
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    out: *mut i32,
+    attribute: i32,
+    f: CUfunction,
+) -> CUresult {
+    entry("cuFuncGetAttribute", || {
+        get_attribute(out, attribute, f as usize, current_device()?)
+    })
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    out: *mut i32,
+    attribute: i32,
+    k: CUkernel,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuKernelGetAttribute", || {
+        get_attribute(out, attribute, k as usize, dev)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetAttribute(f: CUfunction, attribute: i32, value: i32) -> CUresult {
+    entry("cuFuncSetAttribute", || {
+        set_attribute(attribute, value, f as usize, current_device()?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuKernelSetAttribute(
+    attribute: i32,
+    value: i32,
+    k: CUkernel,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuKernelSetAttribute", || {
+        set_attribute(attribute, value, k as usize, dev)
+    })
+}
+
+/// Asks the current context's server for `query` of function `f`.
+fn occupancy(f: CUfunction, query: OccupancyQuery) -> Res<u64> {
+    let obj = function_obj(f as usize)?;
+    let conn = current()?.conn()?;
+    conn.occupancy(obj.on(conn)?, query)
+}
+
+fn active_blocks(out: *mut i32, f: CUfunction, block: i32, smem: usize, flags: u32) -> Res<()> {
+    check(!out.is_null() && block > 0)?;
+    let query = OccupancyQuery::ActiveBlocks {
+        block_size: block as u32,
+        dynamic_smem: u32::try_from(smem).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?,
+        flags,
+    };
+    let n = occupancy(f, query)?;
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(out, n as i32) }
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    out: *mut i32,
+    f: CUfunction,
+    block: i32,
+    smem: usize,
+) -> CUresult {
+    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
+        active_blocks(out, f, block, smem, 0)
+    })
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    out: *mut i32,
+    f: CUfunction,
+    block: i32,
+    smem: usize,
+    flags: u32,
+) -> CUresult {
+    entry(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        || active_blocks(out, f, block, smem, flags),
+    )
+}
+
+/// # Safety
+/// `out` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    out: *mut usize,
+    f: CUfunction,
+    blocks: i32,
+    block: i32,
+) -> CUresult {
+    entry("cuOccupancyAvailableDynamicSMemPerBlock", || {
+        check(!out.is_null() && blocks > 0 && block > 0)?;
+        let query = OccupancyQuery::DynamicSmem {
+            blocks: blocks as u32,
+            block_size: block as u32,
+        };
+        let n = occupancy(f, query)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(out, n as usize) }
+    })
+}
+
+/// The cluster size a launch configuration asks for (0 x 0 x 0 where it names none: the
+/// kernel's own). Any other attribute is for the launch, not the figure, and is left alone.
+///
+/// # Safety
+/// `c.attrs` must be readable for `c.numAttrs` attributes.
+unsafe fn cluster_of(c: &CUlaunchConfig) -> Res<Dim3> {
+    let mut cluster = Dim3::default();
+    if c.numAttrs > 0 {
+        check(!c.attrs.is_null())?;
+    }
+    for i in 0..c.numAttrs as usize {
+        // SAFETY: the caller guarantees `numAttrs` readable attributes: the id is the first
+        // 4 bytes of each, a cluster's dimensions the three u32 of its value at offset 8.
+        let (id, dims) = unsafe {
+            let a = c.attrs.add(i).cast::<u32>();
+            (
+                a.read(),
+                [a.add(2).read(), a.add(3).read(), a.add(4).read()],
+            )
+        };
+        if id == LAUNCH_CLUSTER_DIMENSION {
+            cluster = Dim3 {
+                x: dims[0],
+                y: dims[1],
+                z: dims[2],
+            };
+        }
+    }
+    Ok(cluster)
+}
+
+/// # Safety
+/// `out` must be NULL or writable; `config` NULL or readable, its attributes as for
+/// `cuLaunchKernelEx`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    out: *mut i32,
+    f: CUfunction,
+    config: *const CUlaunchConfig,
+) -> CUresult {
+    entry("cuOccupancyMaxActiveClusters", || {
+        check(!out.is_null())?;
+        // SAFETY: the caller guarantees a non-null `config` is readable.
+        let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller guarantees its attributes are readable.
+        let cluster = unsafe { cluster_of(c) }?;
+        let query = OccupancyQuery::ActiveClusters {
+            block: Dim3 {
+                x: c.blockDimX,
+                y: c.blockDimY,
+                z: c.blockDimZ,
+            },
+            cluster,
+            dynamic_smem: c.sharedMemBytes,
+        };
+        let n = occupancy(f, query)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(out, n as i32) }
+    })
+}

@@ -1,0 +1,107 @@
+//! Questions a client asks once and keeps: the context's priority range and limits, a kernel's
+//! attributes; and occupancy figures.
+
+use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery};
+
+use super::*;
+
+/// The reply's values and data.
+fn full<B: Backend>(c: &mut Client<B>, req: &Request<'_>) -> Result<([u64; 4], Vec<u8>)> {
+    match c.send(req, 0, flags::REPLY) {
+        Output::Post(done) => done.result().map(|v| (v, done.data().to_vec())),
+        other => panic!("{req:?} was answered with {other:?}"),
+    }
+}
+
+#[test]
+fn context_limits_carry_the_priority_range_and_each_limit() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let ([least, greatest, mask, _], data) = full(&mut c, &Request::ContextLimits).unwrap();
+    assert_eq!((least as u32 as i32, greatest as u32 as i32), (0, -5));
+    assert_eq!(data.len(), CONTEXT_LIMITS * 8);
+    let limit = |n: usize| u64::from_le_bytes(data[n * 8..n * 8 + 8].try_into().unwrap());
+    // The simulator reports every limit but the L2 fetch granularity (5).
+    assert_eq!(mask, 0b101_1111);
+    assert_eq!(limit(0), 1024, "stack size");
+    assert_eq!(limit(2), 8 << 20, "malloc heap");
+    assert_eq!(limit(5), 0, "not reported: 0");
+}
+
+#[test]
+fn a_kernel_attributes_come_from_the_backend_and_need_its_handle() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "fill_u32");
+    let req = Request::FuncAttributes { function: f };
+    let ([count, mask, ..], data) = full(&mut c, &req).unwrap();
+    assert_eq!(count, FUNC_ATTRIBUTES as u64);
+    assert_eq!(mask, (1 << FUNC_ATTRIBUTES) - 1);
+    let attr = |n: usize| i32::from_le_bytes(data[n * 4..n * 4 + 4].try_into().unwrap());
+    assert_eq!(attr(0), 1024, "max threads per block");
+    assert_eq!(attr(8), 48 << 10, "max dynamic shared memory");
+    assert_eq!(attr(9), -1, "no preferred carveout");
+    c.refused(
+        &Request::FuncAttributes { function: m },
+        0,
+        Status::InvalidHandle,
+        "",
+    );
+}
+
+#[test]
+fn occupancy_is_the_backend_figure_and_a_bad_block_is_refused() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let f = c.function(m, "fill_u32");
+    let ask =
+        |c: &mut Client<SimBackend>, query| c.call(&Request::Occupancy { function: f, query }, 0);
+    let blocks = OccupancyQuery::ActiveBlocks {
+        block_size: 256,
+        dynamic_smem: 0,
+        flags: 0,
+    };
+    assert_eq!(ask(&mut c, blocks).unwrap()[0], 8);
+    let smem = OccupancyQuery::DynamicSmem {
+        blocks: 2,
+        block_size: 128,
+    };
+    assert_eq!(ask(&mut c, smem).unwrap()[0], (114 << 10) - 1024);
+    let clusters = OccupancyQuery::ActiveClusters {
+        block: Dim3 { x: 256, y: 1, z: 1 },
+        cluster: Dim3 { x: 2, y: 1, z: 1 },
+        dynamic_smem: 0,
+    };
+    // Four SMs of eight such blocks, in pairs.
+    assert_eq!(ask(&mut c, clusters).unwrap()[0], 16);
+    let too_big = OccupancyQuery::ActiveBlocks {
+        block_size: 2048,
+        dynamic_smem: 0,
+        flags: 0,
+    };
+    let e = ask(&mut c, too_big).unwrap_err();
+    assert_eq!(e.status, Status::InvalidValue, "{e}");
+    assert!(e.message.contains("2048 threads"), "{e}");
+    // The client's session is fine after a refusal.
+    assert_eq!(ask(&mut c, blocks).unwrap()[0], 8);
+}
+
+#[test]
+fn a_module_global_is_the_backend_answer_and_needs_a_module_of_the_client() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let global = Request::ModuleGlobal {
+        module: m,
+        name: b"table",
+    };
+    c.refused(&global, 0, Status::NotFound, "no global named \"table\"");
+    let f = c.function(m, "fill_u32");
+    let wrong = Request::ModuleGlobal {
+        module: f,
+        name: b"table",
+    };
+    c.refused(&wrong, 0, Status::InvalidHandle, "");
+}
