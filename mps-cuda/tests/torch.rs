@@ -6,8 +6,9 @@
 //! error must name it), and a PyTorch process killed while it holds device memory, whose memory
 //! the server takes back.
 //!
-//! Python with torch is `$MPS_TEST_TORCH_PYTHON`, else `python3` if it can import torch; without
-//! one each test says it skipped (`SKIPPED: ...`, and in `$MPS_TEST_SKIP_LOG`).
+//! Python with torch is `$MPS_TEST_TORCH_PYTHON` (`.ci/run` installs it with `scripts/torch-env`),
+//! else `python3` if it can import torch; without one each test says it skipped (`SKIPPED: ...`,
+//! and in `$MPS_TEST_SKIP_LOG`), which fails under CI.
 
 mod common;
 
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
-use common::{DEADLINE, Daemon, built, crate_dir, skip_optional};
+use common::{DEADLINE, Daemon, built, crate_dir, skip};
 
 /// PyTorch's stream pools: 32 streams for each of its priority levels, more than the server's
 /// default of 64 per client.
@@ -34,9 +35,10 @@ fn torch_python(test: &str) -> Option<String> {
         (true, _) => Some(python),
         (false, Some(p)) => panic!("MPS_TEST_TORCH_PYTHON={p} cannot import torch"),
         (false, None) => {
-            skip_optional(
+            skip(
                 test,
-                "no Python with torch (python3 cannot import it; set MPS_TEST_TORCH_PYTHON)",
+                "no Python with torch (python3 cannot import it; scripts/torch-env installs \
+                 one, and MPS_TEST_TORCH_PYTHON names it)",
             );
             None
         }

@@ -45,28 +45,6 @@ pub(crate) fn skip(test: &str, reason: &str) {
     }
 }
 
-/// As [`skip`], for what CI is not required to provide (PyTorch): said and recorded, never a
-/// failure.
-#[allow(dead_code)] // used by the PyTorch suite only
-pub(crate) fn skip_optional(test: &str, reason: &str) {
-    let line = format!("SKIPPED: {test}: {reason}\n");
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-    if let Some(path) = std::env::var_os("MPS_TEST_SKIP_LOG") {
-        use std::io::Write;
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
-        if let Err(e) = written {
-            panic!(
-                "cannot record the skip in {}: {e}",
-                Path::new(&path).display()
-            );
-        }
-    }
-}
-
 /// `target/<profile>`, from this test executable's path (`target/<profile>/deps/..`).
 pub(crate) fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
