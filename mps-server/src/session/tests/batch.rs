@@ -21,45 +21,11 @@ fn quiet<B: Backend>(c: &mut Client<B>, req: &Request<'_>, stream: u64) -> u64 {
     c.seq
 }
 
-/// Waits for all work in `stream` so far, as the client library does (a marked no-op).
-fn sync<B: Backend>(c: &mut Client<B>, stream: u64, slot: u32) {
-    let out = c.send(&Request::Mark, stream, flags::MARK);
-    assert!(matches!(out, Output::Silent), "{out:?}");
-    wait_progress(&c.channel, slot, c.seq);
-}
-
-fn host_buffer<B: Backend>(c: &mut Client<B>, size: u64) -> (u64, Arc<Segment>) {
-    match c.send(&Request::HostAlloc { size }, 0, flags::REPLY) {
-        Output::HostBuffer {
-            segment, message, ..
-        } => (message.handle, segment),
-        other => panic!("{other:?}"),
-    }
-}
-
-fn words(seg: &Segment, n: usize) -> Vec<u32> {
-    // SAFETY: the callers' buffers hold at least n words; the stream that wrote them was
-    // synchronised.
-    let bytes = unsafe { std::slice::from_raw_parts(seg.as_ptr(), n * 4) };
-    bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-fn set_words(seg: &Segment, values: &[u32]) {
+fn set_u32s(seg: &Segment, values: &[u32]) {
     for (i, v) in values.iter().enumerate() {
         // SAFETY: the callers' buffers hold at least values.len() words.
         unsafe { (seg.as_ptr() as *mut u32).add(i).write_unaligned(*v) };
     }
-}
-
-fn add_params(a: u64, b: u64, out: u64, n: u64) -> [u8; 32] {
-    let mut p = [0u8; 32];
-    for (i, v) in [a, b, out, n].into_iter().enumerate() {
-        p[i * 8..][..8].copy_from_slice(&v.to_le_bytes());
-    }
-    p
 }
 
 fn counters(stats: &Stats) -> [u64; 4] {
@@ -155,7 +121,7 @@ impl Rig {
         }
         quiet(&mut self.c, &copy_out, s);
         self.sync();
-        words(&self.output.1, self.n as usize)
+        u32s(&self.output.1, self.n as usize)
     }
 
     fn counters(&self) -> [u64; 4] {
@@ -173,7 +139,7 @@ fn a_repeated_run_is_launched_from_one_cached_graph_with_the_results_of_the_unba
             .map(|i| (i % 5 + 1) as f32)
             .map(f32::to_bits)
             .collect();
-        set_words(&rig.input.1, &input);
+        set_u32s(&rig.input.1, &input);
     }
     for request in 1..=6u32 {
         let (b, p) = (batched.infer(12), plain.infer(12));
@@ -202,7 +168,7 @@ fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
         quiet(&mut r.c, &launch(r.fill, &params), s);
         quiet(&mut r.c, &out, s);
         r.sync();
-        words(&r.output.1, n)
+        u32s(&r.output.1, n)
     };
     for _ in 0..3 {
         assert_eq!(run(&mut r, 7), vec![7; n]);
@@ -295,7 +261,7 @@ fn every_terminator_ends_a_held_run_after_queueing_it() {
     ];
     r.c.send(&Request::EventRecord { event }, t, flags::MARK);
     for (what, terminate) in &terminators {
-        set_words(&r.output.1, &vec![0; 2 * n]);
+        set_u32s(&r.output.1, &vec![0; 2 * n]);
         send(&mut r, 0, 3);
         send(&mut r, 1, 3);
         assert!(r.c.core.holds_run(), "before {what}");
@@ -305,7 +271,7 @@ fn every_terminator_ends_a_held_run_after_queueing_it() {
         let [now_hits, now_misses, ..] = r.counters();
         assert_eq!(now_hits + now_misses, hits + misses + 1, "{what}");
         r.sync();
-        let out = words(&r.output.1, 2 * n);
+        let out = u32s(&r.output.1, 2 * n);
         assert_eq!(
             out[..n],
             vec![3; n][..],
@@ -338,7 +304,7 @@ fn an_invalid_command_inside_a_run_is_refused_against_its_own_sequence_number() 
     };
     run(&mut r);
     run(&mut r);
-    set_words(&r.output.1, &vec![0; n]);
+    set_u32s(&r.output.1, &vec![0; n]);
     quiet(&mut r.c, &launch(r.fill, &fill_x), s);
     assert!(r.c.core.holds_run());
     // y's fill with a parameter short.
@@ -358,7 +324,7 @@ fn an_invalid_command_inside_a_run_is_refused_against_its_own_sequence_number() 
     let out = r.copy_out(r.x, 0);
     quiet(&mut r.c, &out, s);
     r.sync();
-    assert_eq!(words(&r.output.1, n), vec![5; n]);
+    assert_eq!(u32s(&r.output.1, n), vec![5; n]);
 }
 
 /// The recorder's kernel `k` takes 12 bytes; `i` makes each launch of a run differ.

@@ -3,39 +3,6 @@
 
 use super::*;
 
-/// A host buffer and its pages (as the client maps them).
-fn host_buffer<B: Backend>(c: &mut Client<B>, size: u64) -> (u64, Arc<Segment>) {
-    match c.send(&Request::HostAlloc { size }, 0, flags::REPLY) {
-        Output::HostBuffer {
-            segment, message, ..
-        } => (message.handle, segment),
-        other => panic!("{other:?}"),
-    }
-}
-
-fn u32s(seg: &Segment, n: usize) -> Vec<u32> {
-    // SAFETY: the segment maps at least n * 4 bytes (checked by the callers' sizes).
-    let bytes = unsafe { std::slice::from_raw_parts(seg.as_ptr(), n * 4) };
-    bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// Waits for all work in `stream` so far (a marked no-op, as the client library does).
-fn sync<B: Backend>(c: &mut Client<B>, stream: u64, slot: u32) {
-    c.send(&Request::Mark, stream, flags::MARK);
-    wait_progress(&c.channel, slot, c.seq);
-}
-
-fn add_params(a: u64, b: u64, out: u64, n: u64) -> [u8; 32] {
-    let mut p = [0u8; 32];
-    for (i, v) in [a, b, out, n].into_iter().enumerate() {
-        p[i * 8..][..8].copy_from_slice(&v.to_le_bytes());
-    }
-    p
-}
-
 #[test]
 fn a_captured_stream_runs_nothing_and_each_launch_replays_it() {
     let server = sim();

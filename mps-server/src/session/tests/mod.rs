@@ -235,3 +235,40 @@ fn wait_progress(channel: &Channel, slot: u32, seq: u64) {
         std::thread::yield_now();
     }
 }
+
+/// Waits for all work in `stream` so far, as the client library does (a marked no-op).
+fn sync<B: Backend>(c: &mut Client<B>, stream: u64, slot: u32) {
+    let out = c.send(&Request::Mark, stream, flags::MARK);
+    assert!(matches!(out, Output::Silent), "{out:?}");
+    wait_progress(&c.channel, slot, c.seq);
+}
+
+/// A host buffer and its pages (as the client maps them).
+fn host_buffer<B: Backend>(c: &mut Client<B>, size: u64) -> (u64, Arc<Segment>) {
+    match c.send(&Request::HostAlloc { size }, 0, flags::REPLY) {
+        Output::HostBuffer {
+            segment, message, ..
+        } => (message.handle, segment),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The first `n` words of a host buffer, once the stream that wrote them was synchronised.
+fn u32s(seg: &Segment, n: usize) -> Vec<u32> {
+    // SAFETY: the callers' buffers hold at least n words; the stream that wrote them was
+    // synchronised.
+    let bytes = unsafe { std::slice::from_raw_parts(seg.as_ptr(), n * 4) };
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// `add_f32(a, b, out, n)` packed as its parameter layout says.
+fn add_params(a: u64, b: u64, out: u64, n: u64) -> [u8; 32] {
+    let mut p = [0u8; 32];
+    for (i, v) in [a, b, out, n].into_iter().enumerate() {
+        p[i * 8..][..8].copy_from_slice(&v.to_le_bytes());
+    }
+    p
+}
