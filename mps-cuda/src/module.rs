@@ -152,13 +152,30 @@ pub(crate) fn unload_everywhere(m: &ModuleObj) -> Res<()> {
     result
 }
 
-fn unload(h: usize, library: bool) -> Res<()> {
-    let d = driver()?;
-    let m = d
+/// Module (or, with `library`, library) `h`; `CUDA_ERROR_INVALID_HANDLE` for neither, or for one
+/// of the other kind.
+fn module_obj(h: usize, library: bool) -> Res<Arc<ModuleObj>> {
+    driver()?
         .modules
         .get(h)
         .filter(|m| m.ctx.is_none() == library)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// A symbol name a program passed, as UTF-8.
+///
+/// # Safety
+/// `name` must be a NUL-terminated string.
+unsafe fn name_str<'a>(name: *const c_char) -> Res<&'a str> {
+    // SAFETY: as the caller guarantees.
+    unsafe { CStr::from_ptr(name) }
+        .to_str()
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+fn unload(h: usize, library: bool) -> Res<()> {
+    let d = driver()?;
+    let m = module_obj(h, library)?;
     d.modules.remove(h);
     unload_everywhere(&m)
 }
@@ -167,15 +184,9 @@ fn unload(h: usize, library: bool) -> Res<()> {
 fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool) -> Res<()> {
     check(!out.is_null() && !name.is_null())?;
     // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
-    let name = unsafe { CStr::from_ptr(name) }
-        .to_str()
-        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let name = unsafe { name_str(name) }?;
     let d = driver()?;
-    let m = d
-        .modules
-        .get(h)
-        .filter(|m| m.ctx.is_none() == library)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let m = module_obj(h, library)?;
     let mut known = lock(&m.functions);
     let f = match known.get(name) {
         Some(f) => *f,
@@ -216,15 +227,9 @@ fn global(
 ) -> Res<()> {
     check(!name.is_null())?;
     // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
-    let name = unsafe { CStr::from_ptr(name) }
-        .to_str()
-        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let name = unsafe { name_str(name) }?;
     let d = driver()?;
-    let m = d
-        .modules
-        .get(h)
-        .filter(|m| m.ctx.is_none() == library)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let m = module_obj(h, library)?;
     let dev = match m.ctx {
         Some(ctx) => d.contexts.get(ctx).map_or(0, |c| c.device),
         None => current_handle()
