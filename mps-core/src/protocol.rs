@@ -887,7 +887,8 @@ pub struct Completion {
     pub status: u32,
     /// A [`CompletionKind`] value.
     pub kind: u32,
-    /// Reply values (meaning per opcode).
+    /// Reply values (meaning per opcode). In an error, `values[0]` is the CUDA driver's result
+    /// behind it ([`Error::cuda_result`]), 0 if none.
     pub values: [u64; 4],
     /// Bytes of `data` in use.
     pub data_len: u32,
@@ -921,6 +922,7 @@ impl Completion {
             seq,
             status: err.status as u32,
             kind: kind as u32,
+            values: [u64::from(err.cuda_result.unwrap_or(0)), 0, 0, 0],
             ..Default::default()
         };
         let mut len = err.message.len().min(COMPLETION_DATA_BYTES);
@@ -936,7 +938,9 @@ impl Completion {
     pub fn result(&self) -> Result<[u64; 4]> {
         match Status::from_u32(self.status) {
             Some(Status::Success) => Ok(self.values),
-            Some(status) => Err(Error::new(status, self.message())),
+            Some(status) => {
+                Err(Error::new(status, self.message()).with_cuda_result(self.values[0] as u32))
+            }
             None => Err(Error::internal(format!(
                 "completion of command {} has unknown status {}",
                 self.seq, self.status
@@ -1229,6 +1233,16 @@ mod tests {
         assert_eq!(e.status, Status::InvalidValue);
         assert!(e.message.len() <= COMPLETION_DATA_BYTES);
         assert!(e.message.chars().all(|ch| ch == 'é'));
+        assert_eq!(
+            e.cuda_result, None,
+            "an error of mps's own carries no CUDA result"
+        );
+        // The driver's own result travels beside the status that folds it with others.
+        let no_binary = Error::new(Status::InvalidImage, "no code for sm_90").with_cuda_result(209);
+        let e = Completion::error(6, CompletionKind::Reply, &no_binary)
+            .result()
+            .unwrap_err();
+        assert_eq!(e, no_binary);
         assert_eq!(
             Completion::reply(1, [1, 2, 3, 4]).result().unwrap(),
             [1, 2, 3, 4]

@@ -55,6 +55,11 @@ pub struct Error {
     pub status: Status,
     /// What happened, in one line.
     pub message: String,
+    /// The CUDA driver's result behind the error (a `CUresult`, never `CUDA_SUCCESS`) where the
+    /// server's driver returned one; `None` for mps's own refusals. Programs that branch on the
+    /// driver's exact result (cuBLAS skips an image with no code for the device on
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`) need it where the status folds several into one.
+    pub cuda_result: Option<u32>,
 }
 
 /// Shorthand used across mps.
@@ -67,7 +72,14 @@ impl Error {
         Error {
             status,
             message: message.into(),
+            cuda_result: None,
         }
+    }
+
+    /// The same error, carrying the CUDA driver's result `code` (zero, `CUDA_SUCCESS`, is none).
+    pub fn with_cuda_result(mut self, code: u32) -> Error {
+        self.cuda_result = (code != 0).then_some(code);
+        self
     }
 
     /// `MPS_ERROR_INVALID_VALUE` with a message.

@@ -3,7 +3,7 @@
 //! change here.
 //!
 //! Every failure is logged (with `MPS_CUDA_LOG`) with the client's message and returned as the
-//! CUDA result of its status.
+//! CUDA result the server's driver gave, or else that of its status.
 
 use mps_client::Client;
 use mps_client::Error;
@@ -18,7 +18,7 @@ pub(crate) type Res<T> = Result<T, CUresult>;
 
 pub(crate) fn fail(e: Error) -> CUresult {
     log::failure(&e.message);
-    errors::from_status(e.status)
+    errors::from_error(e.status, e.cuda_result)
 }
 
 /// The device as the server described it when this process connected.
@@ -52,7 +52,7 @@ impl Connection {
     /// CUDA result of its status.
     pub(crate) fn connect(ordinal: u32) -> Result<Connection, (String, CUresult)> {
         let client = Client::connect_device(None, ordinal)
-            .map_err(|e| (e.message, errors::from_status(e.status)))?;
+            .map_err(|e| (e.message, errors::from_error(e.status, e.cuda_result)))?;
         let d = client.device_info();
         let device = Device {
             name: d.name.clone(),

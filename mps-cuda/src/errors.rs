@@ -7,6 +7,14 @@ use mps_core::Status;
 
 use crate::abi::CUresult;
 
+/// The CUDA result of a failed call: the server's driver's own result where the error carries
+/// one this library knows by name, else the result of its status.
+pub(crate) fn from_error(status: Status, cuda_result: Option<u32>) -> CUresult {
+    cuda_result
+        .and_then(find)
+        .map_or_else(|| from_status(status), |(r, ..)| *r)
+}
+
 /// The CUDA result for an mps status. An mps client's memory limit surfaces as CUDA's
 /// out-of-memory (as under NVIDIA's MPS); a lost server as an unavailable device.
 pub(crate) fn from_status(status: Status) -> CUresult {
@@ -56,6 +64,9 @@ results! {
     CUDA_ERROR_NO_BINARY_FOR_GPU => "no kernel image is available for execution on the device",
     CUDA_ERROR_UNSUPPORTED_LIMIT => "limit is not supported on this architecture",
     CUDA_ERROR_INVALID_PTX => "a PTX JIT compilation failed",
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION => "the provided PTX was compiled with an unsupported toolchain.",
+    CUDA_ERROR_JIT_COMPILER_NOT_FOUND => "PTX JIT compiler library not found",
+    CUDA_ERROR_SHARED_OBJECT_INIT_FAILED => "shared object initialization failed",
     CUDA_ERROR_INVALID_SOURCE => "device kernel image is invalid",
     CUDA_ERROR_FILE_NOT_FOUND => "file not found",
     CUDA_ERROR_OPERATING_SYSTEM => "OS call failed or operation not supported on this OS",
@@ -72,6 +83,9 @@ results! {
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED => "pointer does not correspond to a registered memory region",
     CUDA_ERROR_MISALIGNED_ADDRESS => "misaligned address",
     CUDA_ERROR_LAUNCH_FAILED => "unspecified launch failure",
+    CUDA_ERROR_HARDWARE_STACK_ERROR => "hardware stack error",
+    CUDA_ERROR_ILLEGAL_INSTRUCTION => "an illegal instruction was encountered",
+    CUDA_ERROR_INVALID_PC => "invalid program counter",
     CUDA_ERROR_NOT_PERMITTED => "operation not permitted",
     CUDA_ERROR_NOT_SUPPORTED => "operation not supported",
     CUDA_ERROR_SYSTEM_NOT_READY => "system not yet initialized",
@@ -112,6 +126,21 @@ mod tests {
                 "{status:?} maps to {r:?}, which has no name"
             );
         }
+    }
+
+    #[test]
+    fn the_drivers_own_result_wins_where_it_is_known() {
+        let image = Status::InvalidImage;
+        assert_eq!(from_error(image, None), CUresult::CUDA_ERROR_INVALID_IMAGE);
+        assert_eq!(
+            from_error(image, Some(209)),
+            CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU
+        );
+        // A result this library has no name for is not handed to the program.
+        assert_eq!(
+            from_error(image, Some(123_456)),
+            CUresult::CUDA_ERROR_INVALID_IMAGE
+        );
     }
 
     #[test]

@@ -112,7 +112,8 @@ impl Context {
                  new server",
                 cause.message
             ),
-        );
+        )
+        .with_cuda_result(cause.cuda_result.unwrap_or(0));
         tracing::error!("{}", err.message);
         *dead = Some(err.clone());
         self.is_dead.store(true, Ordering::Release);

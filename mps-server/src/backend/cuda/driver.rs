@@ -122,7 +122,7 @@ impl std::error::Error for DriverError {}
 
 impl From<DriverError> for Error {
     fn from(e: DriverError) -> Error {
-        Error::new(e.status(), e.to_string())
+        Error::new(e.status(), e.to_string()).with_cuda_result(e.code as u32)
     }
 }
 
