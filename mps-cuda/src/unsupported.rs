@@ -1,6 +1,8 @@
 //! Every other function of the driver API that programs are known to look for (the union of
 //! the names the traces in docs/TRANSPARENT.md show cudart, cuBLAS and PyTorch asking for, and
-//! the versioned symbols of common ones): each is exported under its own name and handed out by
+//! the versioned symbols of common ones, and the virtual-memory, multicast and green-context
+//! functions that PyTorch's c10 looks up all at once, failing if any is missing, before it
+//! uses any): each is exported under its own name and handed out by
 //! `cuGetProcAddress`, and returns `CUDA_ERROR_NOT_SUPPORTED`, saying so once per name.
 //!
 //! A stub takes no parameters: under the C calling convention the caller's arguments are simply
@@ -42,6 +44,7 @@ unsupported! {
     cuArrayGetPlane
     cuArrayGetSparseProperties
     cuCtxDetach
+    cuCtxFromGreenCtx
     cuCtxGetCacheConfig
     cuCtxGetSharedMemConfig
     cuCtxResetPersistingL2Cache
@@ -49,8 +52,11 @@ unsupported! {
     cuCtxSetSharedMemConfig
     cuDestroyExternalMemory
     cuDestroyExternalSemaphore
+    cuDevResourceGenerateDesc
+    cuDevSmResourceSplitByCount
     cuDeviceGetByPCIBusId
     cuDeviceGetDefaultMemPool
+    cuDeviceGetDevResource
     cuDeviceGetGraphMemAttribute
     cuDeviceGetHostAtomicCapabilities
     cuDeviceGetMemPool
@@ -172,6 +178,9 @@ unsupported! {
     cuGraphicsUnregisterResource
     cuGraphicsVDPAURegisterOutputSurface
     cuGraphicsVDPAURegisterVideoSurface
+    cuGreenCtxCreate
+    cuGreenCtxDestroy
+    cuGreenCtxStreamCreate
     cuImportExternalMemory
     cuImportExternalSemaphore
     cuIpcCloseMemHandle
@@ -204,6 +213,8 @@ unsupported! {
     cuLogsDumpToMemory
     cuLogsRegisterCallback
     cuLogsUnregisterCallback
+    cuMemAddressFree
+    cuMemAddressReserve
     cuMemAdvise
     cuMemAdvise_v2
     cuMemAllocAsync
@@ -211,11 +222,15 @@ unsupported! {
     cuMemAllocManaged
     cuMemAllocPitch
     cuMemAllocPitch_v2
+    cuMemCreate
     cuMemDiscardAndPrefetchBatchAsync
     cuMemDiscardBatchAsync
+    cuMemExportToShareableHandle
     cuMemFreeAsync
     cuMemGetAddressRange
     cuMemGetAddressRange_v2
+    cuMemGetAllocationGranularity
+    cuMemGetAllocationPropertiesFromHandle
     cuMemGetDefaultMemPool
     cuMemGetMemPool
     cuMemHostGetDevicePointer
@@ -224,6 +239,8 @@ unsupported! {
     cuMemHostRegister
     cuMemHostRegister_v2
     cuMemHostUnregister
+    cuMemImportFromShareableHandle
+    cuMemMap
     cuMemPoolCreate
     cuMemPoolDestroy
     cuMemPoolExportPointer
@@ -240,7 +257,11 @@ unsupported! {
     cuMemPrefetchBatchAsync
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
+    cuMemRelease
+    cuMemRetainAllocationHandle
+    cuMemSetAccess
     cuMemSetMemPool
+    cuMemUnmap
     cuMemcpy
     cuMemcpy2DAsync
     cuMemcpy2DAsync_v2
@@ -278,6 +299,10 @@ unsupported! {
     cuModuleGetTexRef
     cuModuleLoad
     cuModuleLoadFatBinary
+    cuMulticastAddDevice
+    cuMulticastBindMem
+    cuMulticastCreate
+    cuMulticastUnbind
     cuOccupancyMaxPotentialBlockSize
     cuOccupancyMaxPotentialClusterSize
     cuPointerGetAttribute
