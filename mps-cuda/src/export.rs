@@ -65,10 +65,12 @@ const CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid_bytes(0xc693336e1121df11a8c368f355d
 const CONTEXT_CHECKS: [u8; 16] = uuid_bytes(0x263e88607cd2614392f6bbd5006dfa7e);
 const INTEGRITY_CHECK: [u8; 16] = uuid_bytes(0xd4082055bde6704b8d34ba123c66e1f2);
 const TOOLS_CONTEXT: [u8; 16] = uuid_bytes(0x21318c60971432488ca641ff7324c8f2);
+/// cuBLASLt's: it offers the driver functions of its own through it.
+const LIBRARY_CALLBACKS: [u8; 16] = uuid_bytes(0x1734dc26800d47458726c0f1e7dd8bca);
 /// Asked for first by cudart and never called; refusing it changes nothing (measured).
 const UNUSED_PROBE: [u8; 16] = uuid_bytes(0xf8cff95121468b4eb9e2fb469e7c0dd9);
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "6bd5fb6c (cudart interface)",
     "a094798c (tools callback hooks)",
     "42d85a81 (tools thread-local storage)",
@@ -76,6 +78,7 @@ const NAMES: [&str; 7] = [
     "263e8860 (context checks)",
     "d4082055 (integrity check)",
     "21318c60 (tools context)",
+    "1734dc26 (library callbacks)",
 ];
 
 const fn uuid_bytes(v: u128) -> [u8; 16] {
@@ -620,6 +623,45 @@ unsafe extern "C" fn context_id(ctx: CUcontext, id: *mut u64) -> CUresult {
     })
 }
 
+// ----- 1734dc26: a library's callbacks (cuBLASLt) -----
+
+static CALLBACKS: Table<17> = Table([
+    size(17),
+    stub!(7, 1),
+    stub!(7, 2),
+    stub!(7, 3),
+    word!(
+        declined_callbacks as unsafe extern "C" fn(*mut u64, *mut u64, *const c_void) -> CUresult
+    ),
+    stub!(7, 5),
+    stub!(7, 6),
+    stub!(7, 7),
+    stub!(7, 8),
+    stub!(7, 9),
+    stub!(7, 10),
+    stub!(7, 11),
+    stub!(7, 12),
+    stub!(7, 13),
+    stub!(7, 14),
+    stub!(7, 15),
+    stub!(7, 16),
+]);
+
+/// Slot 4 `(u64 *a, u64 *b, const table *callbacks)`: cuBLASLt hands the driver a table of 16
+/// functions of its own (a size word of 136 first) and gets two objects back, which it then
+/// passes to slot 13, once per process (measured on NVIDIA's driver). Declined here, the outputs
+/// left as they are: cuBLASLt then skips slot 13 and goes on, and its matmuls are exact (measured
+/// with this answer given in place of NVIDIA's driver's; refusing the whole table ends the
+/// process). Said only with `MPS_CUDA_LOG`, since every cuBLASLt program asks.
+unsafe extern "C" fn declined_callbacks(_a: *mut u64, _b: *mut u64, _t: *const c_void) -> CUresult {
+    log::detail_once("export 7[4]", || {
+        "cuBLASLt's callbacks (export table 1734dc26, entry 4) are declined through mps; \
+         returning CUDA_ERROR_NOT_SUPPORTED, which cuBLASLt does without"
+            .to_string()
+    });
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
 // ----- the lookup -----
 
 /// The table for `id`, or `None` for one this library does not serve.
@@ -632,6 +674,7 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         CONTEXT_CHECKS => (&CHECKS as *const Table<15>).cast(),
         INTEGRITY_CHECK => (&INTEGRITY as *const Table<3>).cast(),
         TOOLS_CONTEXT => (&TOOLS_CTX as *const Table<93>).cast(),
+        LIBRARY_CALLBACKS => (&CALLBACKS as *const Table<17>).cast(),
         _ => return None,
     };
     Some(t)

@@ -103,6 +103,18 @@ int main(void) {
     CHECK(ctx_id(NULL, &idnull));
     ASSERT(idp && idc && idp != idc && idnull == 0, "ids %llu %llu %llu", idp, idc, idnull);
 
+    /* 1734dc26: 16 functions; [4], cuBLASLt offering its callbacks, is declined with the two
+       outputs left as they were (cuBLASLt goes on without them). */
+    const void *const *callbacks = table("1734dc26800d47458726c0f1e7dd8bca");
+    ASSERT(((const size_t *)callbacks)[0] == 136, "library callbacks layout");
+    for (int i = 1; i < 17; i++) ASSERT(callbacks[i] != NULL, "callbacks slot %d is NULL", i);
+    CUresult (*offer)(unsigned long long *, unsigned long long *, const void *);
+    ENTRY(offer, callbacks, 4);
+    unsigned long long a = 0, b = 0;
+    const size_t offered[17] = {136};
+    EXPECT(offer(&a, &b, offered), CUDA_ERROR_NOT_SUPPORTED);
+    ASSERT(a == 0 && b == 0, "declined callbacks wrote %llx %llx", a, b);
+
     /* Destroying the created context runs its destructor; the primary context's value stays. */
     CHECK(cuCtxDestroy_v2(c));
     ASSERT(destroyed == 1 && destroyed_value == (void *)0x5678, "destructor ran %d times, %p",

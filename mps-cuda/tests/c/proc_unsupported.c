@@ -68,8 +68,8 @@ int main(void) {
     CHECK(get_proc("cuGraphCreate", &fn, 10000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
     if (mps_only()) ASSERT(fn == dlsym(lib, "cuGraphCreate"), "cuGraphCreate is not its stub");
     /* The runtime's interface table is served (its first word is its size in bytes, as in
-       NVIDIA's driver, and its address is the same every time); cuBLASLt's unnamed 1734dc26
-       table is not. */
+       NVIDIA's driver, and its address is the same every time); NVML's 69a28e9f table is
+       not. */
     const void *table = NULL, *again = NULL;
     CUuuid id;
     memcpy(id.bytes, "\x6b\xd5\xfb\x6c\x5b\xf4\xe7\x4a\x89\x87\xd9\x39\x12\xfd\x9d\xf9", 16);
@@ -78,7 +78,7 @@ int main(void) {
     ASSERT(table && *(const size_t *)table == 104 && again == table, "cudart interface table %p",
            table);
     if (mps_only()) {
-        memcpy(id.bytes, "\x17\x34\xdc\x26\x80\x0d\x47\x45\x87\x26\xc0\xf1\xe7\xdd\x8b\xca",
+        memcpy(id.bytes, "\x69\xa2\x8e\x9f\x24\x49\x8b\x47\xb0\x30\xc5\xda\x33\x0e\xa4\xe9",
                16);
         table = (const void *)1;
         EXPECT(cuGetExportTable(&table, &id), CUDA_ERROR_NOT_SUPPORTED);
