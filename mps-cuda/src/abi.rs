@@ -41,6 +41,8 @@ pub(crate) const CTX_FLAGS: u32 = 0x07 | 0x08 | 0x10;
 
 /// `CU_MODULE_EAGER_LOADING`.
 pub(crate) const MODULE_EAGER_LOADING: i32 = 0x1;
+/// `CU_MODULE_LAZY_LOADING`.
+pub(crate) const MODULE_LAZY_LOADING: i32 = 0x2;
 
 /// The CUDA version whose driver ABI this library implements (13.0).
 pub(crate) const DRIVER_VERSION: i32 = 13000;

@@ -19,7 +19,7 @@ use mps_core::protocol::{FUNC_ATTRIBUTES, ParamInfo};
 use crate::abi::{
     CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
     CUstream, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
-    MODULE_EAGER_LOADING,
+    MODULE_EAGER_LOADING, MODULE_LAZY_LOADING,
 };
 use crate::connection::{Connection, Function, Module, Res};
 use crate::context::{current, current_handle};
@@ -337,7 +337,12 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     })
 }
 
-/// Modules load eagerly: a bad image fails at load, not at its first launch.
+/// The mode NVIDIA's driver reports: eager where `CUDA_MODULE_LOADING=EAGER` asks for it, lazy
+/// otherwise (the driver's default since CUDA 12.2). The CUDA runtime acts on it: lazily it
+/// loads each image a library registered (cuBLAS registers 193) when a kernel of it is first
+/// used; eagerly it loads them all at start, and one built only for other GPUs then fails it
+/// (measured: `cublasCreate` fails). A module loaded through mps is loaded when asked either
+/// way, so a bad image fails at its load, not at its first launch.
 ///
 /// # Safety
 /// `mode` must be NULL or writable.
@@ -345,8 +350,14 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut i32) -> CUresult {
     entry("cuModuleGetLoadingMode", || {
         driver()?;
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v == "EAGER");
+        let reported = if eager {
+            MODULE_EAGER_LOADING
+        } else {
+            MODULE_LAZY_LOADING
+        };
         // SAFETY: the caller guarantees a non-null `mode` is writable.
-        unsafe { put(mode, MODULE_EAGER_LOADING) }
+        unsafe { put(mode, reported) }
     })
 }
 

@@ -32,6 +32,7 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -86,6 +87,7 @@ typedef struct {
 #define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
 typedef struct {
     int id;
@@ -108,6 +110,7 @@ typedef struct {
 #define CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED 14
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
 #define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK 111
 
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -168,6 +171,7 @@ CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s);
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetLoadingMode(int *mode);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule module, const char *name);

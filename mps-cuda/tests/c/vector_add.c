@@ -57,6 +57,13 @@ int main(int argc, char **argv) {
     EXPECT(cuCtxPopCurrent_v2(&popped), CUDA_ERROR_INVALID_CONTEXT);
     CHECK(cuCtxPushCurrent_v2(ctx));
 
+    /* The loading mode is the driver's default, lazy (2), unless CUDA_MODULE_LOADING asks for
+     * eager (1): the CUDA runtime loads the images of a library such as cuBLAS by it. */
+    int mode = 0;
+    const char *asked = getenv("CUDA_MODULE_LOADING");
+    CHECK(cuModuleGetLoadingMode(&mode));
+    ASSERT(mode == (asked && strcmp(asked, "EAGER") == 0 ? 1 : 2), "loading mode %d", mode);
+
     CUmodule mod;
     CUfunction add, saxpy, missing;
     CHECK(cuModuleLoadData(&mod, ptx));
@@ -64,6 +71,28 @@ int main(int argc, char **argv) {
     CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy_f32"));
     /* Into a handle of its own: the driver may write to it even when it fails. */
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
+    /* A fatbin whose one cubin is for another architecture (sm_75) has no code for this device:
+     * the driver's own result comes back, not a generic one (cuBLAS probes its per-architecture
+     * images and skips those that fail with this one). The simulator runs no cubin at all. */
+    int minor = 0;
+    CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    if (major * 10 + minor != 75) {
+        struct {
+            uint32_t magic;
+            uint16_t version, header;
+            uint64_t size;
+            uint16_t kind, part_version;
+            uint32_t part_header;
+            uint64_t part_size, part_padded;
+            uint16_t format_minor, format_major;
+            uint32_t arch, name_offset, name_len;
+            uint64_t flags, zero, uncompressed;
+            unsigned char elf[64];
+        } fatbin = {0xba55ed50, 1, 16, 128, 2, 0x0101, 64, 64, 64, 7, 1, 75, 0, 0, 0x11, 0, 0,
+                    {0x7f, 'E', 'L', 'F', 2, 1, 1}};
+        CUmodule other;
+        EXPECT(cuModuleLoadData(&other, &fatbin), CUDA_ERROR_NO_BINARY_FOR_GPU);
+    }
     size_t off = 0, size = 0;
     CHECK(cuFuncGetParamInfo(add, 3, &off, &size));
     ASSERT(off == 24 && size == 8, "add_f32 parameter 3 at %zu, %zu bytes", off, size);

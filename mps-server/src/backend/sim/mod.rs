@@ -36,6 +36,9 @@ use crate::sm::Assignment;
 use kernels::{Builtin, KernelEnv};
 use memory::DeviceMemory;
 
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU`, the driver's result for an image with no code for its device.
+const NO_BINARY_FOR_GPU: u32 = 209;
+
 /// Settings of the simulated device.
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -478,10 +481,20 @@ impl Backend for SimBackend {
             ImageFormat::Ptx => Ok(SimModule {
                 entries: ptx::parse_entries(image)?,
             }),
-            // Its PTX parts' entries (a fatbin of cubins alone has none the simulator can run).
+            // Its PTX parts' entries. A fatbin of cubins alone has no code the simulator can
+            // run: as a driver answers a fatbin with no code for its device.
             ImageFormat::Fatbin => {
+                let parts = fatbin::ptx_parts(image)?;
+                if parts.is_empty() {
+                    return Err(Error::new(
+                        Status::InvalidImage,
+                        "the fatbin holds no PTX, and the simulator runs no cubin \
+                         (CUDA_ERROR_NO_BINARY_FOR_GPU)",
+                    )
+                    .with_cuda_result(NO_BINARY_FOR_GPU));
+                }
                 let mut entries: Vec<ptx::Entry> = Vec::new();
-                for text in fatbin::ptx_parts(image)? {
+                for text in parts {
                     for e in ptx::parse_entries(&text)? {
                         if !entries.iter().any(|x| x.name == e.name) {
                             entries.push(e);
