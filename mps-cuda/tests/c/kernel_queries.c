@@ -89,8 +89,16 @@ int main(int argc, char **argv) {
     size_t room = 0;
     CHECK(cuOccupancyAvailableDynamicSMemPerBlock(&room, fill, 2, 256));
     ASSERT(room >= 48 * 1024 && room <= (size_t)optin, "%zu bytes for 2 blocks", room);
-    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&fewer, fill, 256, room));
-    ASSERT(fewer >= 2, "%d blocks fit with the %zu bytes that leave room for 2", fewer, room);
+    /* NVIDIA's driver leaves the shared memory it reserves per block out of that figure (on an
+     * H200 2 blocks of `room` bytes do not fit, 1 KiB less each do): what mps owes is the
+     * driver's answers, so the check allows for it. */
+    int reserved = 0;
+    CHECK(cuDeviceGetAttribute(&reserved, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+                               dev));
+    ASSERT(reserved >= 0 && (size_t)reserved < room, "%d bytes reserved per block", reserved);
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&fewer, fill, 256, room - reserved));
+    ASSERT(fewer >= 2, "%d blocks fit with the %zu bytes (less %d reserved) that leave room for 2",
+           fewer, room, reserved);
     CHECK(cuLibraryUnload(lib));
 
     CHECK(cuModuleUnload(module));
