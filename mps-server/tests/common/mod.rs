@@ -158,8 +158,30 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The servers it started to serve after a fault, or to stand by, outlive it; they are
+        // stopped too, whatever the test's outcome (each found by its pid in the log and by
+        // this server's directory on its command line, never another process).
+        let log = self.log();
+        let dir = self.dir.to_string_lossy().into_owned();
+        for marker in ["a fresh server (pid ", "a standby server (pid "] {
+            for pid in pids_after(&log, marker) {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(&dir) {
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The pids the log names after `marker` (`"a standby server (pid "`, say), in order.
+pub fn pids_after(log: &str, marker: &str) -> Vec<i32> {
+    log.split(marker)
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.parse().ok())
+        .collect()
 }
 
 /// Runs the test function `test` of this test binary in a child process as client `role`:
