@@ -68,6 +68,11 @@ pub(crate) fn device_of(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry("cuMemFree_v2", || {
+        // Freeing 0 does nothing and succeeds, as with NVIDIA's driver: cuBLAS frees 0 in
+        // `cublasCreate`, and refused, cublasCreate fails (measured on the H200).
+        if dptr == 0 {
+            return Ok(());
+        }
         let here = current()?.device;
         let d = driver()?;
         let dev = {

@@ -179,6 +179,7 @@ int main(int argc, char **argv) {
 
     CHECK(cuMemFree_v2(da));
     CHECK(cuMemFree_v2(db));
+    CHECK(cuMemFree_v2(0)); /* nothing to free: success, as cuBLAS expects */
     CHECK(cuModuleUnload(mod));
     if (mps_only())
         EXPECT(cuLaunchKernel(add, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
