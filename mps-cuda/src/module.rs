@@ -600,12 +600,27 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     })
 }
 
-/// A launch attribute that asks for nothing the plain launch does not do: `IGNORE`, a
-/// cluster of one block, cooperation or programmatic serialisation turned off.
+/// What a launch attribute asks of a launch, as this library can serve it.
+#[derive(Debug, PartialEq, Eq)]
+enum AttributeAsks {
+    /// Nothing a plain launch does not do: `IGNORE`, a cluster of one block, cooperation off.
+    Nothing,
+    /// A hint or a permission that the plain launch satisfies: an L2 access-policy window, a
+    /// synchronisation policy, a cluster-scheduling preference, programmatic dependent launch
+    /// allowed (without it the kernel starts once the one before it has finished, and its
+    /// `griddepcontrol.wait` returns at once, as CUDA documents), a priority, memory
+    /// synchronisation domains, a shared-memory carveout. Dropped.
+    Hint,
+    /// A launch of another kind: a cluster of several blocks, a cooperative launch, an event
+    /// the launch records. Refused.
+    Unsupported,
+}
+
+/// What attribute `a` asks.
 ///
 /// # Safety
 /// `a` must point at a readable `CUlaunchAttribute` (an id, padding, a 64-byte value).
-unsafe fn changes_nothing(a: *const u32) -> bool {
+unsafe fn asks(a: *const u32) -> AttributeAsks {
     // SAFETY: the caller guarantees a whole attribute: the id at word 0, the value from word 2.
     let (id, v) = unsafe {
         (
@@ -614,17 +629,18 @@ unsafe fn changes_nothing(a: *const u32) -> bool {
         )
     };
     match id {
-        0 => true,
-        2 | 6 => v[0] == 0,
-        4 => v == [1, 1, 1],
-        _ => false,
+        0 => AttributeAsks::Nothing,
+        2 if v[0] == 0 => AttributeAsks::Nothing,
+        4 if v == [1, 1, 1] => AttributeAsks::Nothing,
+        1 | 3 | 5 | 6 | 8 | 9 | 10 | 14 => AttributeAsks::Hint,
+        _ => AttributeAsks::Unsupported,
     }
 }
 
-/// `cuLaunchKernelEx`. A launch attribute that would change how the server launches
-/// (a cluster of several blocks, a priority, programmatic dependent launch, ...) is not
-/// offered: a launch with one is refused, naming the attribute once; attributes that ask for
-/// nothing beyond a plain launch are accepted.
+/// `cuLaunchKernelEx`. A launch attribute that would change how the server launches (a
+/// cluster of several blocks, a cooperative launch, an event recorded by the launch, ...) is
+/// not offered: a launch with one is refused, naming the attribute once; attributes that ask
+/// for nothing beyond a plain launch, or only hint or permit, are accepted ([`AttributeAsks`]).
 ///
 /// # Safety
 /// `config` must be NULL or readable, its `attrs` readable for `numAttrs` attributes; the
@@ -645,19 +661,24 @@ unsafe fn launch_ex(
             // The attribute is read as the integers it is in C, not as cudarc's enum, which
             // may lack its id. SAFETY: the caller guarantees `numAttrs` readable attributes.
             let a = unsafe { c.attrs.add(i) }.cast::<u32>();
-            // SAFETY: as above.
-            if unsafe { changes_nothing(a) } {
-                continue;
-            }
-            refused = true;
             // SAFETY: as above; the id is the first 4 bytes.
             let id = unsafe { a.read() };
-            log::once(&format!("launch attribute {id}"), || {
-                format!(
-                    "cuLaunchKernelEx: launch attribute {id} is not supported through mps; \
-                     returning CUDA_ERROR_NOT_SUPPORTED"
-                )
-            });
+            // SAFETY: as above.
+            match unsafe { asks(a) } {
+                AttributeAsks::Nothing => {}
+                AttributeAsks::Hint => log::detail_once(&format!("launch hint {id}"), || {
+                    format!("cuLaunchKernelEx: launch attribute {id} (a hint) is dropped")
+                }),
+                AttributeAsks::Unsupported => {
+                    refused = true;
+                    log::once(&format!("launch attribute {id}"), || {
+                        format!(
+                            "cuLaunchKernelEx: launch attribute {id} is not supported through \
+                             mps; returning CUDA_ERROR_NOT_SUPPORTED"
+                        )
+                    });
+                }
+            }
         }
         if refused {
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);

@@ -131,8 +131,17 @@ int main(int argc, char **argv) {
     CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL)); /* db = a + 3a */
     CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
     ASSERT(hc[N - 1] == 4.0f * (float)(N - 1), "a cluster of one: %f", hc[N - 1]);
+    /* Programmatic dependent launch allowed (cuBLASLt allows it on Hopper): a permission the
+     * plain launch, which waits for the kernel before it, satisfies. db = a + 4a. */
+    CUlaunchAttribute pdl = {CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, {0}, {{0}}};
+    pdl.value.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &pdl;
+    CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
+    CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
+    ASSERT(hc[N - 1] == 5.0f * (float)(N - 1), "programmatic serialisation: %f", hc[N - 1]);
+    config.attrs = &cluster;
     if (mps_only()) {
-        /* Other launch attributes are not supported through mps: refused, never ignored. */
+        /* Launches of another kind are not supported through mps: refused, never ignored. */
         cluster.value.clusterDim.x = 2;
         EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
     }
