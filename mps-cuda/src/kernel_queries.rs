@@ -24,6 +24,9 @@ use crate::module::function_obj;
 const SHARED_SIZE: usize = 1;
 const MAX_DYNAMIC_SHARED: usize = 8;
 const CARVEOUT: usize = 9;
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, `_CLUSTER_SCHEDULING_POLICY_PREFERENCE`.
+const NON_PORTABLE_CLUSTER: usize = 14;
+const CLUSTER_SCHEDULING: usize = 15;
 /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
 const OPTIN_SHARED: i32 = 97;
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
@@ -142,6 +145,19 @@ fn set_attribute(attribute: i32, value: i32, h: usize, dev: CUdevice) -> Res<()>
         CARVEOUT => {
             check((-1..=100).contains(&value))?;
             a[CARVEOUT] = Some(value);
+            Ok(())
+        }
+        // A permission and a preference for clusters, which a launch through mps never forms
+        // beyond one block: kept and read back. cuBLAS allows non-portable cluster sizes in
+        // `cublasCreate`, which fails if that is refused (measured on the H200).
+        NON_PORTABLE_CLUSTER | CLUSTER_SCHEDULING => {
+            let most = if attribute as usize == NON_PORTABLE_CLUSTER {
+                1
+            } else {
+                2
+            };
+            check((0..=most).contains(&value))?;
+            a[attribute as usize] = Some(value);
             Ok(())
         }
         _ => {

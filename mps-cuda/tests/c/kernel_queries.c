@@ -74,9 +74,17 @@ int main(int argc, char **argv) {
     CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024, kernel, dev));
     CHECK(cuKernelGetAttribute(&got, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel, dev));
     ASSERT(got == 1024, "the kernel's dynamic shared memory %d after setting 1024", got);
+    /* Non-portable cluster sizes allowed, as cublasCreate allows them: kept and read back. */
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, dev));
+    CHECK(cuKernelGetAttribute(&got, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, kernel,
+                               dev));
+    ASSERT(got == 1, "non-portable cluster sizes allowed: %d after setting 1", got);
     if (mps_only()) {
-        EXPECT(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel,
+        EXPECT(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 2, kernel,
                                     dev),
+               CUDA_ERROR_INVALID_VALUE);
+        /* What a launch through mps never uses but could change a kernel is refused. */
+        EXPECT(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, 2, kernel, dev),
                CUDA_ERROR_NOT_SUPPORTED);
     }
 
