@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use mps_core::protocol::{self, Dim3, ParamInfo, Request};
+use mps_core::limits::check_clusters;
+use mps_core::protocol::{self, Cluster, Dim3, ParamInfo, Request};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result};
 
@@ -135,7 +136,7 @@ impl Client {
         }
         // SAFETY: each slice is exactly its parameter's size.
         let gather = unsafe { Gather::new(&kernel, Values::Slices(args)) };
-        self.post_launch(&kernel, grid, block, shared_mem, stream, gather)
+        self.post_launch(&kernel, grid, block, shared_mem, None, stream, gather)
     }
 
     /// Launches with parameters as cuLaunchKernel takes them: `params[i]` points at the value of
@@ -150,6 +151,26 @@ impl Client {
         grid: Dim3,
         block: Dim3,
         shared_mem: u32,
+        stream: Stream,
+        params: *const *const u8,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.launch_raw_in(function, grid, block, shared_mem, None, stream, params) }
+    }
+
+    /// As [`Client::launch_raw`], the blocks grouped in clusters where `cluster` says so (as
+    /// `cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`).
+    ///
+    /// # Safety
+    /// As [`Client::launch_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw_in(
+        &self,
+        function: Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        cluster: Option<Cluster>,
         stream: Stream,
         params: *const *const u8,
     ) -> Result<()> {
@@ -169,31 +190,54 @@ impl Client {
         // SAFETY: the caller guarantees one readable pointer per parameter, each for that
         // parameter's size; none is NULL (checked above).
         let gather = unsafe { Gather::new(&kernel, Values::Pointers(params)) };
-        self.post_launch(&kernel, grid, block, shared_mem, stream, gather)
+        self.post_launch(&kernel, grid, block, shared_mem, cluster, stream, gather)
     }
 
     /// Puts a launch in the ring: one hold of the submission lock, the parameters gathered
     /// straight into the slots.
+    #[allow(clippy::too_many_arguments)]
     fn post_launch(
         &self,
         kernel: &Kernel,
         grid: Dim3,
         block: Dim3,
         shared_mem: u32,
+        cluster: Option<Cluster>,
         stream: Stream,
         gather: Gather<'_>,
     ) -> Result<()> {
         self.check()?;
+        if let Some(c) = cluster {
+            // Checked here as well as by the server, so that the launch itself fails, as with
+            // CUDA, not the next synchronising call.
+            check_clusters(grid, &c, self.device_info().cc)?;
+            // A cluster launch's header holds block.y and block.z in 16 bits and each cluster
+            // extent in 8; CUDA allows far less (1024, 64 and 16).
+            let d = c.dims;
+            if block.y > 0xffff || block.z > 0xffff || d.x > 0xff || d.y > 0xff || d.z > 0xff {
+                return Err(Error::invalid_value(format!(
+                    "a cluster launch of blocks ({}, {}, {}) in clusters ({}, {}, {}) is past \
+                     CUDA's limits",
+                    block.x, block.y, block.z, d.x, d.y, d.z
+                )));
+            }
+        }
+        let opcode = if cluster.is_some() {
+            protocol::Opcode::LaunchCluster
+        } else {
+            protocol::Opcode::Launch
+        };
         self.submit(
             stream,
             0,
-            protocol::Opcode::Launch,
+            opcode,
             |seq| {
                 Slots::launch(
                     kernel.handle,
                     grid,
                     block,
                     shared_mem,
+                    cluster,
                     gather,
                     seq,
                     stream.0,
@@ -356,14 +400,14 @@ mod tests {
         // SAFETY: each pointer is readable for its parameter's size, for the whole test.
         let raw = unsafe { Gather::new(&kernel, Values::Pointers(values.as_ptr())) };
         let grid = Dim3 { x: 2, y: 1, z: 1 };
-        let slots = Slots::launch(7, grid, grid, 0, raw, 3, 0, 0).unwrap();
+        let slots = Slots::launch(7, grid, grid, 0, None, raw, 3, 0, 0).unwrap();
         assert_eq!(slots.len(), 3, "118 bytes take two payload slots");
         assert_eq!(decoded_params(&slots), expected);
 
         let args: [&[u8]; 4] = [&ptr, &n, &big, &tail];
         // SAFETY: each slice is its parameter's size.
         let slices = unsafe { Gather::new(&kernel, Values::Slices(&args)) };
-        let slots = Slots::launch(7, grid, grid, 0, slices, 3, 0, 0).unwrap();
+        let slots = Slots::launch(7, grid, grid, 0, None, slices, 3, 0, 0).unwrap();
         assert_eq!(decoded_params(&slots), expected);
     }
 
@@ -373,7 +417,7 @@ mod tests {
         // SAFETY: there are no parameters to read.
         let g = unsafe { Gather::new(&kernel, Values::Pointers(std::ptr::null())) };
         let one = Dim3 { x: 1, y: 1, z: 1 };
-        let slots = Slots::launch(1, one, one, 0, g, 1, 0, 0).unwrap();
+        let slots = Slots::launch(1, one, one, 0, None, g, 1, 0, 0).unwrap();
         assert_eq!(slots.len(), 1);
         assert!(decoded_params(&slots).is_empty());
     }

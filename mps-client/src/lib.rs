@@ -49,6 +49,6 @@ pub use handles::{
     DeviceInfo, DevicePtr, Event, Function, Graph, GraphExec, Module, SmInfo, Stream,
 };
 pub use mps_core::handshake::BackendKind;
-pub use mps_core::protocol::{Dim3, OccupancyQuery, ParamInfo};
+pub use mps_core::protocol::{Cluster, Dim3, OccupancyQuery, ParamInfo};
 pub use mps_core::{Error, Result, Status};
 pub use queries::{ContextLimits, FunctionAttributes};

@@ -3,8 +3,8 @@
 //! A CUDA server reads the limits from the device's attributes; the simulator presents
 //! [`DeviceLimits::SM_90`], documented values of a real device.
 
-use crate::protocol::Dim3;
-use crate::status::{Error, Result};
+use crate::protocol::{Cluster, Dim3, MAX_CLUSTER_BLOCKS, MAX_NON_PORTABLE_CLUSTER_BLOCKS};
+use crate::status::{Error, Result, Status};
 
 /// The launch limits of one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,10 +94,100 @@ pub fn check_geometry(
     Ok(())
 }
 
+/// `CUDA_ERROR_INVALID_CLUSTER_SIZE`, which CUDA documents for a launch whose clusters are
+/// misconfigured: the CUDA result of [`check_clusters`]'s refusals of a size.
+const INVALID_CLUSTER_SIZE: u32 = 912;
+
+/// Checks a launch's clusters: every extent at least 1 and dividing the grid's, and the
+/// blocks of one cluster within 8, or 16 where the kernel allows non-portable sizes. Clusters
+/// need compute capability 9.0 or later (`cc`, the device's).
+pub fn check_clusters(grid: Dim3, cluster: &Cluster, cc: (u32, u32)) -> Result<()> {
+    cluster_size(grid, cluster, cc).map_err(|e| match e.status {
+        Status::InvalidValue => e.with_cuda_result(INVALID_CLUSTER_SIZE),
+        _ => e,
+    })
+}
+
+fn cluster_size(grid: Dim3, cluster: &Cluster, cc: (u32, u32)) -> Result<()> {
+    let c = cluster.dims;
+    if cc.0 < 9 {
+        return Err(Error::new(
+            Status::Unsupported,
+            format!(
+                "thread-block clusters need compute capability 9.0; the device is {}.{}",
+                cc.0, cc.1
+            ),
+        ));
+    }
+    if c.x == 0
+        || c.y == 0
+        || c.z == 0
+        || grid.x % c.x != 0
+        || grid.y % c.y != 0
+        || grid.z % c.z != 0
+    {
+        return Err(Error::invalid_value(format!(
+            "clusters ({}, {}, {}) do not divide the grid ({}, {}, {})",
+            c.x, c.y, c.z, grid.x, grid.y, grid.z
+        )));
+    }
+    let most = if cluster.non_portable {
+        MAX_NON_PORTABLE_CLUSTER_BLOCKS
+    } else {
+        MAX_CLUSTER_BLOCKS
+    };
+    if c.volume().is_none_or(|v| v > most as u64) {
+        return Err(Error::invalid_value(format!(
+            "a cluster of ({}, {}, {}) blocks is more than {most}{}",
+            c.x,
+            c.y,
+            c.z,
+            if cluster.non_portable {
+                ""
+            } else {
+                " (the portable size; a kernel may allow up to 16 with \
+                 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)"
+            }
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::Status;
+
+    #[test]
+    fn clusters_divide_the_grid_and_hold_eight_blocks_or_sixteen_where_allowed() {
+        let grid = dim(64, 2, 1);
+        let c = |x, y, z, non_portable| Cluster {
+            dims: dim(x, y, z),
+            non_portable,
+        };
+        assert!(check_clusters(grid, &c(2, 1, 1, false), (9, 0)).is_ok());
+        assert!(check_clusters(grid, &c(4, 2, 1, false), (9, 0)).is_ok());
+        assert!(check_clusters(grid, &c(16, 1, 1, true), (9, 0)).is_ok());
+        assert!(check_clusters(grid, &c(8, 2, 1, true), (10, 0)).is_ok());
+        let refused = |cl: Cluster, cc, status| {
+            assert_eq!(
+                check_clusters(grid, &cl, cc).unwrap_err().status,
+                status,
+                "{cl:?} on {cc:?}"
+            )
+        };
+        // Past 8 blocks without the permission, past 16 with it.
+        refused(c(16, 1, 1, false), (9, 0), Status::InvalidValue);
+        refused(c(8, 4, 1, true), (9, 0), Status::InvalidValue);
+        // Not dividing the grid, or empty.
+        refused(c(3, 1, 1, false), (9, 0), Status::InvalidValue);
+        refused(c(1, 1, 2, false), (9, 0), Status::InvalidValue);
+        refused(c(0, 1, 1, false), (9, 0), Status::InvalidValue);
+        // Before Hopper.
+        refused(c(2, 1, 1, false), (8, 0), Status::Unsupported);
+        let e = check_clusters(grid, &c(3, 1, 1, false), (9, 0)).unwrap_err();
+        assert_eq!(e.cuda_result, Some(INVALID_CLUSTER_SIZE));
+    }
 
     fn dim(x: u32, y: u32, z: u32) -> Dim3 {
         Dim3 { x, y, z }

@@ -29,7 +29,7 @@ pub use crate::handshake::{
 };
 
 /// Bumped on every incompatible change of anything in this module or of the shared layout.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Size of one submission slot: one cache line.
 pub const SLOT_BYTES: usize = 64;
@@ -164,6 +164,8 @@ crate::wire_enum! {
         Occupancy = 37 => "occupancy",
         /// The address and size of a module's global variable.
         ModuleGlobal = 38 => "module_global",
+        /// Launch a kernel in clusters of blocks.
+        LaunchCluster = 39 => "launch_cluster",
     }
 }
 
@@ -177,6 +179,7 @@ impl Opcode {
                 | Opcode::CopyDtoD
                 | Opcode::Memset
                 | Opcode::Launch
+                | Opcode::LaunchCluster
                 | Opcode::Mark
                 | Opcode::EventRecord
                 | Opcode::StreamWaitEvent
@@ -262,6 +265,22 @@ impl HostRef {
         }
     }
 }
+
+/// The clusters a launch groups its blocks into (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    /// Blocks per cluster along each axis; each divides the grid's.
+    pub dims: Dim3,
+    /// Whether the kernel may use a cluster larger than the portable 8 blocks
+    /// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`).
+    pub non_portable: bool,
+}
+
+/// The most blocks a cluster holds: 8 (portable), or 16 where the kernel allows non-portable
+/// sizes (Hopper's limit).
+pub const MAX_CLUSTER_BLOCKS: u32 = 8;
+/// As [`MAX_CLUSTER_BLOCKS`], for a kernel that allows non-portable cluster sizes.
+pub const MAX_NON_PORTABLE_CLUSTER_BLOCKS: u32 = 16;
 
 /// A launch geometry (as `dim3`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -370,11 +389,14 @@ pub enum Request<'a> {
         function: u64,
         query: OccupancyQuery,
     },
+    /// Launch `function`, its blocks grouped in clusters where `cluster` says so (opcode
+    /// `LaunchCluster`; the session checks the clusters against the grid and the device).
     Launch {
         function: u64,
         grid: Dim3,
         block: Dim3,
         shared_mem: u32,
+        cluster: Option<Cluster>,
         params: &'a [u8],
     },
     StreamCreate {
@@ -476,7 +498,10 @@ impl Request<'_> {
             Request::ModuleGlobal { .. } => Opcode::ModuleGlobal,
             Request::FuncAttributes { .. } => Opcode::FuncAttributes,
             Request::Occupancy { .. } => Opcode::Occupancy,
-            Request::Launch { .. } => Opcode::Launch,
+            Request::Launch { cluster: None, .. } => Opcode::Launch,
+            Request::Launch {
+                cluster: Some(_), ..
+            } => Opcode::LaunchCluster,
             Request::StreamCreate { .. } => Opcode::StreamCreate,
             Request::StreamDestroy { .. } => Opcode::StreamDestroy,
             Request::Mark => Opcode::Mark,
@@ -569,6 +594,7 @@ impl Request<'_> {
                 grid,
                 block,
                 shared_mem,
+                cluster,
                 params,
             } => {
                 args = [
@@ -578,6 +604,19 @@ impl Request<'_> {
                     pack(block.y, block.z),
                     pack(shared_mem, params.len() as u32),
                 ];
+                // A cluster rides in the high halves of the words holding block.y, block.z
+                // and the parameters' length, which CUDA's limits keep below 2^16 (block.y and
+                // block.z) and the protocol below 2^13 (the length).
+                if let Some(c) = cluster {
+                    args[3] = (block.y as u64 & 0xffff)
+                        | (block.z as u64 & 0xffff) << 16
+                        | (c.dims.z as u64 & 0xff) << 32
+                        | (c.non_portable as u64) << 40;
+                    args[4] = shared_mem as u64
+                        | (params.len() as u64) << 32
+                        | (c.dims.x as u64 & 0xff) << 48
+                        | (c.dims.y as u64 & 0xff) << 56;
+                }
                 payload = params;
             }
             Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
@@ -652,7 +691,7 @@ impl Request<'_> {
         };
         if !matches!(
             op,
-            Opcode::GetFunction | Opcode::ModuleGlobal | Opcode::Launch
+            Opcode::GetFunction | Opcode::ModuleGlobal | Opcode::Launch | Opcode::LaunchCluster
         ) && cmd.extra_slots != 0
         {
             return Err(Error::invalid_value(format!(
@@ -755,7 +794,47 @@ impl Request<'_> {
                         z: bz,
                     },
                     shared_mem,
+                    cluster: None,
                     params: expect_payload(plen as u64, MAX_PARAM_BYTES, "kernel parameters")?,
+                }
+            }
+            Opcode::LaunchCluster => {
+                let (gx, gy) = unpack(a[1]);
+                let (gz, bx) = unpack(a[2]);
+                let field =
+                    |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
+                if a[3] >> 41 != 0 || field(a[4], 32, 16) as usize > MAX_PARAM_BYTES {
+                    return Err(Error::invalid_value(format!(
+                        "command {}: a cluster launch with unknown bits set",
+                        cmd.seq
+                    )));
+                }
+                Request::Launch {
+                    function: a[0],
+                    grid: Dim3 {
+                        x: gx,
+                        y: gy,
+                        z: gz,
+                    },
+                    block: Dim3 {
+                        x: bx,
+                        y: field(a[3], 0, 16),
+                        z: field(a[3], 16, 16),
+                    },
+                    shared_mem: a[4] as u32,
+                    cluster: Some(Cluster {
+                        dims: Dim3 {
+                            x: field(a[4], 48, 8),
+                            y: field(a[4], 56, 8),
+                            z: field(a[3], 32, 8),
+                        },
+                        non_portable: a[3] >> 40 & 1 == 1,
+                    }),
+                    params: expect_payload(
+                        field(a[4], 32, 16) as u64,
+                        MAX_PARAM_BYTES,
+                        "kernel parameters",
+                    )?,
                 }
             }
             Opcode::StreamCreate => Request::StreamCreate {
@@ -1097,6 +1176,7 @@ mod tests {
                     z: u32::MAX,
                 },
                 shared_mem: 48 << 10,
+                cluster: None,
                 params: &params,
             },
             Request::Launch {
@@ -1104,6 +1184,29 @@ mod tests {
                 grid: Dim3 { x: 1, y: 1, z: 1 },
                 block: Dim3 { x: 1, y: 1, z: 1 },
                 shared_mem: 0,
+                cluster: None,
+                params: &[],
+            },
+            Request::Launch {
+                function: 4,
+                grid: Dim3 { x: 132, y: 4, z: 2 },
+                block: Dim3 { x: 384, y: 2, z: 1 },
+                shared_mem: 227 << 10,
+                cluster: Some(Cluster {
+                    dims: Dim3 { x: 4, y: 2, z: 2 },
+                    non_portable: true,
+                }),
+                params: &params,
+            },
+            Request::Launch {
+                function: 4,
+                grid: Dim3 { x: 2, y: 1, z: 1 },
+                block: Dim3 { x: 1, y: 1, z: 1 },
+                shared_mem: 0,
+                cluster: Some(Cluster {
+                    dims: Dim3 { x: 2, y: 1, z: 1 },
+                    non_portable: false,
+                }),
                 params: &[],
             },
             Request::StreamCreate { priority: -5 },
@@ -1198,6 +1301,7 @@ mod tests {
             grid: Dim3::default(),
             block: Dim3::default(),
             shared_mem: 0,
+            cluster: None,
             params: &params,
         };
         let (mut cmd, _) = launch.encode(1, 0, 0);

@@ -6,7 +6,7 @@
 //! parameters may be scattered in the caller's memory (one pointer per parameter, as
 //! `cuLaunchKernel` takes them): a [`Payload`] gathers them as each slot is made.
 
-use crate::protocol::{Command, Dim3, MAX_PARAM_BYTES, Request, SLOT_BYTES};
+use crate::protocol::{Cluster, Command, Dim3, MAX_PARAM_BYTES, Request, SLOT_BYTES};
 use crate::status::{Error, Result, Status};
 
 /// The bytes that follow a command's header slot.
@@ -53,14 +53,15 @@ impl<P: Payload> Slots<P> {
         Slots { header, payload }
     }
 
-    /// The slots of a launch of `function` whose packed parameter bytes `params` gathers.
-    /// Fails when they are more than [`MAX_PARAM_BYTES`].
+    /// The slots of a launch of `function` (in clusters where `cluster` says so) whose packed
+    /// parameter bytes `params` gathers. Fails when they are more than [`MAX_PARAM_BYTES`].
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         function: u64,
         grid: Dim3,
         block: Dim3,
         shared_mem: u32,
+        cluster: Option<Cluster>,
         params: P,
         seq: u64,
         stream: u64,
@@ -83,6 +84,7 @@ impl<P: Payload> Slots<P> {
             grid,
             block,
             shared_mem,
+            cluster,
             params: sized,
         };
         let (header, _) = req.encode(seq, stream, flags);
@@ -183,7 +185,8 @@ mod tests {
         }
         let grid = Dim3 { x: 4, y: 2, z: 1 };
         let block = Dim3 { x: 128, y: 1, z: 1 };
-        let slots = Slots::launch(5, grid, block, 256, Scattered(&parts, 84), 11, 3, 0).unwrap();
+        let slots =
+            Slots::launch(5, grid, block, 256, None, Scattered(&parts, 84), 11, 3, 0).unwrap();
         let all: Vec<Command> = slots.iter().collect();
         let direct: Vec<Command> = Slots::of(
             &Request::Launch {
@@ -191,6 +194,7 @@ mod tests {
                 grid,
                 block,
                 shared_mem: 256,
+                cluster: None,
                 params: &packed,
             },
             11,
@@ -210,8 +214,18 @@ mod tests {
     #[test]
     fn too_many_parameter_bytes_are_refused() {
         let big = [0u8; MAX_PARAM_BYTES + 1];
-        let e =
-            Slots::launch(1, Dim3::default(), Dim3::default(), 0, &big[..], 1, 0, 0).unwrap_err();
+        let e = Slots::launch(
+            1,
+            Dim3::default(),
+            Dim3::default(),
+            0,
+            None,
+            &big[..],
+            1,
+            0,
+            0,
+        )
+        .unwrap_err();
         assert_eq!(e.status, Status::Unsupported);
         assert!(e.message.contains("4097 bytes"), "{e}");
     }

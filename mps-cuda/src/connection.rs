@@ -8,7 +8,7 @@
 use mps_client::Client;
 use mps_client::Error;
 pub(crate) use mps_client::{Event, Function, Graph, GraphExec, Module, Stream};
-use mps_core::protocol::{Dim3, ParamInfo};
+use mps_core::protocol::{Cluster, Dim3, ParamInfo};
 
 use crate::abi::CUresult;
 use crate::{errors, log};
@@ -213,12 +213,14 @@ impl Connection {
     /// # Safety
     /// `params` must hold one pointer per kernel parameter, each readable for that parameter's
     /// size.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn launch(
         &self,
         function: Function,
         grid: [u32; 3],
         block: [u32; 3],
         shared_mem: u32,
+        cluster: Option<Cluster>,
         stream: Stream,
         params: *const *const u8,
     ) -> Res<()> {
@@ -229,8 +231,15 @@ impl Connection {
         };
         // SAFETY: the caller's guarantee is the client's precondition.
         unsafe {
-            self.client
-                .launch_raw(function, dim(grid), dim(block), shared_mem, stream, params)
+            self.client.launch_raw_in(
+                function,
+                dim(grid),
+                dim(block),
+                shared_mem,
+                cluster,
+                stream,
+                params,
+            )
         }
         .map_err(fail)
     }

@@ -95,6 +95,7 @@ results! {
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => "operation failed due to a previous error during capture",
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => "operation would make the legacy stream depend on a capturing blocking stream",
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "attempt to terminate a thread-local capture sequence from another thread",
+    CUDA_ERROR_INVALID_CLUSTER_SIZE => "invalid cluster size",
     CUDA_ERROR_TIMEOUT => "wait operation timed out",
     CUDA_ERROR_UNKNOWN => "unknown error",
 }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mps_core::protocol::{FUNC_ATTRIBUTES, ParamInfo};
+use mps_core::protocol::{Cluster, Dim3, FUNC_ATTRIBUTES, MAX_CLUSTER_BLOCKS, ParamInfo};
 
 use crate::abi::{
     CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
@@ -504,6 +504,7 @@ unsafe fn launch(
     grid: [u32; 3],
     block: [u32; 3],
     shared: u32,
+    cluster: Option<Cluster>,
     h: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -527,10 +528,30 @@ unsafe fn launch(
             .map(|p| unsafe { buf.add(p.offset as usize) })
             .collect();
         // SAFETY: one pointer per parameter, each readable for its size (within the buffer).
-        return unsafe { conn.launch(function, grid, block, shared, stream, ptrs.as_ptr()) };
+        return unsafe {
+            conn.launch(
+                function,
+                grid,
+                block,
+                shared,
+                cluster,
+                stream,
+                ptrs.as_ptr(),
+            )
+        };
     }
     // SAFETY: the caller guarantees `params` holds one readable pointer per parameter.
-    unsafe { conn.launch(function, grid, block, shared, stream, params.cast()) }
+    unsafe {
+        conn.launch(
+            function,
+            grid,
+            block,
+            shared,
+            cluster,
+            stream,
+            params.cast(),
+        )
+    }
 }
 
 /// # Safety
@@ -558,6 +579,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 [gx, gy, gz],
                 [bx, by, bz],
                 shared,
+                None,
                 h,
                 params,
                 extra,
@@ -591,6 +613,7 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
                 [gx, gy, gz],
                 [bx, by, bz],
                 shared,
+                None,
                 h,
                 params,
                 extra,
@@ -605,14 +628,16 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
 enum AttributeAsks {
     /// Nothing a plain launch does not do: `IGNORE`, a cluster of one block, cooperation off.
     Nothing,
+    /// Clusters of these blocks per axis.
+    Clusters(Dim3),
     /// A hint or a permission that the plain launch satisfies: an L2 access-policy window, a
     /// synchronisation policy, a cluster-scheduling preference, programmatic dependent launch
     /// allowed (without it the kernel starts once the one before it has finished, and its
     /// `griddepcontrol.wait` returns at once, as CUDA documents), a priority, memory
     /// synchronisation domains, a shared-memory carveout. Dropped.
     Hint,
-    /// A launch of another kind: a cluster of several blocks, a cooperative launch, an event
-    /// the launch records. Refused.
+    /// A launch of another kind: a cooperative launch, an event the launch records, a cluster
+    /// with a zero extent. Refused.
     Unsupported,
 }
 
@@ -632,6 +657,11 @@ unsafe fn asks(a: *const u32) -> AttributeAsks {
         0 => AttributeAsks::Nothing,
         2 if v[0] == 0 => AttributeAsks::Nothing,
         4 if v == [1, 1, 1] => AttributeAsks::Nothing,
+        4 if !v.contains(&0) => AttributeAsks::Clusters(Dim3 {
+            x: v[0],
+            y: v[1],
+            z: v[2],
+        }),
         1 | 3 | 5 | 6 | 8 | 9 | 10 | 14 => AttributeAsks::Hint,
         _ => AttributeAsks::Unsupported,
     }
@@ -654,6 +684,7 @@ unsafe fn launch_ex(
 ) -> Res<()> {
     // SAFETY: the caller guarantees a non-null `config` is readable.
     let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let mut cluster = None;
     if c.numAttrs > 0 {
         check(!c.attrs.is_null())?;
         let mut refused = false;
@@ -666,6 +697,15 @@ unsafe fn launch_ex(
             // SAFETY: as above.
             match unsafe { asks(a) } {
                 AttributeAsks::Nothing => {}
+                // Past the portable 8 blocks the server lets the kernel have up to 16, as a
+                // program allows it with CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+                AttributeAsks::Clusters(dims) => {
+                    let blocks = dims.x as u64 * dims.y as u64 * dims.z as u64;
+                    cluster = Some(Cluster {
+                        dims,
+                        non_portable: blocks > MAX_CLUSTER_BLOCKS as u64,
+                    });
+                }
                 AttributeAsks::Hint => log::detail_once(&format!("launch hint {id}"), || {
                     format!("cuLaunchKernelEx: launch attribute {id} (a hint) is dropped")
                 }),
@@ -693,6 +733,7 @@ unsafe fn launch_ex(
             grid,
             block,
             c.sharedMemBytes,
+            cluster,
             c.hStream,
             params,
             extra,

@@ -380,6 +380,7 @@ fn a_client_cannot_touch_another_clients_objects() {
                 grid: grid(1),
                 block: grid(1),
                 shared_mem: 0,
+                cluster: None,
                 params: &[0; 24],
             },
             0,

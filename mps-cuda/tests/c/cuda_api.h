@@ -44,6 +44,7 @@ enum {
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_INVALID_CLUSTER_SIZE = 912,
 };
 
 #define CU_CTX_SCHED_BLOCKING_SYNC 0x4
@@ -98,8 +99,10 @@ typedef struct {
             unsigned int x, y, z;
         } clusterDim;
         int programmaticStreamSerializationAllowed;
+        int cooperative;
     } value;
 } CUlaunchAttribute;
+#define CU_LAUNCH_ATTRIBUTE_COOPERATIVE 2
 #define CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
 #define CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
 #define CU_LIMIT_STACK_SIZE 0

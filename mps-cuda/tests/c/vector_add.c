@@ -139,10 +139,21 @@ int main(int argc, char **argv) {
     CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
     CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
     ASSERT(hc[N - 1] == 5.0f * (float)(N - 1), "programmatic serialisation: %f", hc[N - 1]);
+    /* Clusters of two blocks (the grid is 64 blocks): db = a + 5a. */
+    cluster.value.clusterDim.x = 2;
     config.attrs = &cluster;
+    CHECK(cuLaunchKernelEx(&config, add, ex_params, NULL));
+    CHECK(cuMemcpyDtoH_v2(hc, db, N * sizeof(float)));
+    ASSERT(hc[N - 1] == 6.0f * (float)(N - 1), "clusters of two: %f", hc[N - 1]);
     if (mps_only()) {
+        /* Clusters that do not divide the grid: CUDA_ERROR_INVALID_CLUSTER_SIZE, which CUDA
+         * documents for "a kernel launch error due to cluster misconfiguration". */
+        cluster.value.clusterDim.x = 3;
+        EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_INVALID_CLUSTER_SIZE);
         /* Launches of another kind are not supported through mps: refused, never ignored. */
-        cluster.value.clusterDim.x = 2;
+        CUlaunchAttribute coop = {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, {0}, {{0}}};
+        coop.value.cooperative = 1;
+        config.attrs = &coop;
         EXPECT(cuLaunchKernelEx(&config, add, ex_params, NULL), CUDA_ERROR_NOT_SUPPORTED);
     }
 

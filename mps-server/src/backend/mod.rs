@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
-    BackendKind, CONTEXT_LIMITS, DeviceAttribute, Dim3, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo,
+    BackendKind, CONTEXT_LIMITS, Cluster, DeviceAttribute, Dim3, FUNC_ATTRIBUTES, OccupancyQuery,
+    ParamInfo,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -172,6 +173,8 @@ pub enum Op<'a, B: Backend> {
         block: Dim3,
         /// Dynamic shared memory bytes.
         shared_mem: u32,
+        /// The clusters the blocks are grouped in, if any (checked against the grid).
+        cluster: Option<Cluster>,
         /// Packed parameter buffer, laid out by the function's parameter info.
         params: Cow<'a, [u8]>,
     },
@@ -228,12 +231,14 @@ impl<B: Backend> Op<'_, B> {
                 grid,
                 block,
                 shared_mem,
+                cluster,
                 params,
             } => Op::Launch {
                 function,
                 grid,
                 block,
                 shared_mem,
+                cluster,
                 params: Cow::Owned(params.into_owned()),
             },
             Op::CopyHtoD { dst, src } => Op::CopyHtoD { dst, src },

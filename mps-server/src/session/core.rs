@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleTable};
-use mps_core::limits::check_geometry;
+use mps_core::limits::{check_clusters, check_geometry};
 use mps_core::protocol::{
     self, ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
     HostRef, Opcode, Request, flags,
@@ -282,10 +282,15 @@ impl<B: Backend> SessionCore<B> {
                 grid,
                 block,
                 shared_mem,
+                cluster,
                 params,
             } => {
                 let f = self.functions.get(function)?;
-                check_geometry(grid, block, shared_mem, &self.backend.info().limits)?;
+                let info = self.backend.info();
+                check_geometry(grid, block, shared_mem, &info.limits)?;
+                if let Some(c) = &cluster {
+                    check_clusters(grid, c, info.cc)?;
+                }
                 if params.len() != f.param_bytes {
                     return Err(Error::invalid_value(format!(
                         "kernel takes {} bytes of parameters, the launch carries {}",
@@ -301,6 +306,7 @@ impl<B: Backend> SessionCore<B> {
                     grid,
                     block,
                     shared_mem,
+                    cluster,
                     params: Cow::Borrowed(params),
                 };
                 self.enqueue(cmd, op)

@@ -110,6 +110,21 @@ pub(super) fn static_shared_memory(f: CUfunction) -> Result<u32, DriverError> {
 /// as the device allows a block beside them
 /// ([`DeviceLimits::max_shared_mem_per_block_optin`] less `fixed`); without this a block may use
 /// only the default shared memory per block, static and dynamic together.
+/// Lets kernel `f` be launched in clusters larger than the portable 8 blocks.
+pub(super) fn allow_non_portable_clusters(f: CUfunction) -> Result<(), DriverError> {
+    // SAFETY: f is a loaded kernel; 1 is a value the driver documents for the attribute.
+    let r = unsafe {
+        sys::cuFuncSetAttribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+        )
+    };
+    check_on(r, "cuFuncSetAttribute", || {
+        "NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1".to_string()
+    })
+}
+
 pub(super) fn allow_dynamic_shared_memory(
     f: CUfunction,
     fixed: u32,

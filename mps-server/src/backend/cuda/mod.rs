@@ -147,6 +147,20 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Lets `function` be launched in clusters of up to 16 blocks, once.
+    fn allow_non_portable_clusters(&self, function: &CudaFunction) -> Result<()> {
+        if function.non_portable_clusters.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let allowed = device::allow_non_portable_clusters(function.raw);
+        self.ctx
+            .check(allowed.map_err(|e| e.on(format!("kernel {:?}", function.name))))?;
+        function
+            .non_portable_clusters
+            .store(true, Ordering::Release);
+        Ok(())
+    }
+
     fn copy_in(&self, stream: CUstream, dst: u64, src: &HostBytes) -> Result<()> {
         let (ptr, len) = src.as_raw();
         // SAFETY: `src` keeps its bytes alive until the session synchronises (shared pages) or,
@@ -275,6 +289,7 @@ impl Backend for CudaBackend {
             name: name.to_string(),
             _module: module.0.clone(),
             opted_in: AtomicBool::new(false),
+            non_portable_clusters: AtomicBool::new(false),
         };
         Ok((func, params))
     }
@@ -364,11 +379,15 @@ impl Backend for CudaBackend {
                 grid,
                 block,
                 shared_mem,
+                cluster,
                 params,
             } => {
                 let default = self.info.limits.max_shared_mem_per_block;
                 if shared_mem.saturating_add(function.static_shared) > default {
                     self.opt_in(&function)?;
+                }
+                if cluster.is_some_and(|c| c.non_portable) {
+                    self.allow_non_portable_clusters(&function)?;
                 }
                 let mut size = params.len();
                 let mut extra = [
@@ -383,23 +402,59 @@ impl Backend for CudaBackend {
                 } else {
                     extra.as_mut_ptr()
                 };
-                // SAFETY: the function is loaded (its module is kept alive by `function`); the
-                // packed buffer has exactly the layout cuFuncGetParamInfo reported (the session
-                // checked its size) and is copied by the driver during the call.
-                let r = unsafe {
-                    sys::cuLaunchKernel(
-                        function.raw,
-                        grid.x,
-                        grid.y,
-                        grid.z,
-                        block.x,
-                        block.y,
-                        block.z,
-                        shared_mem,
-                        s,
-                        std::ptr::null_mut(),
-                        extra_ptr,
-                    )
+                let r = match cluster {
+                    // SAFETY: the function is loaded (its module is kept alive by `function`);
+                    // the packed buffer has exactly the layout cuFuncGetParamInfo reported (the
+                    // session checked its size) and is copied by the driver during the call.
+                    None => unsafe {
+                        sys::cuLaunchKernel(
+                            function.raw,
+                            grid.x,
+                            grid.y,
+                            grid.z,
+                            block.x,
+                            block.y,
+                            block.z,
+                            shared_mem,
+                            s,
+                            std::ptr::null_mut(),
+                            extra_ptr,
+                        )
+                    },
+                    Some(c) => {
+                        // SAFETY: a union of plain integers, all zero is valid.
+                        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+                        value.clusterDim.x = c.dims.x;
+                        value.clusterDim.y = c.dims.y;
+                        value.clusterDim.z = c.dims.z;
+                        let mut attr = sys::CUlaunchAttribute {
+                            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                            pad: [0; 4],
+                            value,
+                        };
+                        let config = sys::CUlaunchConfig {
+                            gridDimX: grid.x,
+                            gridDimY: grid.y,
+                            gridDimZ: grid.z,
+                            blockDimX: block.x,
+                            blockDimY: block.y,
+                            blockDimZ: block.z,
+                            sharedMemBytes: shared_mem,
+                            hStream: s,
+                            attrs: &mut attr,
+                            numAttrs: 1,
+                        };
+                        // SAFETY: as for cuLaunchKernel above; the configuration and its one
+                        // attribute outlive the call.
+                        unsafe {
+                            sys::cuLaunchKernelEx(
+                                &config,
+                                function.raw,
+                                std::ptr::null_mut(),
+                                extra_ptr,
+                            )
+                        }
+                    }
                 };
                 self.ctx.check(check_on(r, "cuLaunchKernel", || {
                     format!(
@@ -584,12 +639,14 @@ fn op_keep(op: &Op<'_, CudaBackend>) -> Option<Op<'static, CudaBackend>> {
             grid,
             block,
             shared_mem,
+            cluster,
             ..
         } => Some(Op::Launch {
             function: function.clone(),
             grid: *grid,
             block: *block,
             shared_mem: *shared_mem,
+            cluster: *cluster,
             params: std::borrow::Cow::Borrowed(&[]),
         }),
         Op::CopyHtoD { dst, src } => shared(src).map(|src| Op::CopyHtoD { dst: *dst, src }),

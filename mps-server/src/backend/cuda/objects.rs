@@ -42,6 +42,9 @@ pub struct CudaFunction {
     /// Whether it may use the device's opt-in shared memory per block (set at its first launch
     /// that asks for more than the default).
     pub(super) opted_in: AtomicBool,
+    /// Whether it may be launched in clusters of more than 8 blocks (set at the first launch
+    /// that asks for that).
+    pub(super) non_portable_clusters: AtomicBool,
 }
 
 /// An event, created with timing enabled.

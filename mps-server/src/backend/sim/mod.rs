@@ -763,6 +763,7 @@ mod tests {
             grid: one,
             block: one,
             shared_mem: 0,
+            cluster: None,
             params: 0x10u64.to_le_bytes().to_vec().into(),
         };
         sim.submit(&stream, 7, launch, None).unwrap();

@@ -88,11 +88,16 @@ impl Desc {
     /// What a stream-ordered request would be in a run, if it can be in one.
     fn of(req: &Request<'_>) -> Option<Desc> {
         Some(match *req {
+            // A launch in clusters goes on its own, ending any run.
+            Request::Launch {
+                cluster: Some(_), ..
+            } => return None,
             Request::Launch {
                 function,
                 grid,
                 block,
                 shared_mem,
+                cluster: None,
                 params,
             } => Desc::Launch {
                 function,
@@ -376,12 +381,14 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
             grid,
             block,
             shared_mem,
+            cluster,
             params,
         } => Op::Launch {
             function: function.clone(),
             grid: *grid,
             block: *block,
             shared_mem: *shared_mem,
+            cluster: *cluster,
             params: std::borrow::Cow::Borrowed(params),
         },
         Op::CopyHtoD { dst, src } => Op::CopyHtoD {

@@ -94,6 +94,7 @@ fn a_replay_runs_on_the_clients_sm_share() {
         grid: Dim3 { x: 4, y: 1, z: 1 },
         block: one(),
         shared_mem: 0,
+        cluster: None,
         params: &params,
     };
     c.ok(&four_blocks, s);

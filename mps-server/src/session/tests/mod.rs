@@ -223,6 +223,7 @@ fn launch(function: u64, params: &[u8]) -> Request<'_> {
         grid: one(),
         block: one(),
         shared_mem: 0,
+        cluster: None,
         params,
     }
 }

@@ -2,6 +2,7 @@
 //! handles, pointers and ranges outside what the client holds.
 
 use super::*;
+use mps_core::protocol::Cluster;
 
 #[test]
 fn the_core_runs_a_kernel_and_copies_on_the_simulator() {
@@ -302,6 +303,7 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
                     z: 1,
                 },
                 shared_mem: 0,
+                cluster: None,
                 params: &params,
             },
             s,
@@ -314,11 +316,44 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
                 grid: Dim3 { x: 0, y: 1, z: 1 },
                 block: one(),
                 shared_mem: 0,
+                cluster: None,
                 params: &params,
             },
             s,
             Value,
             "zero extent",
+        ),
+        (
+            Request::Launch {
+                function: f,
+                grid: Dim3 { x: 3, y: 1, z: 1 },
+                block: one(),
+                shared_mem: 0,
+                cluster: Some(Cluster {
+                    dims: Dim3 { x: 2, y: 1, z: 1 },
+                    non_portable: false,
+                }),
+                params: &params,
+            },
+            s,
+            Value,
+            "do not divide the grid",
+        ),
+        (
+            Request::Launch {
+                function: f,
+                grid: Dim3 { x: 16, y: 1, z: 1 },
+                block: one(),
+                shared_mem: 0,
+                cluster: Some(Cluster {
+                    dims: Dim3 { x: 16, y: 1, z: 1 },
+                    non_portable: false,
+                }),
+                params: &params,
+            },
+            s,
+            Value,
+            "the portable size",
         ),
         (
             launch(f, &params),
