@@ -229,6 +229,9 @@ pub enum OccupancyQuery {
         cluster: Dim3,
         /// Dynamic shared memory per block.
         dynamic_smem: u32,
+        /// Whether the kernel allows clusters past the portable 8 blocks (the program set
+        /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`).
+        non_portable: bool,
     },
 }
 
@@ -553,9 +556,10 @@ impl Request<'_> {
                         block,
                         cluster,
                         dynamic_smem,
+                        non_portable,
                     } => [
                         function,
-                        pack(2, dynamic_smem),
+                        pack(if non_portable { 3 } else { 2 }, dynamic_smem),
                         pack(block.x, block.y),
                         pack(block.z, cluster.x),
                         pack(cluster.y, cluster.z),
@@ -899,7 +903,7 @@ fn occupancy_query(seq: u64, a: [u64; 5]) -> Result<OccupancyQuery> {
             let (blocks, block_size) = unpack(a[2]);
             OccupancyQuery::DynamicSmem { blocks, block_size }
         }
-        2 => {
+        2 | 3 => {
             let (bx, by) = unpack(a[2]);
             let (bz, cx) = unpack(a[3]);
             let (cy, cz) = unpack(a[4]);
@@ -915,12 +919,14 @@ fn occupancy_query(seq: u64, a: [u64; 5]) -> Result<OccupancyQuery> {
                     z: cz,
                 },
                 dynamic_smem: smem,
+                non_portable: kind == 3,
             }
         }
         _ => {
             return Err(Error::invalid_value(format!(
                 "command {seq}: occupancy query {kind} is not one of 0 (active blocks), 1 \
-                 (dynamic shared memory), 2 (active clusters), or has stray arguments"
+                 (dynamic shared memory), 2 or 3 (active clusters, 3 past the portable size), or \
+                 has stray arguments"
             )));
         }
     };
@@ -1110,6 +1116,16 @@ mod tests {
                     block: Dim3 { x: 128, y: 2, z: 1 },
                     cluster: Dim3 { x: 2, y: 1, z: 1 },
                     dynamic_smem: 4096,
+                    non_portable: false,
+                },
+            },
+            Request::Occupancy {
+                function: 6,
+                query: OccupancyQuery::ActiveClusters {
+                    block: Dim3 { x: 128, y: 1, z: 1 },
+                    cluster: Dim3 { x: 16, y: 1, z: 1 },
+                    dynamic_smem: 0,
+                    non_portable: true,
                 },
             },
             Request::HostAlloc { size: 4096 },
@@ -1279,9 +1295,9 @@ mod tests {
 
         let (mut cmd, _) = Request::FuncAttributes { function: 1 }.encode(1, 0, 0);
         cmd.opcode = Opcode::Occupancy as u16;
-        cmd.args[1] = 3;
+        cmd.args[1] = 4;
         let e = Request::decode(&cmd, &[]).unwrap_err();
-        assert!(e.message.contains("occupancy query 3"), "{e}");
+        assert!(e.message.contains("occupancy query 4"), "{e}");
         cmd.args[1] = 1;
         cmd.args[4] = 9;
         let e = Request::decode(&cmd, &[]).unwrap_err();

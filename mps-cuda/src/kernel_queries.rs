@@ -118,6 +118,12 @@ fn with_attributes<T>(
     with(known.as_mut().expect("fetched above"), conn)
 }
 
+/// Whether the program allowed kernel `h` clusters past the portable size on device `dev`
+/// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` set to 1).
+pub(crate) fn allows_non_portable_clusters(h: usize, dev: CUdevice) -> Res<bool> {
+    with_attributes(h, dev, |a, _| Ok(a[NON_PORTABLE_CLUSTER] == Some(1)))
+}
+
 fn get_attribute(out: *mut i32, attribute: i32, h: usize, dev: CUdevice) -> Res<()> {
     check(!out.is_null())?;
     let v = with_attributes(h, dev, |a, _| {
@@ -346,6 +352,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             },
             cluster,
             dynamic_smem: c.sharedMemBytes,
+            non_portable: allows_non_portable_clusters(f as usize, current_device()?)?,
         };
         let n = occupancy(f, query)?;
         // SAFETY: checked non-null; the caller guarantees it is writable.

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mps_core::protocol::{Cluster, Dim3, FUNC_ATTRIBUTES, MAX_CLUSTER_BLOCKS, ParamInfo};
+use mps_core::protocol::{Cluster, Dim3, FUNC_ATTRIBUTES, ParamInfo};
 
 use crate::abi::{
     CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
@@ -25,6 +25,7 @@ use crate::connection::{Connection, Function, Module, Res};
 use crate::context::{current, current_handle};
 use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::image::image;
+use crate::kernel_queries::allows_non_portable_clusters;
 use crate::log;
 use crate::stream::for_work;
 
@@ -697,13 +698,13 @@ unsafe fn launch_ex(
             // SAFETY: as above.
             match unsafe { asks(a) } {
                 AttributeAsks::Nothing => {}
-                // Past the portable 8 blocks the server lets the kernel have up to 16, as a
-                // program allows it with CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+                // Past the portable 8 blocks only where the program allowed the kernel more
+                // (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED).
                 AttributeAsks::Clusters(dims) => {
-                    let blocks = dims.x as u64 * dims.y as u64 * dims.z as u64;
+                    let dev = current()?.device;
                     cluster = Some(Cluster {
                         dims,
-                        non_portable: blocks > MAX_CLUSTER_BLOCKS as u64,
+                        non_portable: allows_non_portable_clusters(f as usize, dev)?,
                     });
                 }
                 AttributeAsks::Hint => log::detail_once(&format!("launch hint {id}"), || {

@@ -79,6 +79,19 @@ int main(int argc, char **argv) {
     CHECK(cuKernelGetAttribute(&got, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, kernel,
                                dev));
     ASSERT(got == 1, "non-portable cluster sizes allowed: %d after setting 1", got);
+    /* Clusters at once on the device: of 2 blocks, and of 16 now that the kernel allows them. */
+    CUfunction kfn;
+    CHECK(cuKernelGetFunction(&kfn, kernel));
+    CUlaunchAttribute cl = {CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, {0}, {{0}}};
+    cl.value.clusterDim.x = 2;
+    cl.value.clusterDim.y = cl.value.clusterDim.z = 1;
+    CUlaunchConfig each = {2, 1, 1, 128, 1, 1, 0, NULL, &cl, 1};
+    int pairs = 0, sixteens = 0;
+    CHECK(cuOccupancyMaxActiveClusters(&pairs, kfn, &each));
+    cl.value.clusterDim.x = each.gridDimX = 16;
+    CHECK(cuOccupancyMaxActiveClusters(&sixteens, kfn, &each));
+    ASSERT(pairs >= 1 && sixteens >= 1 && sixteens < pairs, "%d clusters of 2, %d of 16", pairs,
+           sixteens);
     if (mps_only()) {
         EXPECT(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 2, kernel,
                                     dev),

@@ -107,7 +107,13 @@ pub(super) fn occupancy(f: CUfunction, query: OccupancyQuery) -> Result<u64, Dri
             block,
             cluster,
             dynamic_smem,
+            non_portable,
         } => {
+            // The program allowed its kernel non-portable sizes; the server's copy is allowed
+            // them too (a launch of that size would ask for it as well).
+            if non_portable {
+                super::device::allow_non_portable_clusters(f)?;
+            }
             let explicit = cluster.x != 0 || cluster.y != 0 || cluster.z != 0;
             // SAFETY: a union of plain integers, all zero is valid.
             let mut value: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };

@@ -19,7 +19,10 @@
 
 use cudarc::driver::sys::CUfunction_attribute as F;
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{CONTEXT_LIMITS, Dim3, FUNC_ATTRIBUTES, OccupancyQuery};
+use mps_core::protocol::{
+    CONTEXT_LIMITS, Dim3, FUNC_ATTRIBUTES, MAX_CLUSTER_BLOCKS, MAX_NON_PORTABLE_CLUSTER_BLOCKS,
+    OccupancyQuery,
+};
 use mps_core::{Error, Result};
 
 /// Least and greatest stream priority.
@@ -31,7 +34,6 @@ const REGISTERS_PER_SM: u32 = 65536;
 const REGISTERS_PER_THREAD: u32 = 32;
 const SHARED_PER_SM: u32 = 228 << 10;
 const SHARED_RESERVED_PER_BLOCK: u32 = 1 << 10;
-const MAX_CLUSTER: u64 = 8;
 
 /// The context's limits, by `CUlimit`.
 pub(super) fn context_limits() -> [Option<u64>; CONTEXT_LIMITS] {
@@ -108,14 +110,20 @@ pub(super) fn occupancy(query: OccupancyQuery, sms: u32, limits: &DeviceLimits) 
             block,
             cluster,
             dynamic_smem,
+            non_portable,
         } => {
             let size = match cluster {
                 Dim3 { x: 0, y: 0, z: 0 } => 1,
                 c => c.volume().unwrap_or(u64::MAX),
             };
-            if size == 0 || size > MAX_CLUSTER {
+            let most = if non_portable {
+                MAX_NON_PORTABLE_CLUSTER_BLOCKS
+            } else {
+                MAX_CLUSTER_BLOCKS
+            } as u64;
+            if size == 0 || size > most {
                 return Err(Error::invalid_value(format!(
-                    "a cluster of {} x {} x {} blocks (the simulator takes 1 to {MAX_CLUSTER})",
+                    "a cluster of {} x {} x {} blocks (the simulator takes 1 to {most})",
                     cluster.x, cluster.y, cluster.z
                 )));
             }
@@ -187,6 +195,7 @@ mod tests {
                     block: Dim3 { x: 256, y: 1, z: 1 },
                     cluster: c,
                     dynamic_smem: 0,
+                    non_portable: false,
                 },
                 132,
                 &L,

@@ -73,6 +73,7 @@ fn occupancy_is_the_backend_figure_and_a_bad_block_is_refused() {
         block: Dim3 { x: 256, y: 1, z: 1 },
         cluster: Dim3 { x: 2, y: 1, z: 1 },
         dynamic_smem: 0,
+        non_portable: false,
     };
     // Four SMs of eight such blocks, in pairs.
     assert_eq!(ask(&mut c, clusters).unwrap()[0], 16);
