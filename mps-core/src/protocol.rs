@@ -601,26 +601,30 @@ impl Request<'_> {
                 cluster,
                 params,
             } => {
+                let plen = params.len() as u64;
+                // A cluster rides in the high halves of the words holding block.y, block.z
+                // and the parameters' length, which CUDA's limits keep below 2^16 (block.y and
+                // block.z) and the protocol below 2^13 (the length).
+                let (blocks_yz, smem_len) = match cluster {
+                    None => (pack(block.y, block.z), pack(shared_mem, plen as u32)),
+                    Some(c) => (
+                        (block.y as u64 & 0xffff)
+                            | (block.z as u64 & 0xffff) << 16
+                            | (c.dims.z as u64 & 0xff) << 32
+                            | (c.non_portable as u64) << 40,
+                        shared_mem as u64
+                            | plen << 32
+                            | (c.dims.x as u64 & 0xff) << 48
+                            | (c.dims.y as u64 & 0xff) << 56,
+                    ),
+                };
                 args = [
                     function,
                     pack(grid.x, grid.y),
                     pack(grid.z, block.x),
-                    pack(block.y, block.z),
-                    pack(shared_mem, params.len() as u32),
+                    blocks_yz,
+                    smem_len,
                 ];
-                // A cluster rides in the high halves of the words holding block.y, block.z
-                // and the parameters' length, which CUDA's limits keep below 2^16 (block.y and
-                // block.z) and the protocol below 2^13 (the length).
-                if let Some(c) = cluster {
-                    args[3] = (block.y as u64 & 0xffff)
-                        | (block.z as u64 & 0xffff) << 16
-                        | (c.dims.z as u64 & 0xff) << 32
-                        | (c.non_portable as u64) << 40;
-                    args[4] = shared_mem as u64
-                        | (params.len() as u64) << 32
-                        | (c.dims.x as u64 & 0xff) << 48
-                        | (c.dims.y as u64 & 0xff) << 56;
-                }
                 payload = params;
             }
             Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
@@ -780,11 +784,35 @@ impl Request<'_> {
                 function: a[0],
                 query: occupancy_query(cmd.seq, a)?,
             },
-            Opcode::Launch => {
+            Opcode::Launch | Opcode::LaunchCluster => {
                 let (gx, gy) = unpack(a[1]);
                 let (gz, bx) = unpack(a[2]);
-                let (by, bz) = unpack(a[3]);
-                let (shared_mem, plen) = unpack(a[4]);
+                let field =
+                    |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
+                // The words `Request::encode` lays out: a cluster launch packs block.y, block.z
+                // and the parameters' length tighter, and its cluster beside them.
+                let (by, bz, shared_mem, plen, cluster) = if op == Opcode::Launch {
+                    let (by, bz) = unpack(a[3]);
+                    let (shared_mem, plen) = unpack(a[4]);
+                    (by, bz, shared_mem, plen, None)
+                } else {
+                    if a[3] >> 41 != 0 {
+                        return Err(Error::invalid_value(format!(
+                            "command {}: a cluster launch with unknown bits set",
+                            cmd.seq
+                        )));
+                    }
+                    let cluster = Cluster {
+                        dims: Dim3 {
+                            x: field(a[4], 48, 8),
+                            y: field(a[4], 56, 8),
+                            z: field(a[3], 32, 8),
+                        },
+                        non_portable: a[3] >> 40 & 1 == 1,
+                    };
+                    let (by, bz) = (field(a[3], 0, 16), field(a[3], 16, 16));
+                    (by, bz, a[4] as u32, field(a[4], 32, 16), Some(cluster))
+                };
                 Request::Launch {
                     function: a[0],
                     grid: Dim3 {
@@ -798,47 +826,8 @@ impl Request<'_> {
                         z: bz,
                     },
                     shared_mem,
-                    cluster: None,
+                    cluster,
                     params: expect_payload(plen as u64, MAX_PARAM_BYTES, "kernel parameters")?,
-                }
-            }
-            Opcode::LaunchCluster => {
-                let (gx, gy) = unpack(a[1]);
-                let (gz, bx) = unpack(a[2]);
-                let field =
-                    |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
-                if a[3] >> 41 != 0 || field(a[4], 32, 16) as usize > MAX_PARAM_BYTES {
-                    return Err(Error::invalid_value(format!(
-                        "command {}: a cluster launch with unknown bits set",
-                        cmd.seq
-                    )));
-                }
-                Request::Launch {
-                    function: a[0],
-                    grid: Dim3 {
-                        x: gx,
-                        y: gy,
-                        z: gz,
-                    },
-                    block: Dim3 {
-                        x: bx,
-                        y: field(a[3], 0, 16),
-                        z: field(a[3], 16, 16),
-                    },
-                    shared_mem: a[4] as u32,
-                    cluster: Some(Cluster {
-                        dims: Dim3 {
-                            x: field(a[4], 48, 8),
-                            y: field(a[4], 56, 8),
-                            z: field(a[3], 32, 8),
-                        },
-                        non_portable: a[3] >> 40 & 1 == 1,
-                    }),
-                    params: expect_payload(
-                        field(a[4], 32, 16) as u64,
-                        MAX_PARAM_BYTES,
-                        "kernel parameters",
-                    )?,
                 }
             }
             Opcode::StreamCreate => Request::StreamCreate {
