@@ -515,7 +515,10 @@ unsafe fn launch(
     current()?;
     let (stream, conn) = for_work(h, per_thread)?;
     let function = f.on(conn)?;
-    if !extra.is_null() {
+    let ptrs: Vec<*const u8>;
+    let values: *const *const u8 = if extra.is_null() {
+        params.cast()
+    } else {
         check(params.is_null())?;
         // SAFETY: the caller guarantees `extra` is a valid CU_LAUNCH_PARAM array.
         let (buf, len) = unsafe { extra_buffer(extra.cast()) }?;
@@ -523,36 +526,16 @@ unsafe fn launch(
         check(len >= total)?;
         // The buffer is laid out as the kernel's parameters are: point at each one in it.
         // SAFETY: offsets within the first `total` <= `len` bytes of the caller's buffer.
-        let ptrs: Vec<*const u8> = f
+        ptrs = f
             .params
             .iter()
             .map(|p| unsafe { buf.add(p.offset as usize) })
             .collect();
-        // SAFETY: one pointer per parameter, each readable for its size (within the buffer).
-        return unsafe {
-            conn.launch(
-                function,
-                grid,
-                block,
-                shared,
-                cluster,
-                stream,
-                ptrs.as_ptr(),
-            )
-        };
-    }
-    // SAFETY: the caller guarantees `params` holds one readable pointer per parameter.
-    unsafe {
-        conn.launch(
-            function,
-            grid,
-            block,
-            shared,
-            cluster,
-            stream,
-            params.cast(),
-        )
-    }
+        ptrs.as_ptr()
+    };
+    // SAFETY: one readable pointer per parameter: the caller's `params`, or into its `extra`
+    // buffer (`ptrs` outlives the call).
+    unsafe { conn.launch(function, grid, block, shared, cluster, stream, values) }
 }
 
 /// # Safety
