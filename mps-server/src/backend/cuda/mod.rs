@@ -147,6 +147,28 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Looks `name` (a `what`: kernel, global) up in a module with `call`, which gets it as a C
+    /// string: a name the module lacks is mps's `NotFound`, naming it.
+    fn look_up(
+        &self,
+        what: &str,
+        name: &str,
+        call: &'static str,
+        lookup: impl FnOnce(*const std::ffi::c_char) -> CUresult,
+    ) -> Result<()> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::invalid_value(format!("{what} name contains a NUL byte")))?;
+        let r = lookup(cname.as_ptr());
+        if r == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::new(
+                Status::NotFound,
+                format!("the module has no {what} named {name:?}"),
+            ));
+        }
+        self.ctx
+            .check(check_on(r, call, || format!("{what} {name:?}")))
+    }
+
     /// Lets `function` be launched in clusters of up to 16 blocks, once.
     fn allow_non_portable_clusters(&self, function: &CudaFunction) -> Result<()> {
         if function.non_portable_clusters.load(Ordering::Acquire) {
@@ -251,20 +273,11 @@ impl Backend for CudaBackend {
         name: &str,
     ) -> Result<(CudaFunction, Vec<ParamInfo>)> {
         self.ctx.bind();
-        let cname = CString::new(name)
-            .map_err(|_| Error::invalid_value("kernel name contains a NUL byte"))?;
         let mut f: CUfunction = std::ptr::null_mut();
-        // SAFETY: the module is loaded; cname is NUL-terminated.
-        let r = unsafe { sys::cuModuleGetFunction(&mut f, module.0.raw, cname.as_ptr()) };
-        if r == CUresult::CUDA_ERROR_NOT_FOUND {
-            return Err(Error::new(
-                Status::NotFound,
-                format!("the module has no kernel named {name:?}"),
-            ));
-        }
-        self.ctx.check(check_on(r, "cuModuleGetFunction", || {
-            format!("kernel {name:?}")
-        }))?;
+        self.look_up("kernel", name, "cuModuleGetFunction", |cname| {
+            // SAFETY: the module is loaded; cname is NUL-terminated.
+            unsafe { sys::cuModuleGetFunction(&mut f, module.0.raw, cname) }
+        })?;
         let mut params = Vec::new();
         loop {
             let (mut off, mut size) = (0usize, 0usize);
@@ -297,21 +310,12 @@ impl Backend for CudaBackend {
     fn module_global(&self, module: &CudaModule, name: &str) -> Result<(u64, u64)> {
         self.ctx.bind();
         self.ctx.alive()?;
-        let cname = CString::new(name)
-            .map_err(|_| Error::invalid_value("global name contains a NUL byte"))?;
         let (mut ptr, mut size) = (0, 0);
-        // SAFETY: the module is loaded; cname is NUL-terminated; writes an address and a size.
-        let r =
-            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw, cname.as_ptr()) };
-        if r == CUresult::CUDA_ERROR_NOT_FOUND {
-            return Err(Error::new(
-                Status::NotFound,
-                format!("the module has no global named {name:?}"),
-            ));
-        }
-        self.ctx.check(check_on(r, "cuModuleGetGlobal", || {
-            format!("global {name:?}")
-        }))?;
+        self.look_up("global", name, "cuModuleGetGlobal", |cname| {
+            // SAFETY: the module is loaded; cname is NUL-terminated; writes an address and a
+            // size.
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw, cname) }
+        })?;
         Ok((ptr, size as u64))
     }
 
