@@ -332,6 +332,12 @@ fn k_params(i: u8) -> Vec<u8> {
     (0..12).map(|b| b ^ i).collect()
 }
 
+/// The recorder's kernel `k` and a stream of the client's own.
+fn kernel_and_stream(c: &mut Client<Recorder>) -> (u64, u64) {
+    let m = c.load_module(PTX).unwrap();
+    (c.function(m, "k"), c.stream())
+}
+
 fn recorder_run(c: &mut Client<Recorder>, f: u64, s: u64, runs: usize) -> Vec<u64> {
     let mut seqs = Vec::new();
     for _ in 0..runs {
@@ -347,9 +353,7 @@ fn recorder_run(c: &mut Client<Recorder>, f: u64, s: u64, runs: usize) -> Vec<u6
 fn a_refused_graph_launch_falls_back_to_each_command_which_answers_for_itself() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     recorder_run(&mut c, f, s, 3);
     assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
     server.backend.take();
@@ -386,9 +390,7 @@ fn a_refused_graph_launch_falls_back_to_each_command_which_answers_for_itself() 
 fn a_held_run_that_fails_throughout_reports_its_first_failure_alone() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     recorder_run(&mut c, f, s, 3);
     server
         .backend
@@ -408,9 +410,7 @@ fn a_held_run_that_fails_throughout_reports_its_first_failure_alone() {
 fn with_batching_off_no_graph_is_ever_made() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(Limits::default());
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     let seqs = recorder_run(&mut c, f, s, 5);
     let b = &server.backend;
     assert_eq!(b.captures.load(Ordering::Relaxed), 0);
@@ -426,9 +426,7 @@ fn with_batching_off_no_graph_is_ever_made() {
 
     // The same runs with batching on: one capture, three launches of its graph.
     let mut c = server.client(batching());
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     recorder_run(&mut c, f, s, 5);
     assert_eq!(b.captures.load(Ordering::Relaxed), 1);
     let graph_launches = b
@@ -449,9 +447,7 @@ fn the_cache_keeps_within_its_entries_and_bytes() {
         ..batching()
     };
     let mut c = server.client(limits);
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     // Four shapes, each run three times (learned, made a graph, launched from it).
     for shape in 0..4u8 {
         for _ in 0..3 {
@@ -482,9 +478,7 @@ fn the_cache_keeps_within_its_entries_and_bytes() {
 fn a_clients_own_capture_and_batching_never_mix() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
-    let m = c.load_module(PTX).unwrap();
-    let f = c.function(m, "k");
-    let s = c.stream();
+    let (f, s) = kernel_and_stream(&mut c);
     recorder_run(&mut c, f, s, 3);
     let before = counters(c.core.stats());
     c.ok(&Request::StreamBeginCapture { stream: s }, 0);
