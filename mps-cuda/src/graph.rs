@@ -16,7 +16,9 @@
 //! - an invalidated capture refuses further work (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`) and
 //!   ends without a graph; ending a capture that is not there is `CUDA_ERROR_ILLEGAL_STATE`, and
 //!   ending a capture not begun in relaxed mode from another thread
-//!   `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`.
+//!   `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the capture ends all the same, without a graph);
+//! - synchronising the legacy stream while a stream of its context captures, a non-blocking one
+//!   too, is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and invalidates the captures.
 //!
 //! What mps cannot capture is refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, said once on
 //! stderr, and invalidates the capture, so that no graph ever lacks work the program gave it:
@@ -213,6 +215,20 @@ pub(crate) fn refuse_wait(t: &Target) -> Res<()> {
         let ctx = t.ctx.handle;
         invalidate(&mut caps, |c| c.blocking && c.ctx == ctx);
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    }
+    Ok(())
+}
+
+/// The legacy stream of `t`'s context is about to be synchronised: refused, and the captures of
+/// the context invalidated, while any stream of the context captures, a non-blocking one too (as
+/// NVIDIA's driver does: measured with driver 580, where using the legacy stream is allowed).
+pub(crate) fn refuse_legacy_sync(t: &Target) -> Res<()> {
+    if !any_capturing() || !matches!(t.kind, Kind::Legacy) {
+        return Ok(());
+    }
+    let ctx = t.ctx.handle;
+    if invalidate(&mut captures(), |c| c.ctx == ctx) {
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     Ok(())
 }
@@ -423,18 +439,19 @@ pub extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresu
 fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     check(!ph.is_null())?;
     let t = resolve(h, per_thread)?;
-    let (invalidated, priority) = {
+    let ended = {
         let mut caps = captures();
         let key = on(t.conn, t.stream);
         let c = caps.get(&key).ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
-        if c.mode != MODE_RELAXED && c.thread != std::thread::current().id() {
-            return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-        }
-        let ended = (c.invalidated, c.priority);
+        let wrong_thread = c.mode != MODE_RELAXED && c.thread != std::thread::current().id();
+        // Another thread's end still ends the capture, without a graph (as NVIDIA's driver
+        // does: measured with driver 580).
+        let ended = (c.invalidated || wrong_thread, c.priority, wrong_thread);
         caps.remove(&key);
         counted(&caps);
         ended
     };
+    let (invalidated, priority, wrong_thread) = ended;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, 0) }?;
     let (graph, nodes) = match t.conn.stream_end_capture(t.stream) {
@@ -447,7 +464,11 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     };
     if invalidated {
         t.conn.graph_destroy(graph)?;
-        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        return Err(if wrong_thread {
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+        } else {
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        });
     }
     let (handle, _) = GRAPHS.insert_with(|_| GraphObj {
         conn: t.conn,

@@ -106,14 +106,26 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
+/// A failed allocation leaves NULL in `*pp`, as NVIDIA's driver does (measured: a program that
+/// reused the pointer of an earlier allocation for a refused one lost it).
 fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
-    check(!pp.is_null() && size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
+    check(!pp.is_null())?;
+    let (p, result) = match allocate_host(size, flags) {
+        Ok(p) => (p, Ok(())),
+        Err(e) => (std::ptr::null_mut(), Err(e)),
+    };
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(pp, p) }?;
+    result
+}
+
+fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
+    check(size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
     graph::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
     lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
-    // SAFETY: checked non-null; the caller guarantees it is writable.
-    unsafe { put(pp, p.cast()) }
+    Ok(p.cast())
 }
 
 /// # Safety

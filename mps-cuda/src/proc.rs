@@ -6,6 +6,11 @@
 //! does not have, so that is refused (`CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`). With
 //! `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` a function that has a per-thread-default-
 //! stream variant (`_ptsz`, `_ptds`) is handed out as that variant.
+//!
+//! A name that is not served, or not at the version asked for, leaves NULL and the reason in
+//! `symbolStatus`: `cuGetProcAddress_v2` then returns `CUDA_SUCCESS`, as CUDA 12 and later
+//! document and NVIDIA's driver does (measured with driver 580), and the first form, which has
+//! no status to give, `CUDA_ERROR_NOT_FOUND`, as CUDA 11 documents.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
@@ -203,12 +208,20 @@ fn lookup(name: &str, version: i32, flags: u64) -> Result<usize, CUdriverProcAdd
     })
 }
 
+/// Which form of `cuGetProcAddress` was called (see the module's documentation).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    First,
+    WithStatus,
+}
+
 fn get_proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: i32,
     flags: u64,
     status: *mut CUdriverProcAddressQueryResult,
+    form: Form,
 ) -> Res {
     check(!symbol.is_null() && !pfn.is_null() && flags & !0x3 == 0)?;
     // SAFETY: the caller guarantees a non-null symbol is a NUL-terminated string.
@@ -228,7 +241,18 @@ fn get_proc_address(
             put(status, s)?;
         }
     }
-    found.map(drop).map_err(|_| CUresult::CUDA_ERROR_NOT_FOUND)
+    match found {
+        Ok(_) => Ok(()),
+        Err(why) => {
+            crate::log::detail_once(&format!("cuGetProcAddress {name}"), || {
+                format!("cuGetProcAddress({name}, {version}): not served ({why:?})")
+            });
+            match form {
+                Form::First => Err(CUresult::CUDA_ERROR_NOT_FOUND),
+                Form::WithStatus => Ok(()),
+            }
+        }
+    }
 }
 
 type Res = Result<(), CUresult>;
@@ -243,7 +267,14 @@ pub unsafe extern "C" fn cuGetProcAddress(
     flags: u64,
 ) -> CUresult {
     entry("cuGetProcAddress", || {
-        get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
+        get_proc_address(
+            symbol,
+            pfn,
+            version,
+            flags,
+            std::ptr::null_mut(),
+            Form::First,
+        )
     })
 }
 
@@ -258,7 +289,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
     entry("cuGetProcAddress_v2", || {
-        get_proc_address(symbol, pfn, version, flags, status)
+        get_proc_address(symbol, pfn, version, flags, status, Form::WithStatus)
     })
 }
 

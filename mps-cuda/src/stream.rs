@@ -303,6 +303,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let t = resolve(h, per_thread)?;
     graph::refuse_wait(&t)?;
+    graph::refuse_legacy_sync(&t)?;
     t.order(false)?;
     t.conn.stream_synchronize(t.stream)
 }

@@ -166,16 +166,19 @@ int main(int argc, char **argv) {
     expect_invalidated(s, "context synchronisation");
 
     /* While a blocking stream captures, the legacy stream cannot be used (that invalidates the
-     * capture); while only a non-blocking one does, it can. */
+     * capture); while only a non-blocking one does, it can, but not be synchronised (that
+     * invalidates the capture too). */
     CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     EXPECT(cuMemsetD32Async(dy, 0, N, NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
     expect_invalidated(s, "legacy stream");
     CHECK(cuStreamBeginCapture_v2(nb, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CHECK(cuMemsetD32Async(dy, 0, N, NULL));
-    CHECK(cuStreamSynchronize(NULL));
     CHECK(cuMemsetD32Async(dy, 0, N, nb));
     CHECK(cuStreamEndCapture(nb, &graph));
     CHECK(cuGraphDestroy(graph));
+    CHECK(cuStreamBeginCapture_v2(nb, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT(cuStreamSynchronize(NULL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    expect_invalidated(nb, "legacy stream synchronisation");
 
     /* Allocating is potentially unsafe: refused during a global capture of this thread (which
      * is invalidated), allowed once the thread is in relaxed mode. */
@@ -207,15 +210,16 @@ int main(int argc, char **argv) {
     EXPECT(alloc_in_another_thread(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     expect_invalidated(s, "allocation in another thread");
 
-    /* A capture not begun in relaxed mode ends only in its own thread. */
+    /* A capture not begun in relaxed mode is not for another thread to end: that thread is
+     * refused, and the capture ends without a graph. */
     capturing = s;
     CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     pthread_t t;
     pthread_create(&t, NULL, end_elsewhere, NULL);
     pthread_join(t, NULL);
-    ASSERT(status_of(s) == CU_STREAM_CAPTURE_STATUS_ACTIVE, "ended from another thread");
-    CHECK(cuStreamEndCapture(s, &graph));
-    CHECK(cuGraphDestroy(graph));
+    ASSERT(status_of(s) == CU_STREAM_CAPTURE_STATUS_NONE, "still capturing, status %d",
+           (int)status_of(s));
+    EXPECT(cuStreamEndCapture(s, &graph), CUDA_ERROR_ILLEGAL_STATE);
 
     /* What mps cannot capture is refused, and invalidates the capture: an event recorded in a
      * capturing stream (CUDA's fork into another stream), a copy through pageable memory. */

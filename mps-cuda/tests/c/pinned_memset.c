@@ -21,8 +21,11 @@ int main(int argc, char **argv) {
     float *ha = NULL, *hc = NULL;
     CHECK(cuMemAllocHost_v2((void **)&ha, N * sizeof(float)));
     CHECK(cuMemHostAlloc((void **)&hc, N * sizeof(float), CU_MEMHOSTALLOC_PORTABLE));
-    EXPECT(cuMemHostAlloc((void **)&hc, 16, 0x80), CUDA_ERROR_INVALID_VALUE);
     ASSERT(ha != NULL && hc != NULL, "no host memory");
+    /* A refused allocation leaves NULL behind, as NVIDIA's driver does. */
+    void *refused = ha;
+    EXPECT(cuMemHostAlloc(&refused, 16, 0x80), CUDA_ERROR_INVALID_VALUE);
+    ASSERT(refused == NULL, "a refused allocation left %p", refused);
     for (int i = 0; i < N; i++) ha[i] = (float)i;
 
     CUstream s;
