@@ -8,6 +8,8 @@ through mps-run, each mode in a process of its own.
     torch_gpu.py bench DIR I SECS   MLP requests for SECS seconds once DIR/go exists (after
                                     writing DIR/ready.I), then one JSON line: requests, seconds
     torch_gpu.py hold               MLP requests until killed, "inferring" printed once started
+    torch_gpu.py matmul SECS        fp16 8192x8192 matrix products (cuBLAS, compute-bound) for
+                                    SECS seconds: TFLOP/s, which an SM share bounds
 
 Every mode prints one JSON line last (or an "error" in it).
 """
@@ -152,6 +154,22 @@ def bench(directory, index, seconds):
     done(requests=n, seconds=round(elapsed, 4))
 
 
+def matmul(seconds):
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.float16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.float16, device="cuda")
+    c = a @ b
+    torch.cuda.synchronize()
+    products, t = 0, time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        for _ in range(10):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        products += 10
+    elapsed = time.perf_counter() - t
+    done(products=products, seconds=round(elapsed, 4), tflops=round(2 * n**3 * products / elapsed / 1e12, 1))
+
+
 def hold():
     model = mlp()
     x, _ = inputs()
@@ -177,6 +195,8 @@ def main():
             memory(int(args[0]))
         elif mode == "bench":
             bench(args[0], int(args[1]), float(args[2]))
+        elif mode == "matmul":
+            matmul(float(args[0]))
         elif mode == "hold":
             hold()
         else:
