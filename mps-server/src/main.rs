@@ -79,7 +79,7 @@ struct Args {
     /// by mps-control).
     #[arg(long)]
     standby_fd: Option<i32>,
-    /// Session workers per client priority, each serving several clients' rings (default: one
+    /// Session workers per client priority, each serving several clients' rings (default: four
     /// per CPU); 0 serves each client on a thread of its own.
     #[arg(long)]
     session_workers: Option<usize>,

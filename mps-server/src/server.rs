@@ -72,7 +72,8 @@ pub struct Server<B: Backend> {
 }
 
 impl ServerConfig {
-    /// The default number of session workers: one per CPU the server may run on.
+    /// The default number of session workers per client priority: four per CPU the server may
+    /// run on.
     pub fn default_session_workers() -> usize {
         Workers::<crate::backend::sim::SimBackend>::default_count()
     }

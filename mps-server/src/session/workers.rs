@@ -40,6 +40,13 @@ pub(crate) const TURN: u32 = 32;
 /// Clients one worker serves at most: its sleep covers each client's doorbell and its own.
 pub(crate) const PER_WORKER: usize = MAX_WAIT_ANY - 1;
 
+/// Default workers per tier for each CPU. A worker is in the driver for most of each launch
+/// (about nine tenths of its time, measured on an H200), so workers beyond the CPUs overlap
+/// their launches: on 16 cores, 64 clients ran 1.25x (tiny) and 1.29x (infer) faster with 64
+/// workers than with 16, as fast as a thread per client (docs/BENCHMARKS.md). Idle workers
+/// sleep, and a worker exists only while it has clients.
+pub(crate) const PER_CPU: usize = 4;
+
 /// Threads that handle commands that may wait for the device, shared by every worker.
 pub(crate) const WAITERS: usize = 4;
 
@@ -140,9 +147,9 @@ impl<B: Backend> Workers<B> {
         Ok(Workers { pool })
     }
 
-    /// The default number of workers per tier: one per CPU the server may run on.
+    /// The default number of workers per tier: [`PER_CPU`] per CPU the server may run on.
     pub(crate) fn default_count() -> usize {
-        std::thread::available_parallelism().map_or(4, |n| n.get())
+        PER_CPU * std::thread::available_parallelism().map_or(4, |n| n.get())
     }
 
     /// Starts serving a client whose handshake has completed.
