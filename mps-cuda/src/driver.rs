@@ -161,7 +161,7 @@ pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<()>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUresult::CUDA_SUCCESS,
         Ok(Err(e)) => {
-            log::detail_once(&format!("{name} {e:?}"), || format!("{name}: {e:?}"));
+            log::detail_once(format_args!("{name} {e:?}"), || format!("{name}: {e:?}"));
             e
         }
         Err(_) => {

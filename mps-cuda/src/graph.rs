@@ -286,7 +286,7 @@ pub(crate) fn unsafe_call(name: &str) -> Res<()> {
     if !invalidate(&mut captures(), prohibits) {
         return Ok(());
     }
-    log::detail_once(&format!("capture: {name}"), || {
+    log::detail_once(format_args!("capture: {name}"), || {
         format!(
             "{name} during a stream capture: refused as CUDA refuses a potentially unsafe call \
              (the capture is invalidated); a thread in relaxed mode \

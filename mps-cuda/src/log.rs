@@ -29,10 +29,11 @@ pub(crate) fn failure(message: &str) {
     }
 }
 
-/// Says `message` once per `key`, when asked to (`MPS_CUDA_LOG`).
-pub(crate) fn detail_once(key: &str, message: impl FnOnce() -> String) {
+/// Says `message` once per `key`, when asked to (`MPS_CUDA_LOG`). The key is written out only
+/// then: a call that fails or hints on every launch allocates nothing.
+pub(crate) fn detail_once(key: impl std::fmt::Display, message: impl FnOnce() -> String) {
     if verbose() {
-        once(key, message);
+        once(&key.to_string(), message);
     }
 }
 

@@ -690,7 +690,7 @@ unsafe fn launch_ex(
                         non_portable: allows_non_portable_clusters(f as usize, dev)?,
                     });
                 }
-                AttributeAsks::Hint => log::detail_once(&format!("launch hint {id}"), || {
+                AttributeAsks::Hint => log::detail_once(format_args!("launch hint {id}"), || {
                     format!("cuLaunchKernelEx: launch attribute {id} (a hint) is dropped")
                 }),
                 AttributeAsks::Unsupported => {

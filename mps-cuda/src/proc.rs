@@ -244,7 +244,7 @@ fn get_proc_address(
     match found {
         Ok(_) => Ok(()),
         Err(why) => {
-            crate::log::detail_once(&format!("cuGetProcAddress {name}"), || {
+            crate::log::detail_once(format_args!("cuGetProcAddress {name}"), || {
                 format!("cuGetProcAddress({name}, {version}): not served ({why:?})")
             });
             match form {
