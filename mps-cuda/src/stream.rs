@@ -188,14 +188,19 @@ impl Target {
     /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
     /// blocking streams' work as work would, but nothing new is counted as submitted.
     fn order(&self, work: bool) -> Res<()> {
+        // The context's state is locked only where there is something to order.
+        let blocking = match self.kind {
+            Kind::Independent => return Ok(()),
+            Kind::Blocking(_) if !work => return Ok(()),
+            Kind::Blocking(h) => Some(h),
+            Kind::Legacy => None,
+        };
         let conn = self.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
         let o = &mut st.order;
-        match self.kind {
-            Kind::Independent => {}
-            Kind::Blocking(_) if !work => {}
-            Kind::Legacy => {
+        match blocking {
+            None => {
                 for b in o.blocking.values_mut().filter(|b| b.dirty) {
                     let e = ensure_event(conn, &mut b.event)?;
                     conn.event_record(e, b.stream)?;
@@ -206,7 +211,7 @@ impl Target {
                     o.epoch += 1;
                 }
             }
-            Kind::Blocking(h) => {
+            Some(h) => {
                 let epoch = o.epoch;
                 let seen = o.blocking.get(&h).map_or(epoch, |b| b.seen);
                 if seen < epoch {
