@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use crate::abi::{CTX_FLAGS, CUcontext, CUctxCreateParams, CUdevice, CUresult};
 use crate::connection::{Connection, Res, Stream};
 use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::memo::{Memo, through};
 use crate::stream::LegacyOrder;
 
 /// One context.
@@ -99,6 +100,18 @@ pub(crate) fn current_handle() -> Option<usize> {
 pub(crate) fn current() -> Res<Arc<Context>> {
     let top = STACK.with(|s| s.borrow().last().copied());
     context(top.ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?)
+}
+
+thread_local! {
+    /// Contexts this thread found active, as its current context.
+    static FOUND_ACTIVE: Memo<usize, ()> = Memo::default();
+}
+
+/// As [`current`], where only whether there is one matters (a launch): an answer about the same
+/// context is kept until handles change ([`crate::memo`]).
+pub(crate) fn require_current() -> Res<()> {
+    let top = current_handle().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    through(&FOUND_ACTIVE, top, || context(top).map(drop), |_| Ok(()))
 }
 
 /// `ctx`, or the current context where it is NULL.
@@ -495,6 +508,7 @@ fn primary_release(dev: CUdevice) -> Res<()> {
     if last {
         let r = release_resources(p);
         lock(&p.state).active = false;
+        crate::memo::handles_changed();
         return r;
     }
     Ok(())

@@ -8,6 +8,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::memo;
+
 /// Handles start well above the stream sentinels (`CU_STREAM_LEGACY` 1, `CU_STREAM_PER_THREAD`
 /// 2) and step by 16, so that none of them is a valid sentinel or a small integer by mistake.
 static NEXT: AtomicUsize = AtomicUsize::new(0x1000);
@@ -81,22 +83,34 @@ impl<T> Registry<T> {
             .cloned()
     }
 
+    /// Removes `handle`; what the threads' memos resolved lapses (see [`memo`]).
     pub(crate) fn remove(&self, handle: usize) -> Option<Arc<T>> {
-        self.map
+        let removed = self
+            .map
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&handle)
+            .remove(&handle);
+        if removed.is_some() {
+            memo::handles_changed();
+        }
+        removed
     }
 
-    /// Removes every object `doomed` picks, returning them.
+    /// Removes every object `doomed` picks, returning them; as [`Registry::remove`].
     pub(crate) fn remove_where(&self, doomed: impl Fn(&T) -> bool) -> Vec<Arc<T>> {
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        let handles: Vec<usize> = map
-            .iter()
-            .filter(|(_, o)| doomed(o))
-            .map(|(h, _)| *h)
-            .collect();
-        handles.iter().filter_map(|h| map.remove(h)).collect()
+        let removed: Vec<Arc<T>> = {
+            let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+            let handles: Vec<usize> = map
+                .iter()
+                .filter(|(_, o)| doomed(o))
+                .map(|(h, _)| *h)
+                .collect();
+            handles.iter().filter_map(|h| map.remove(h)).collect()
+        };
+        if !removed.is_empty() {
+            memo::handles_changed();
+        }
+        removed
     }
 }
 

@@ -24,6 +24,7 @@ mod handles;
 mod image;
 pub mod kernel_queries;
 mod log;
+mod memo;
 pub mod memory;
 pub mod module;
 pub mod proc;

@@ -22,11 +22,12 @@ use crate::abi::{
     MODULE_EAGER_LOADING, MODULE_LAZY_LOADING,
 };
 use crate::connection::{Connection, Function, Module, Res};
-use crate::context::{current, current_handle};
+use crate::context::{current, current_handle, require_current};
 use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::image::image;
 use crate::kernel_queries::allows_non_portable_clusters;
 use crate::log;
+use crate::memo::{Memo, through};
 use crate::stream::for_work;
 
 /// A loaded module or library.
@@ -284,6 +285,11 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     })
 }
 
+thread_local! {
+    /// Functions this thread launched, by handle.
+    static FUNCTIONS: Memo<usize, Arc<FunctionObj>> = Memo::default();
+}
+
 pub(crate) fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
     driver()?
         .functions
@@ -506,36 +512,43 @@ unsafe fn launch(
     block: [u32; 3],
     shared: u32,
     cluster: Option<Cluster>,
-    h: CUstream,
+    stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     per_thread: bool,
 ) -> Res<()> {
-    let f = function_obj(f as usize)?;
-    current()?;
-    let (stream, conn) = for_work(h, per_thread)?;
-    let function = f.on(conn)?;
-    let ptrs: Vec<*const u8>;
-    let values: *const *const u8 = if extra.is_null() {
-        params.cast()
-    } else {
-        check(params.is_null())?;
-        // SAFETY: the caller guarantees `extra` is a valid CU_LAUNCH_PARAM array.
-        let (buf, len) = unsafe { extra_buffer(extra.cast()) }?;
-        let total = f.params.last().map_or(0, |p| (p.offset + p.size) as usize);
-        check(len >= total)?;
-        // The buffer is laid out as the kernel's parameters are: point at each one in it.
-        // SAFETY: offsets within the first `total` <= `len` bytes of the caller's buffer.
-        ptrs = f
-            .params
-            .iter()
-            .map(|p| unsafe { buf.add(p.offset as usize) })
-            .collect();
-        ptrs.as_ptr()
-    };
-    // SAFETY: one readable pointer per parameter: the caller's `params`, or into its `extra`
-    // buffer (`ptrs` outlives the call).
-    unsafe { conn.launch(function, grid, block, shared, cluster, stream, values) }
+    let h = f as usize;
+    through(
+        &FUNCTIONS,
+        h,
+        || function_obj(h),
+        |f| {
+            require_current()?;
+            let (stream, conn) = for_work(stream, per_thread)?;
+            let function = f.on(conn)?;
+            let ptrs: Vec<*const u8>;
+            let values: *const *const u8 = if extra.is_null() {
+                params.cast()
+            } else {
+                check(params.is_null())?;
+                // SAFETY: the caller guarantees `extra` is a valid CU_LAUNCH_PARAM array.
+                let (buf, len) = unsafe { extra_buffer(extra.cast()) }?;
+                let total = f.params.last().map_or(0, |p| (p.offset + p.size) as usize);
+                check(len >= total)?;
+                // The buffer is laid out as the kernel's parameters are: point at each one in it.
+                // SAFETY: offsets within the first `total` <= `len` bytes of the caller's buffer.
+                ptrs = f
+                    .params
+                    .iter()
+                    .map(|p| unsafe { buf.add(p.offset as usize) })
+                    .collect();
+                ptrs.as_ptr()
+            };
+            // SAFETY: one readable pointer per parameter: the caller's `params`, or into its `extra`
+            // buffer (`ptrs` outlives the call).
+            unsafe { conn.launch(function, grid, block, shared, cluster, stream, values) }
+        },
+    )
 }
 
 /// # Safety

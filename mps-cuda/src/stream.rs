@@ -23,10 +23,11 @@ use crate::abi::{
     STREAM_NON_BLOCKING, STREAM_PER_THREAD,
 };
 use crate::connection::{Connection, Event, Res, Stream};
-use crate::context::{Context, context, current};
+use crate::context::{Context, context, current, current_handle};
 use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::graph;
 use crate::log;
+use crate::memo::{Memo, through};
 
 /// A stream the program created (or a thread's per-thread default stream).
 #[derive(Debug)]
@@ -96,6 +97,8 @@ pub(crate) struct Target {
 thread_local! {
     /// The calling thread's per-thread default stream in each context: context → stream handle.
     static PER_THREAD: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
+    /// Stream arguments this thread resolved, by [`target_key`].
+    static TARGETS: Memo<(usize, usize), Target> = Memo::default();
 }
 
 fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
@@ -160,6 +163,33 @@ pub(crate) fn resolve(h: CUstream, per_thread: bool) -> Res<Target> {
             Kind::Independent
         },
     })
+}
+
+/// What stream argument `h` names, for [`TARGETS`]: a stream the program made is itself; a
+/// default stream is the legacy or the per-thread one of the current context.
+fn target_key(h: CUstream, per_thread: bool) -> (usize, usize) {
+    match h as usize {
+        raw if raw > STREAM_PER_THREAD => (raw, 0),
+        raw if raw == STREAM_LEGACY || (raw == 0 && !per_thread) => {
+            (STREAM_LEGACY, current_handle().unwrap_or(0))
+        }
+        _ => (STREAM_PER_THREAD, current_handle().unwrap_or(0)),
+    }
+}
+
+/// Runs `body` on `h` resolved as [`resolve`] resolves it, where the thread resolved it before
+/// without resolving it again ([`crate::memo`]). `body` must not resolve a stream itself.
+pub(crate) fn with_target<R>(
+    h: CUstream,
+    per_thread: bool,
+    body: impl FnOnce(&Target) -> Res<R>,
+) -> Res<R> {
+    through(
+        &TARGETS,
+        target_key(h, per_thread),
+        || resolve(h, per_thread),
+        body,
+    )
 }
 
 /// The legacy default stream of `ctx`.
@@ -236,17 +266,17 @@ impl Target {
 /// call for, and the connection of its device. A capturing stream records its work, which
 /// orders with nothing outside the capture.
 pub(crate) fn for_work(h: CUstream, per_thread: bool) -> Res<(Stream, &'static Connection)> {
-    admitted(resolve(h, per_thread)?)
+    with_target(h, per_thread, admitted)
 }
 
 /// As [`for_work`], for the legacy default stream of context `ctx`.
 pub(crate) fn for_legacy_work(ctx: Arc<Context>) -> Res<(Stream, &'static Connection)> {
-    admitted(legacy_of(ctx)?)
+    admitted(&legacy_of(ctx)?)
 }
 
 /// Work for `t`, admitted by the capture rules and ordered as its kind of stream orders.
-fn admitted(t: Target) -> Res<(Stream, &'static Connection)> {
-    if !graph::admit_work(&t)? {
+fn admitted(t: &Target) -> Res<(Stream, &'static Connection)> {
+    if !graph::admit_work(t)? {
         t.order(true)?;
     }
     Ok((t.stream, t.conn))
@@ -306,11 +336,13 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 /// Waits for the stream; the legacy stream's wait covers the blocking streams' work before it,
 /// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
-    let t = resolve(h, per_thread)?;
-    graph::refuse_wait(&t)?;
-    graph::refuse_legacy_sync(&t)?;
-    t.order(false)?;
-    t.conn.stream_synchronize(t.stream)
+    let (stream, conn) = with_target(h, per_thread, |t| {
+        graph::refuse_wait(t)?;
+        graph::refuse_legacy_sync(t)?;
+        t.order(false)?;
+        Ok((t.stream, t.conn))
+    })?;
+    conn.stream_synchronize(stream)
 }
 
 #[unsafe(no_mangle)]
@@ -324,9 +356,11 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 }
 
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
-    let t = resolve(h, per_thread)?;
-    graph::refuse_wait(&t)?;
-    if t.conn.stream_query(t.stream)? {
+    let (stream, conn) = with_target(h, per_thread, |t| {
+        graph::refuse_wait(t)?;
+        Ok((t.stream, t.conn))
+    })?;
+    if conn.stream_query(stream)? {
         Ok(())
     } else {
         Err(CUresult::CUDA_ERROR_NOT_READY)

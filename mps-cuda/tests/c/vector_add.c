@@ -222,9 +222,33 @@ int main(int argc, char **argv) {
     uint32_t word = 0;
     CHECK(cuMemcpyDtoH_v2(&word, p + 4092, 4));
     ASSERT(word == 7, "memset left %u", word);
+    /* A launch into its legacy stream (p = p + p over 4 words), then the same once the context
+     * is gone: the second must not succeed on what the first resolved. The kernel is a library's,
+     * which belongs to no context and outlives it. */
+    CUlibrary plib;
+    CUkernel padd;
+    CHECK(cuLibraryLoadData(&plib, ptx, NULL, NULL, 0, NULL, NULL, 0));
+    CHECK(cuLibraryGetKernel(&padd, plib, "add_f32"));
+    float one = 1.0f;
+    memcpy(&word, &one, 4);
+    CHECK(cuMemsetD32_v2(p, word, 4));
+    n = 4;
+    void *pparams[] = {&p, &p, &p, &n};
+    CHECK(cuLaunchKernel((CUfunction)padd, 1, 1, 1, 32, 1, 1, 0, NULL, pparams, NULL));
+    CHECK(cuStreamSynchronize(NULL));
+    float two = 0.0f;
+    CHECK(cuMemcpyDtoH_v2(&two, p + 12, 4));
+    ASSERT(two == 2.0f, "add_f32 in the primary context left %f", two);
     CHECK(cuDevicePrimaryCtxRelease_v2(dev));
     CHECK(cuDevicePrimaryCtxGetState(dev, &flags, &active));
     ASSERT(active == 0, "the released primary context is active");
     EXPECT(cuMemAlloc_v2(&p, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    if (mps_only()) {
+        EXPECT(cuLaunchKernel((CUfunction)padd, 1, 1, 1, 32, 1, 1, 0, NULL, pparams, NULL),
+               CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        EXPECT(cuStreamSynchronize(NULL), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        EXPECT(cuMemsetD32_v2(p, 7, 1024), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    }
+    CHECK(cuLibraryUnload(plib));
     return finish("vector_add");
 }
