@@ -526,7 +526,10 @@ unsafe fn launch(
             require_current()?;
             let (stream, conn) = for_work(stream, per_thread)?;
             let function = f.on(conn)?;
-            let ptrs: Vec<*const u8>;
+            // Pointers into an `extra` buffer: on the stack for up to this many parameters.
+            const ON_STACK: usize = 32;
+            let mut near = [std::ptr::null::<u8>(); ON_STACK];
+            let far: Vec<*const u8>;
             let values: *const *const u8 = if extra.is_null() {
                 params.cast()
             } else {
@@ -537,15 +540,17 @@ unsafe fn launch(
                 check(len >= total)?;
                 // The buffer is laid out as the kernel's parameters are: point at each one in it.
                 // SAFETY: offsets within the first `total` <= `len` bytes of the caller's buffer.
-                ptrs = f
-                    .params
-                    .iter()
-                    .map(|p| unsafe { buf.add(p.offset as usize) })
-                    .collect();
-                ptrs.as_ptr()
+                let at = |p: &ParamInfo| unsafe { buf.add(p.offset as usize) };
+                if f.params.len() <= ON_STACK {
+                    near.iter_mut().zip(&f.params).for_each(|(v, p)| *v = at(p));
+                    near.as_ptr()
+                } else {
+                    far = f.params.iter().map(at).collect();
+                    far.as_ptr()
+                }
             };
-            // SAFETY: one readable pointer per parameter: the caller's `params`, or into its `extra`
-            // buffer (`ptrs` outlives the call).
+            // SAFETY: one readable pointer per parameter: the caller's `params`, or into its
+            // `extra` buffer (`near` and `far` outlive the call).
             unsafe { conn.launch(function, grid, block, shared, cluster, stream, values) }
         },
     )
