@@ -43,7 +43,7 @@ use crate::connection::{Connection, Graph, GraphExec, Res, Stream};
 use crate::driver::{check, entry, lock, put};
 use crate::handles::Registry;
 use crate::log;
-use crate::stream::{Kind, Target, properties, resolve};
+use crate::stream::{Kind, Target, properties, resolve, with_target};
 
 /// A stream of one device's server: stream handles are the server's, so two devices' streams
 /// may share one.
@@ -513,7 +513,7 @@ fn status(t: &Target) -> Res<(u32, u64)> {
 
 fn is_capturing(h: CUstream, out: *mut u32, per_thread: bool) -> Res<()> {
     check(!out.is_null())?;
-    let (s, _) = status(&resolve(h, per_thread)?)?;
+    let (s, _) = with_target(h, per_thread, status)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, s) }
 }
@@ -565,7 +565,7 @@ fn capture_info(
     per_thread: bool,
 ) -> Res<()> {
     check(!status_out.is_null() && (nodes.edges.is_null() || !nodes.deps.is_null()))?;
-    let (s, id) = status(&resolve(h, per_thread)?)?;
+    let (s, id) = with_target(h, per_thread, status)?;
     if s == STATUS_ACTIVE && nodes.asked() {
         log::once("cuStreamGetCaptureInfo nodes", || {
             "cuStreamGetCaptureInfo: the graph being captured and its dependency nodes do not \
