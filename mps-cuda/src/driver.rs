@@ -97,7 +97,7 @@ pub(crate) fn init() -> Res<()> {
                 );
                 return Err(CUresult::CUDA_ERROR_NO_DEVICE);
             }
-            let contexts = Registry::default();
+            let contexts = Registry::memoised();
             let devices = (0..count as CUdevice)
                 .map(|ordinal| DeviceSlot {
                     ordinal,
@@ -112,10 +112,10 @@ pub(crate) fn init() -> Res<()> {
             Ok(Driver {
                 devices,
                 contexts,
-                streams: Registry::default(),
+                streams: Registry::memoised(),
                 events: Registry::default(),
                 modules: Registry::default(),
-                functions: Registry::default(),
+                functions: Registry::memoised(),
                 allocations: Mutex::new(HashMap::new()),
                 host: Mutex::new(BTreeMap::new()),
             })

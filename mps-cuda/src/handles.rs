@@ -53,17 +53,28 @@ impl Hasher for HandleHasher {
 #[derive(Debug)]
 pub(crate) struct Registry<T> {
     map: RwLock<HashMap<usize, Arc<T>, BuildHasherDefault<HandleHasher>>>,
+    /// Threads' memos hold its objects: a removal makes them lapse (see [`memo`]).
+    memoised: bool,
 }
 
 impl<T> Default for Registry<T> {
     fn default() -> Self {
         Registry {
             map: RwLock::new(HashMap::default()),
+            memoised: false,
         }
     }
 }
 
 impl<T> Registry<T> {
+    /// A registry of objects that threads' memos hold (contexts, streams, functions).
+    pub(crate) fn memoised() -> Self {
+        Registry {
+            memoised: true,
+            ..Registry::default()
+        }
+    }
+
     /// Registers the object `make` builds for a fresh handle.
     pub(crate) fn insert_with(&self, make: impl FnOnce(usize) -> T) -> (usize, Arc<T>) {
         let handle = NEXT.fetch_add(16, Ordering::Relaxed);
@@ -83,14 +94,14 @@ impl<T> Registry<T> {
             .cloned()
     }
 
-    /// Removes `handle`; what the threads' memos resolved lapses (see [`memo`]).
+    /// Removes `handle`; in a memoised registry, what the threads' memos resolved lapses.
     pub(crate) fn remove(&self, handle: usize) -> Option<Arc<T>> {
         let removed = self
             .map
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&handle);
-        if removed.is_some() {
+        if self.memoised && removed.is_some() {
             memo::handles_changed();
         }
         removed
@@ -107,7 +118,7 @@ impl<T> Registry<T> {
                 .collect();
             handles.iter().filter_map(|h| map.remove(h)).collect()
         };
-        if !removed.is_empty() {
+        if self.memoised && !removed.is_empty() {
             memo::handles_changed();
         }
         removed
@@ -133,6 +144,28 @@ mod tests {
         for (i, h) in handles.iter().enumerate() {
             assert_eq!(r.get(*h).is_some(), i % 2 == 0, "handle of {i}");
         }
+    }
+
+    #[test]
+    fn removing_from_a_memoised_registry_makes_memos_lapse() {
+        // Only this test removes from a memoised registry; others may only leave the epoch be.
+        let (plain, memoised) = (Registry::default(), Registry::memoised());
+        let (p, m) = (plain.insert_with(|_| 1).0, memoised.insert_with(|_| 2).0);
+        let before = memo::epoch();
+        assert!(plain.remove(p).is_some());
+        assert_eq!(plain.remove_where(|_| true).len(), 0);
+        assert_eq!(
+            memo::epoch(),
+            before,
+            "a plain registry's removal changed the epoch"
+        );
+        assert!(memoised.remove(m + 16).is_none());
+        assert_eq!(memo::epoch(), before, "removing nothing changed the epoch");
+        assert!(memoised.remove(m).is_some());
+        assert_eq!(memo::epoch(), before + 1);
+        memoised.insert_with(|_| 3);
+        assert_eq!(memoised.remove_where(|v| *v == 3).len(), 1);
+        assert_eq!(memo::epoch(), before + 2);
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! a reference count for each object, and a context's lock to see that it is active: more than
 //! the client takes to put the launch in its ring.
 //!
-//! A memo keeps only answers that were not refusals, and it is emptied whenever a handle of any
-//! kind is removed, or a context deactivated, anywhere in the process ([`handles_changed`]): a
-//! handle is never reused, so nothing else turns such an answer into a refusal. A memo is then
-//! one atomic load and one lookup of a small map of the thread's own.
+//! A memo keeps only answers that were not refusals, and it is emptied whenever a context,
+//! stream or function is removed, or a context deactivated, anywhere in the process
+//! ([`handles_changed`], called by the registries made with `Registry::memoised`): a handle is
+//! never reused, so nothing else turns such an answer into a refusal. A memo is then one atomic
+//! load and one lookup of a small map of the thread's own.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,14 +18,20 @@ use std::thread::LocalKey;
 use crate::connection::Res;
 use crate::handles::HandleHasher;
 
-/// Advanced once each removal of a handle or deactivation of a context is done.
+/// Advanced once each removal of a memoised handle or deactivation of a context is done.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 
-/// Says that a handle was removed, or a context deactivated: every memo's answers lapse. Called
-/// after the change, so that an answer taken from a registry before it carries the epoch before
-/// it too (see [`Memo::with`]).
+/// Says that a memoised handle was removed, or a context deactivated: every memo's answers
+/// lapse. Called after the change, so that an answer taken from a registry before it carries the
+/// epoch before it too (see [`Memo::with`]).
 pub(crate) fn handles_changed() {
     EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// The process's epoch now.
+#[cfg(test)]
+pub(crate) fn epoch() -> u64 {
+    EPOCH.load(Ordering::Acquire)
 }
 
 /// What a thread resolved, `K` to `V`, at epoch `epoch`.
