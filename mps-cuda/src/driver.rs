@@ -113,7 +113,7 @@ pub(crate) fn init() -> Res<()> {
                 devices,
                 contexts,
                 streams: Registry::memoised(),
-                events: Registry::default(),
+                events: Registry::memoised(),
                 modules: Registry::default(),
                 functions: Registry::memoised(),
                 allocations: Mutex::new(HashMap::new()),

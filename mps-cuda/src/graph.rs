@@ -43,6 +43,7 @@ use crate::connection::{Connection, Graph, GraphExec, Res, Stream};
 use crate::driver::{check, entry, lock, put};
 use crate::handles::Registry;
 use crate::log;
+use crate::memo::{Memo, through};
 use crate::stream::{Kind, Target, properties, resolve, with_target};
 
 /// A stream of one device's server: stream handles are the server's, so two devices' streams
@@ -111,6 +112,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// The calling thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
     static MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
+    /// Executable graphs this thread launched, by handle.
+    static LAUNCHED: Memo<usize, Arc<ExecObj>> = Memo::default();
 }
 
 /// A captured graph, how many nodes it holds (each copy, memset and launch one), and the
@@ -133,7 +136,8 @@ struct ExecObj {
 }
 
 static GRAPHS: LazyLock<Registry<GraphObj>> = LazyLock::new(Registry::default);
-static EXECS: LazyLock<Registry<ExecObj>> = LazyLock::new(Registry::default);
+/// Memoised: a launch finds its executable graph in the thread's memo (see [`crate::memo`]).
+static EXECS: LazyLock<Registry<ExecObj>> = LazyLock::new(Registry::memoised);
 
 fn captures() -> MutexGuard<'static, HashMap<On, Capture>> {
     lock(&CAPTURES)
@@ -910,25 +914,32 @@ pub extern "C" fn cuGraphUpload_ptsz(e: usize, h: CUstream) -> CUresult {
 /// the stream it is launched into: where it was instantiated to use its nodes' priority (that
 /// of the stream it was captured in) and the two differ, that is said once.
 fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
-    let exec = exec(e)?;
-    if let Some(wanted) = exec.node_priority
-        && properties(h, per_thread)?.1 != wanted
-    {
-        log::once("graph node priority", || {
-            format!(
-                "a graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY \
-                 (captured at priority {wanted}) runs through mps with the priority of the \
-                 stream it is launched into, which differs"
-            )
-        });
-    }
-    let (stream, conn) = crate::stream::for_work(h, per_thread)?;
-    refuse_in_capture(conn, stream, "a graph launch (a child graph)")?;
-    if conn.ordinal() != exec.conn.ordinal() {
-        // The graph lives on its device's server; CUDA launches a graph on its own device only.
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    conn.graph_launch(exec.exec, stream)
+    through(
+        &LAUNCHED,
+        e,
+        || exec(e),
+        |exec| {
+            if let Some(wanted) = exec.node_priority
+                && properties(h, per_thread)?.1 != wanted
+            {
+                log::once("graph node priority", || {
+                    format!(
+                        "a graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY \
+                     (captured at priority {wanted}) runs through mps with the priority of the \
+                     stream it is launched into, which differs"
+                    )
+                });
+            }
+            let (stream, conn) = crate::stream::for_work(h, per_thread)?;
+            refuse_in_capture(conn, stream, "a graph launch (a child graph)")?;
+            if conn.ordinal() != exec.conn.ordinal() {
+                // The graph lives on its device's server; CUDA launches a graph on its own device
+                // only.
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            conn.graph_launch(exec.exec, stream)
+        },
+    )
 }
 
 #[unsafe(no_mangle)]

@@ -67,7 +67,8 @@ impl<T> Default for Registry<T> {
 }
 
 impl<T> Registry<T> {
-    /// A registry of objects that threads' memos hold (contexts, streams, functions).
+    /// A registry of objects that threads' memos hold (contexts, streams, events, functions,
+    /// executable graphs).
     pub(crate) fn memoised() -> Self {
         Registry {
             memoised: true,

@@ -1,10 +1,11 @@
 //! Each thread's memos of the handles it resolved. A program names the same function and stream
-//! launch after launch, and resolving them through the registries takes a read lock, a hash and
+//! launch after launch (the same executable graph and event request after request), and resolving them through the registries takes a read lock, a hash and
 //! a reference count for each object, and a context's lock to see that it is active: more than
 //! the client takes to put the launch in its ring.
 //!
 //! A memo keeps only answers that were not refusals, and it is emptied whenever a context,
-//! stream or function is removed, or a context deactivated, anywhere in the process
+//! stream, event, function or executable graph is removed, or a context deactivated, anywhere in
+//! the process
 //! ([`handles_changed`], called by the registries made with `Registry::memoised`): a handle is
 //! never reused, so nothing else turns such an answer into a refusal. A memo is then one atomic
 //! load and one lookup of a small map of the thread's own.

@@ -99,6 +99,8 @@ thread_local! {
     static PER_THREAD: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
     /// Stream arguments this thread resolved, by [`target_key`].
     static TARGETS: Memo<(usize, usize), Target> = Memo::default();
+    /// Events this thread recorded or waited for, by handle.
+    static EVENTS: Memo<usize, Arc<EventObj>> = Memo::default();
 }
 
 fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
@@ -386,15 +388,21 @@ fn event(h: CUevent) -> Res<Arc<EventObj>> {
 
 fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()> {
     check(flags == 0)?;
-    let e = event(ev)?;
-    let (s, conn) = for_work(h, per_thread)?;
-    graph::refuse_in_capture(conn, s, "an event wait (a cross-stream join)")?;
-    if conn.ordinal() == e.device {
-        conn.stream_wait_event(s, e.event)
-    } else {
-        // An event of another device: its server cannot be waited on from this one.
-        connection(e.device)?.event_synchronize(e.event)
-    }
+    through(
+        &EVENTS,
+        ev as usize,
+        || event(ev),
+        |e| {
+            let (s, conn) = for_work(h, per_thread)?;
+            graph::refuse_in_capture(conn, s, "an event wait (a cross-stream join)")?;
+            if conn.ordinal() == e.device {
+                conn.stream_wait_event(s, e.event)
+            } else {
+                // An event of another device: its server cannot be waited on from this one.
+                connection(e.device)?.event_synchronize(e.event)
+            }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -489,14 +497,20 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
 }
 
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
-    let e = event(ev)?;
-    let (s, conn) = for_work(h, per_thread)?;
-    graph::refuse_in_capture(conn, s, "an event record (a cross-stream fork)")?;
-    if conn.ordinal() != e.device {
-        // CUDA refuses an event and a stream of two devices alike.
-        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
-    }
-    conn.event_record(e.event, s)
+    through(
+        &EVENTS,
+        ev as usize,
+        || event(ev),
+        |e| {
+            let (s, conn) = for_work(h, per_thread)?;
+            graph::refuse_in_capture(conn, s, "an event record (a cross-stream fork)")?;
+            if conn.ordinal() != e.device {
+                // CUDA refuses an event and a stream of two devices alike.
+                return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+            }
+            conn.event_record(e.event, s)
+        },
+    )
 }
 
 #[unsafe(no_mangle)]

@@ -113,6 +113,8 @@ int main(int argc, char **argv) {
     if (mps_only()) EXPECT(cuStreamSynchronize(a), CUDA_ERROR_INVALID_HANDLE);
     CHECK(cuEventDestroy_v2(start));
     if (mps_only()) EXPECT(cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE);
+    /* Also where this thread recorded it before (and may have kept it at hand). */
+    if (mps_only()) EXPECT(cuEventRecord(start, 0), CUDA_ERROR_INVALID_HANDLE);
     CHECK(cuCtxDestroy_v2(ctx));
     return finish("streams_events");
 }
