@@ -111,9 +111,10 @@ int main(int argc, char **argv) {
     CHECK(cuStreamDestroy_v2(b));
     /* Destroyed handles: undefined in CUDA, refused by mps. */
     if (mps_only()) EXPECT(cuStreamSynchronize(a), CUDA_ERROR_INVALID_HANDLE);
+    CHECK(cuEventRecord(start, 0));
     CHECK(cuEventDestroy_v2(start));
     if (mps_only()) EXPECT(cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE);
-    /* Also where this thread recorded it before (and may have kept it at hand). */
+    /* Also where this thread has just recorded it (and may have kept it at hand). */
     if (mps_only()) EXPECT(cuEventRecord(start, 0), CUDA_ERROR_INVALID_HANDLE);
     CHECK(cuCtxDestroy_v2(ctx));
     return finish("streams_events");
