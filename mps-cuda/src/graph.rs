@@ -143,6 +143,10 @@ fn captures() -> MutexGuard<'static, HashMap<On, Capture>> {
     lock(&CAPTURES)
 }
 
+/// Whether any stream captures: the hooks below check this inline, and only where one does call
+/// their own bodies, which lock the captures (each hook is on the path of every launch, copy or
+/// synchronisation).
+#[inline]
 fn any_capturing() -> bool {
     CAPTURING.load(Ordering::Acquire) != 0
 }
@@ -185,10 +189,16 @@ fn implicit(caps: &HashMap<On, Capture>, ctx: usize) -> bool {
 
 /// Work is about to go into `t`: whether its stream captures (its work is then recorded and
 /// orders with nothing outside the capture), or why the work is refused.
+#[inline]
 pub(crate) fn admit_work(t: &Target) -> Res<bool> {
     if !any_capturing() {
         return Ok(false);
     }
+    admit_work_while_capturing(t)
+}
+
+#[inline(never)]
+fn admit_work_while_capturing(t: &Target) -> Res<bool> {
     let mut caps = captures();
     if let Some(c) = caps.get(&on(t.conn, t.stream)) {
         return match c.invalidated {
@@ -206,10 +216,16 @@ pub(crate) fn admit_work(t: &Target) -> Res<bool> {
 
 /// `t` is about to be synchronised with or queried: refused (and the capture invalidated) if
 /// it captures, or if it is the legacy stream of a context where a blocking stream captures.
+#[inline]
 pub(crate) fn refuse_wait(t: &Target) -> Res<()> {
     if !any_capturing() {
         return Ok(());
     }
+    refuse_wait_while_capturing(t)
+}
+
+#[inline(never)]
+fn refuse_wait_while_capturing(t: &Target) -> Res<()> {
     let mut caps = captures();
     if let Some(c) = caps.get_mut(&on(t.conn, t.stream)) {
         c.invalidated = true;
@@ -226,10 +242,16 @@ pub(crate) fn refuse_wait(t: &Target) -> Res<()> {
 /// The legacy stream of `t`'s context is about to be synchronised: refused, and the captures of
 /// the context invalidated, while any stream of the context captures, a non-blocking one too (as
 /// NVIDIA's driver does: measured with driver 580, where using the legacy stream is allowed).
+#[inline]
 pub(crate) fn refuse_legacy_sync(t: &Target) -> Res<()> {
     if !any_capturing() || !matches!(t.kind, Kind::Legacy) {
         return Ok(());
     }
+    invalidate_legacy_sync(t)
+}
+
+#[inline(never)]
+fn invalidate_legacy_sync(t: &Target) -> Res<()> {
     let ctx = t.ctx.handle;
     if invalidate(&mut captures(), |c| c.ctx == ctx) {
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -239,10 +261,16 @@ pub(crate) fn refuse_legacy_sync(t: &Target) -> Res<()> {
 
 /// `what` is about to go into `stream` of `conn`'s device, which mps cannot capture: refused if
 /// it captures.
+#[inline]
 pub(crate) fn refuse_in_capture(conn: &Connection, stream: Stream, what: &str) -> Res<()> {
     if !any_capturing() {
         return Ok(());
     }
+    refuse_if_capturing(conn, stream, what)
+}
+
+#[inline(never)]
+fn refuse_if_capturing(conn: &Connection, stream: Stream, what: &str) -> Res<()> {
     let mut caps = captures();
     let key = on(conn, stream);
     if caps.contains_key(&key) {

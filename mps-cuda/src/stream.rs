@@ -219,14 +219,22 @@ impl Target {
     /// Inserts the waits that work about to go into this stream needs (see the module's
     /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
     /// blocking streams' work as work would, but nothing new is counted as submitted.
+    #[inline]
     fn order(&self, work: bool) -> Res<()> {
-        // The context's state is locked only where there is something to order.
-        let blocking = match self.kind {
-            Kind::Independent => return Ok(()),
-            Kind::Blocking(_) if !work => return Ok(()),
-            Kind::Blocking(h) => Some(h),
-            Kind::Legacy => None,
-        };
+        // The context's state is locked only where there is something to order; this check is
+        // inlined into every launch, copy and synchronisation, the locking part is not.
+        match self.kind {
+            Kind::Independent => Ok(()),
+            Kind::Blocking(_) if !work => Ok(()),
+            Kind::Blocking(h) => self.order_locked(Some(h), work),
+            Kind::Legacy => self.order_locked(None, work),
+        }
+    }
+
+    /// [`Target::order`] where there is something to order: `blocking` is the handle of the
+    /// blocking stream work goes into, `None` for the legacy stream.
+    #[inline(never)]
+    fn order_locked(&self, blocking: Option<usize>, work: bool) -> Res<()> {
         let conn = self.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
