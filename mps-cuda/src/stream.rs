@@ -394,15 +394,35 @@ fn event(h: CUevent) -> Res<Arc<EventObj>> {
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
-fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()> {
-    check(flags == 0)?;
+/// Runs `body` with event `ev` and the stream `h` names for work, once `what` (the event
+/// command) is known not to go into a capturing stream.
+fn with_event_and_stream(
+    ev: CUevent,
+    h: CUstream,
+    per_thread: bool,
+    what: &str,
+    body: impl FnOnce(&EventObj, Stream, &'static Connection) -> Res<()>,
+) -> Res<()> {
     through(
         &EVENTS,
         ev as usize,
         || event(ev),
         |e| {
             let (s, conn) = for_work(h, per_thread)?;
-            graph::refuse_in_capture(conn, s, "an event wait (a cross-stream join)")?;
+            graph::refuse_in_capture(conn, s, what)?;
+            body(e, s, conn)
+        },
+    )
+}
+
+fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()> {
+    check(flags == 0)?;
+    with_event_and_stream(
+        ev,
+        h,
+        per_thread,
+        "an event wait (a cross-stream join)",
+        |e, s, conn| {
             if conn.ordinal() == e.device {
                 conn.stream_wait_event(s, e.event)
             } else {
@@ -505,13 +525,12 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
 }
 
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
-    through(
-        &EVENTS,
-        ev as usize,
-        || event(ev),
-        |e| {
-            let (s, conn) = for_work(h, per_thread)?;
-            graph::refuse_in_capture(conn, s, "an event record (a cross-stream fork)")?;
+    with_event_and_stream(
+        ev,
+        h,
+        per_thread,
+        "an event record (a cross-stream fork)",
+        |e, s, conn| {
             if conn.ordinal() != e.device {
                 // CUDA refuses an event and a stream of two devices alike.
                 return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
