@@ -471,19 +471,18 @@ pub extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresu
 fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     check(!ph.is_null())?;
     let t = resolve(h, per_thread)?;
-    let ended = {
+    // Another thread's end of a capture not begun in relaxed mode still ends it, without a
+    // graph (as NVIDIA's driver does: measured with driver 580).
+    let (invalidated, wrong_thread, priority) = {
         let mut caps = captures();
         let key = on(t.conn, t.stream);
-        let c = caps.get(&key).ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
-        let wrong_thread = c.mode != MODE_RELAXED && c.thread != std::thread::current().id();
-        // Another thread's end still ends the capture, without a graph (as NVIDIA's driver
-        // does: measured with driver 580).
-        let ended = (c.invalidated || wrong_thread, c.priority, wrong_thread);
-        caps.remove(&key);
+        let c = caps
+            .remove(&key)
+            .ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
         counted(&caps);
-        ended
+        let wrong_thread = c.mode != MODE_RELAXED && c.thread != std::thread::current().id();
+        (c.invalidated, wrong_thread, c.priority)
     };
-    let (invalidated, priority, wrong_thread) = ended;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, 0) }?;
     let (graph, nodes) = match t.conn.stream_end_capture(t.stream) {
@@ -494,7 +493,7 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
         }
         Err(e) => return Err(e),
     };
-    if invalidated {
+    if wrong_thread || invalidated {
         t.conn.graph_destroy(graph)?;
         return Err(if wrong_thread {
             CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
