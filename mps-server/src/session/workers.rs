@@ -42,7 +42,7 @@ pub(crate) const PER_WORKER: usize = MAX_WAIT_ANY - 1;
 
 /// Default workers per tier for each CPU. A worker is in the driver for most of each launch
 /// (about nine tenths of its time, measured on an H200), so workers beyond the CPUs overlap
-/// their launches: on 16 cores, 64 clients ran 1.25x (tiny) and 1.29x (infer) faster with 64
+/// their launches: on 16 cores, 64 clients ran 1.24x (tiny) and 1.29x (infer) faster with 64
 /// workers than with 16, as fast as a thread per client (docs/BENCHMARKS.md). Idle workers
 /// sleep, and a worker exists only while it has clients.
 pub(crate) const PER_CPU: usize = 4;
