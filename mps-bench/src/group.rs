@@ -23,8 +23,8 @@ pub(crate) struct Spec {
     pub(crate) workload: String,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) threads: usize,
-    /// Requests per client of the infer workloads.
-    pub(crate) requests: usize,
+    /// How much work each client does.
+    pub(crate) amount: crate::workload::Amount,
 }
 
 impl Spec {
@@ -36,7 +36,7 @@ impl Spec {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             threads: 1,
-            requests: crate::workload::INFER_REQUESTS,
+            amount: crate::workload::Amount::default(),
         }
     }
 }
@@ -87,7 +87,8 @@ pub(crate) fn run_group(
                 &spec.workload,
             ])
             .args(["--threads", &spec.threads.to_string()])
-            .args(["--requests", &spec.requests.to_string()])
+            .args(["--requests", &spec.amount.requests.to_string()])
+            .args(["--scale", &spec.amount.scale.to_string()])
             .args(["--start-fd", &start.fd().to_string(), "--ptx"])
             .arg(ptx)
             .envs(service.client_env())

@@ -29,6 +29,7 @@ use group::{Outcome, Spec, aggregate, run_group};
 use record::Record;
 use service::Service;
 use start::Start;
+use workload::Amount;
 
 #[derive(Parser, Debug)]
 #[command(about)]
@@ -97,6 +98,16 @@ enum Cmd {
         /// exactly in f32). More requests make a longer run: a soak of N clients for minutes.
         #[arg(long, default_value_t = workload::INFER_REQUESTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         requests: usize,
+        /// A factor on the launches of spin, tiny and launch-rate and on rtt's round trips per
+        /// client (2000, 5000, 100,000 and 5000 at 1): a longer run, whose figures spread less
+        /// from run to run.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        scale: u32,
+        /// Runs every mode this many times, in the order given each round, so that a drift of
+        /// the machine meets every mode alike. The table gives each figure's median over the
+        /// rounds, and each ratio as the median of the rounds' own ratios with their range.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
     },
     /// Measures SM shares, SM reservations and separate groups (see `quotas.rs`).
     Quotas {
@@ -131,6 +142,9 @@ enum Cmd {
         /// Requests per client of the infer workloads.
         #[arg(long, default_value_t = workload::INFER_REQUESTS)]
         requests: usize,
+        /// The factor on the other workloads' launches (see `run --scale`).
+        #[arg(long, default_value_t = 1)]
+        scale: u32,
     },
 }
 
@@ -157,7 +171,7 @@ fn scales(workload: &str) -> bool {
 
 /// One worker process: `threads` clients of `workload`, each on a stream of its own; each says
 /// ready once set up, waits for the group's start, and prints its report.
-fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, requests: usize, start: Start) {
+fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, amount: Amount, start: Start) {
     // A client that fails ends the whole worker at once: its other threads would otherwise wait
     // for a start the parent gives only once every client said ready.
     let report = std::panic::take_hook();
@@ -175,7 +189,7 @@ fn worker(mode: &str, ptx: &[u8], workload: &str, threads: usize, requests: usiz
             }
             _ => Box::new(native::Native::new(ptx)),
         };
-        workload::run(gpu.as_mut(), workload, requests, &|| {
+        workload::run(gpu.as_mut(), workload, amount, &|| {
             println!("ready");
             start.wait();
         });
@@ -219,6 +233,7 @@ fn record(
     };
     Record {
         mode: mode.into(),
+        round: 0,
         workload: workload.into(),
         asked,
         completed: done.len(),
@@ -227,16 +242,30 @@ fn record(
     }
 }
 
-/// Runs every workload in every mode; writes bench.json and throughput.svg into `out` and
-/// prints the table.
+/// How `run` goes beyond its modes, client counts and workloads.
+struct Plan {
+    /// GPUs the clients are spread over.
+    devices: u32,
+    amount: Amount,
+    /// Times every mode runs.
+    rounds: u32,
+}
+
+/// Runs every workload in every mode, `plan.rounds` times; writes bench.json and
+/// throughput.svg into `out` and prints the table.
 fn run(
     modes: &[&str],
     counts: &[usize],
     workloads: &[&str],
     setup: &Setup,
     server_args: &str,
-    (devices, requests): (u32, usize),
+    plan: Plan,
 ) {
+    let Plan {
+        devices,
+        amount,
+        rounds,
+    } = plan;
     let began = Instant::now();
     let baseline = workloads
         .contains(&"footprint")
@@ -256,7 +285,8 @@ fn run(
         .contains(&"mps-transparent")
         .then(|| transparent::Library::prepare(&setup.mps_cuda_lib()));
     let mut records = Vec::new();
-    for mode in modes {
+    let rounds = (0..rounds as usize).flat_map(|round| modes.iter().map(move |m| (round, m)));
+    for (round, mode) in rounds {
         let t = Instant::now();
         // The transparent mode's workers join an mps server as the mps mode's do.
         let (service_mode, extra_env) = match &library {
@@ -314,12 +344,15 @@ fn run(
                     vec![Spec::new(workload, &extra_env); n]
                 };
                 for s in &mut specs {
-                    s.requests = requests;
+                    s.amount = amount;
                 }
                 let g = Instant::now();
                 let footprint = *w == "footprint";
                 let outcome = run_group(mode, &service, &specs, &setup.ptx, footprint);
-                let r = record(mode, w, n, outcome, baseline);
+                let r = Record {
+                    round,
+                    ..record(mode, w, n, outcome, baseline)
+                };
                 eprintln!(
                     "{mode} {w} N={n}: {}/{n} completed in {:.1} s {:?} {}",
                     r.completed,
@@ -332,7 +365,11 @@ fn run(
             }
         }
         drop(service);
-        eprintln!("{mode}: {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "{mode} (round {}): {:.1} s",
+            round + 1,
+            t.elapsed().as_secs_f64()
+        );
     }
     let ordered: Vec<&str> = MODE_ORDER
         .into_iter()
@@ -348,8 +385,14 @@ fn run(
     println!("{}", record::table(&records, &ordered));
     for r in records.iter().filter(|r| r.completed < r.asked) {
         println!(
-            "{} {} N={}: {} of {} clients completed; first failure: {}",
-            r.mode, r.workload, r.asked, r.completed, r.asked, r.note
+            "{} {} N={} (round {}): {} of {} clients completed; first failure: {}",
+            r.mode,
+            r.workload,
+            r.asked,
+            r.round + 1,
+            r.completed,
+            r.asked,
+            r.note
         );
     }
     eprintln!("run: {:.1} s", began.elapsed().as_secs_f64());
@@ -408,12 +451,13 @@ fn main() {
             threads,
             start_fd,
             requests,
+            scale,
         } => worker(
             &mode,
             &read_ptx(&ptx),
             &workload,
             threads,
-            requests,
+            Amount { requests, scale },
             Start::inherited(start_fd),
         ),
         Cmd::Quotas { setup } => {
@@ -428,8 +472,15 @@ fn main() {
             server_args,
             devices,
             requests,
+            scale,
+            rounds,
         } => {
             let modes = list(&modes);
+            for (i, m) in modes.iter().enumerate() {
+                if modes[..i].contains(m) {
+                    panic!("--modes: {m} is named twice; --rounds repeats every mode");
+                }
+            }
             if let Some(m) = modes.iter().find(|m| !MODE_ORDER.contains(m)) {
                 panic!(
                     "--modes: unknown mode {m} (one of {})",
@@ -458,7 +509,11 @@ fn main() {
                 &workloads,
                 &setup,
                 &server_args,
-                (devices, requests),
+                Plan {
+                    devices,
+                    amount: Amount { requests, scale },
+                    rounds,
+                },
             );
         }
     }

@@ -1,7 +1,10 @@
 //! The records of a run (bench.json), the markdown table of them and the series of the plot.
 //!
 //! Every record says how many clients were asked for and how many completed; a ratio between two
-//! modes is given only where the same number completed in both, and otherwise says why not.
+//! modes is given only where the same number completed in both, and otherwise says why not. A
+//! run of several rounds has a record per round: the table shows each figure's median over the
+//! rounds and each ratio as the median of the rounds' own ratios, with their range, since two
+//! modes of one round ran closest together in time.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +14,9 @@ use crate::plot;
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Record {
     pub(crate) mode: String,
+    /// Which round of the run, from 0 (absent in records of runs before rounds: 0).
+    #[serde(default)]
+    pub(crate) round: usize,
     pub(crate) workload: String,
     pub(crate) asked: usize,
     /// Clients that completed correctly: the figures are of these alone.
@@ -25,17 +31,63 @@ impl Record {
     }
 }
 
-/// The ratio of `a`'s figure `key` to `b`'s, or why there is none.
-fn ratio(a: Option<&Record>, b: Option<&Record>, key: &str) -> String {
-    let (Some(a), Some(b)) = (a, b) else {
-        return "—".into();
-    };
-    if a.completed != b.completed {
-        return format!("not comparable ({} vs {})", a.counts(), b.counts());
+/// The middle value of `v` (the mean of the two middle ones for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
-    match (a.values.get(key), b.values.get(key)) {
-        (Some(x), Some(y)) if *y != 0.0 => format!("{:.2}x", x / y),
-        _ => "—".into(),
+}
+
+/// One mode's records of a workload and client count, a record per round.
+struct Rounds<'a>(Vec<&'a Record>);
+
+impl Rounds<'_> {
+    /// The fewest clients that completed in any round, of those asked.
+    fn counts(&self) -> String {
+        let least = self.0.iter().min_by_key(|r| r.completed);
+        least.map_or("—".into(), |r| r.counts())
+    }
+
+    fn median(&self, key: &str) -> Option<f64> {
+        median(
+            self.0
+                .iter()
+                .filter_map(|r| r.values.get(key).copied())
+                .collect(),
+        )
+    }
+
+    fn round(&self, round: usize) -> Option<&Record> {
+        self.0.iter().copied().find(|r| r.round == round)
+    }
+}
+
+/// The ratio of `a`'s figure `key` to `b`'s: per round in which both ran, their median, and
+/// with more than one round their range; or why there is none.
+fn ratio(a: &Rounds, b: &Rounds, key: &str) -> String {
+    let mut ratios = Vec::new();
+    for x in &a.0 {
+        let Some(y) = b.round(x.round) else { continue };
+        if x.completed != y.completed {
+            return format!("not comparable ({} vs {})", x.counts(), y.counts());
+        }
+        if let (Some(p), Some(q)) = (x.values.get(key), y.values.get(key))
+            && *q != 0.0
+        {
+            ratios.push(p / q);
+        }
+    }
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    match (ratios.len(), median(ratios)) {
+        (_, None) => "—".into(),
+        (1, Some(m)) => format!("{m:.2}x"),
+        (_, Some(m)) => format!("{m:.2}x ({lo:.2}–{hi:.2})"),
     }
 }
 
@@ -54,9 +106,8 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
         }
     }
     let find = |m: &str, w: &str, n: usize| {
-        records
-            .iter()
-            .find(|r| r.mode == m && r.workload == w && r.asked == n)
+        let of = |r: &&Record| r.mode == m && r.workload == w && r.asked == n;
+        Rounds(records.iter().filter(of).collect())
     };
     let mut against: Vec<(&str, &str)> = Vec::new();
     if modes.contains(&"mps") {
@@ -82,17 +133,17 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
     for (w, n, k) in rows {
         let mut line = format!("| {w} | {n} | {k} |");
         for m in modes {
-            let cell = match (find(m, &w, n), k.as_str()) {
-                (Some(r), "completed") => r.counts(),
-                (Some(r), k) => r.values.get(k).map_or("—".into(), |v| format!("{v:.4}")),
-                (None, _) => "—".into(),
+            let rounds = find(m, &w, n);
+            let cell = match k.as_str() {
+                "completed" => rounds.counts(),
+                k => rounds.median(k).map_or("—".into(), |v| format!("{v:.4}")),
             };
             line += &format!(" {cell} |");
         }
         for (a, b) in &against {
             let cell = match k.as_str() {
                 "completed" => String::new(),
-                k => ratio(find(a, &w, n), find(b, &w, n), k),
+                k => ratio(&find(a, &w, n), &find(b, &w, n), k),
             };
             line += &format!(" {cell} |");
         }
@@ -109,23 +160,34 @@ const PLOTTED: [(&str, &str, &str); 3] = [
     ("infer", "requests_per_s", "requests/s"),
 ];
 
-/// Throughput against client count, per plotted workload and mode.
+/// Throughput against client count, per plotted workload and mode (medians over the rounds).
 pub(crate) fn series(records: &[Record]) -> plot::Series {
     let mut s = plot::Series::new();
     for (workload, key, unit) in PLOTTED {
+        let mut seen: Vec<(&str, usize)> = Vec::new();
         for r in records.iter().filter(|r| r.workload == workload) {
-            if let Some(v) = r.values.get(key) {
-                s.entry(workload.to_string())
-                    .or_insert_with(|| (unit.to_string(), BTreeMap::new()))
-                    .1
-                    .entry(r.mode.clone())
-                    .or_default()
-                    .push(plot::Point {
-                        asked: r.asked,
-                        completed: r.completed,
-                        value: *v,
-                    });
+            if seen.contains(&(r.mode.as_str(), r.asked)) {
+                continue;
             }
+            seen.push((r.mode.as_str(), r.asked));
+            let of = |x: &&Record| x.workload == workload && x.mode == r.mode && x.asked == r.asked;
+            let rounds = Rounds(records.iter().filter(of).collect());
+            let (Some(value), Some(least)) = (
+                rounds.median(key),
+                rounds.0.iter().map(|x| x.completed).min(),
+            ) else {
+                continue;
+            };
+            s.entry(workload.to_string())
+                .or_insert_with(|| (unit.to_string(), BTreeMap::new()))
+                .1
+                .entry(r.mode.clone())
+                .or_default()
+                .push(plot::Point {
+                    asked: r.asked,
+                    completed: least,
+                    value,
+                });
         }
     }
     s
@@ -138,6 +200,7 @@ mod tests {
     fn record(mode: &str, asked: usize, completed: usize, kps: f64) -> Record {
         Record {
             mode: mode.into(),
+            round: 0,
             workload: "spin".into(),
             asked,
             completed,
@@ -214,5 +277,50 @@ mod tests {
             ),
             "{t}"
         );
+    }
+
+    #[test]
+    fn rounds_give_medians_and_the_median_of_each_rounds_ratio() {
+        let round = |round, mode, kps| Record {
+            round,
+            ..record(mode, 1, 1, kps)
+        };
+        // The machine drifts: round 1 is slow for both modes, which the ratios of each
+        // round see through and a ratio of the medians (440 / 400 = 1.10x) would not.
+        let records = [
+            round(0, "mps", 400.0),
+            round(0, "mps-transparent", 392.0),
+            round(1, "mps", 300.0),
+            round(1, "mps-transparent", 297.0),
+            round(2, "mps", 500.0),
+            round(2, "mps-transparent", 440.0),
+        ];
+        let t = table(&records, &["mps", "mps-transparent"]);
+        assert!(
+            t.contains("| spin | 1 | kernels_per_s | 400.0000 | 392.0000 | 0.98x (0.88–0.99) |"),
+            "{t}"
+        );
+        let points = &series(&records)["spin"].1["mps"];
+        assert_eq!(points.len(), 1, "one point per client count: {points:?}");
+        assert_eq!(points[0].value, 400.0);
+    }
+
+    #[test]
+    fn a_round_with_fewer_clients_completed_makes_the_ratio_not_comparable() {
+        let records = [
+            record("mps", 8, 8, 400.0),
+            record("nvidia-mps", 8, 8, 380.0),
+            Record {
+                round: 1,
+                ..record("mps", 8, 7, 350.0)
+            },
+            Record {
+                round: 1,
+                ..record("nvidia-mps", 8, 8, 360.0)
+            },
+        ];
+        let t = table(&records, &["nvidia-mps", "mps"]);
+        assert!(t.contains("| spin | 8 | completed | 8/8 | 7/8 |"), "{t}");
+        assert!(t.contains("not comparable (7/8 vs 8/8)"), "{t}");
     }
 }

@@ -231,16 +231,37 @@ fn infer(gpu: &mut dyn Gpu, go: &dyn Fn(), how: Infer, requests: usize) -> Repor
     }
 }
 
-/// Runs `workload` (the infer workloads with `requests` requests) and prints its report; `go`
-/// returns when the clock may start (when the whole group starts).
-pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, requests: usize, go: &dyn Fn()) {
+/// How much work each client does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Amount {
+    /// Requests of the infer workloads.
+    pub(crate) requests: usize,
+    /// A factor on the launches of `spin`, `tiny` and `launch-rate` and the round trips of
+    /// `rtt`: at 1, `tiny` with one client takes about 20 ms on an H200, too short for a
+    /// difference of a few percent to stand out of the run-to-run spread.
+    pub(crate) scale: u32,
+}
+
+impl Default for Amount {
+    fn default() -> Self {
+        Amount {
+            requests: INFER_REQUESTS,
+            scale: 1,
+        }
+    }
+}
+
+/// Runs `workload` (as much of it as `amount` says) and prints its report; `go` returns when
+/// the clock may start (when the whole group starts).
+pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, amount: Amount, go: &dyn Fn()) {
+    let Amount { requests, scale } = amount;
     let zero = |counter| [Arg::U64(0), Arg::U64(counter)];
     let report = match workload {
         "spin" => spins(
             gpu,
             go,
             Spins {
-                launches: 2000,
+                launches: 2000 * scale,
                 blocks: 4,
                 threads: 128,
                 ns: 20_000,
@@ -251,7 +272,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, requests: usize, go: &dyn F
             gpu,
             go,
             Spins {
-                launches: 5000,
+                launches: 5000 * scale,
                 blocks: 1,
                 threads: 32,
                 ns: 2_000,
@@ -301,7 +322,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, requests: usize, go: &dyn F
             done(start, "kernels", launches)
         }
         "rtt" | "rtt-short" => {
-            let samples = if workload == "rtt" { 5000 } else { 2000 };
+            let samples = (if workload == "rtt" { 5000 } else { 2000 }) * scale as usize;
             let counter = gpu.alloc(4);
             for _ in 0..200 {
                 gpu.launch("spin_ns", 1, 32, &zero(counter));
@@ -328,7 +349,7 @@ pub(crate) fn run(gpu: &mut dyn Gpu, workload: &str, requests: usize, go: &dyn F
             }
             gpu.sync();
             go();
-            let n = 100_000;
+            let n = 100_000 * scale;
             let start = now_s();
             let t = Instant::now();
             for _ in 0..n {

@@ -41,7 +41,11 @@ fn bench(command: &str, args: &[&str]) -> Option<(String, PathBuf)> {
         );
         return None;
     }
-    let out = std::env::temp_dir().join(format!("mps-bench-{command}-{}", std::process::id()));
+    // The tests of this file run at once: each run writes a directory of its own.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out =
+        std::env::temp_dir().join(format!("mps-bench-{command}-{}-{run}", std::process::id()));
     let run = Command::new(&bench)
         .args([command, "--backend", "sim"])
         .args(args)
@@ -450,4 +454,50 @@ fn requests_per_client_set_the_length_of_an_infer_run_within_what_is_checked() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{err}");
     assert!(err.contains("at most 600 requests"), "{err}");
+}
+
+/// `--rounds` runs every mode that many times, a record per round, and `--scale` multiplies the
+/// launches of the launch workloads; naming a mode twice is refused, pointing at `--rounds`.
+#[test]
+fn rounds_repeat_every_mode_and_scale_lengthens_the_launch_workloads() {
+    let args = [
+        "--modes",
+        "mps",
+        "--clients",
+        "1",
+        "--workloads",
+        "tiny",
+        "--rounds",
+        "2",
+        "--scale",
+        "2",
+    ];
+    let Some((table, out)) = bench("run", &args) else {
+        return;
+    };
+    let records = records(&out.join("bench.json"));
+    let rounds: Vec<u64> = records
+        .iter()
+        .map(|r| r["round"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rounds, [0, 1], "{records:?}");
+    for r in &records {
+        let v = checked(r);
+        let done = v["kernels_per_s"].as_f64().unwrap() * v["wall_s"].as_f64().unwrap();
+        assert!(
+            (done - 10_000.0).abs() < 1e-3,
+            "tiny at scale 2 launched {done}: {r}"
+        );
+    }
+    assert!(table.contains("| tiny | 1 | kernels_per_s |"), "{table}");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_mps-bench"));
+    let refused = Command::new(&bench)
+        .args(["run", "--backend", "sim", "--modes", "mps,native,mps"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert!(err.contains("mps is named twice; --rounds"), "{err}");
 }
