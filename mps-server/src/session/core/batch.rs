@@ -19,6 +19,14 @@
 //!   stream as one graph launch: the shape's executable graph if it has one (a hit), else one
 //!   made now by capturing the held commands in the stream, then kept (an instantiation). A
 //!   run is therefore launched from a graph from its third appearance on.
+//! * **Graphs must pay.** Making a graph costs far more than launching a run command by
+//!   command, so a graph launched only for the run it was made for is a loss. A shape's graph
+//!   is made at its second appearance; when the cache drops a shape whose graph served no run
+//!   but that one and was made under the current rule, the appearances a shape needs before
+//!   its graph is made double (up to `BUILD_AT_MOST`). A client whose runs each repeat only a
+//!   few times thus stops paying for graphs after about one cache's worth of them per
+//!   doubling, and its runs are then not held at all: only shapes with a graph, or due one at
+//!   this appearance, hold commands.
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
 //!   graph cannot be made or launched, the held commands are submitted one by one instead, so
@@ -178,8 +186,27 @@ struct Shape<B: Backend> {
     generation: u64,
     /// No graph could be made of it: its runs are not held any more.
     unbuildable: bool,
+    /// Runs of it seen, learning included.
+    seen: u32,
+    /// Runs launched from its graph, the one it was made for included.
+    launches: u64,
+    /// The appearances needed for a graph when its graph was made.
+    made_at: u32,
     last_used: u64,
 }
+
+impl<B: Backend> Shape<B> {
+    /// Whether its graph exists or is due at its next appearance: only then are its runs held.
+    fn worth_holding(&self, build_at: u32) -> bool {
+        !self.unbuildable && (self.exec.is_some() || self.seen + 1 >= build_at)
+    }
+}
+
+/// The appearances of a shape after which its graph is made, at first: learned at the first,
+/// made at the second.
+const BUILD_AT_FIRST: u32 = 2;
+/// The most appearances a shape may need before its graph is made.
+const BUILD_AT_MOST: u32 = 64;
 
 /// One client's batching state.
 pub(super) struct Batching<B: Backend> {
@@ -197,6 +224,8 @@ pub(super) struct Batching<B: Backend> {
     shapes: Vec<Shape<B>>,
     /// While commands are held: the shapes (indices into `shapes`) that begin with them.
     candidates: Vec<usize>,
+    /// A shape's graph is made at this appearance (see "Graphs must pay").
+    build_at: u32,
     bytes: u64,
     tick: u64,
     /// Errors of held commands that were submitted one by one, for the shell to post (before
@@ -219,6 +248,7 @@ impl<B: Backend> Batching<B> {
             recent_overflow: false,
             shapes: Vec::new(),
             candidates: Vec::new(),
+            build_at: BUILD_AT_FIRST,
             bytes: 0,
             tick: 0,
             errors: Vec::new(),
@@ -285,7 +315,7 @@ impl<B: Backend> Batching<B> {
         let n = self.held.len();
         let fits = |i: &usize| {
             let s = &self.shapes[*i];
-            !s.unbuildable && s.stream == self.stream && s.key.get(n) == Some(desc)
+            s.worth_holding(self.build_at) && s.stream == self.stream && s.key.get(n) == Some(desc)
         };
         if n == 0 {
             (0..self.shapes.len()).filter(fits).collect()
@@ -317,23 +347,27 @@ impl<B: Backend> Batching<B> {
         self.recent.push(desc);
     }
 
-    /// Remembers the current run's shape (a run of one command gains nothing) and starts a new
-    /// run.
+    /// Remembers the current run's shape (a run of one command gains nothing), or counts its
+    /// appearance where it is known, and starts a new run.
     fn learn(&mut self) {
         let key = std::mem::take(&mut self.recent);
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);
         let stream = self.stream;
-        if overflow
-            || key.len() < 2
-            || self
-                .shapes
-                .iter()
-                .any(|s| s.stream == stream && s.key == key)
-        {
+        if overflow || key.len() < 2 {
             return;
         }
         self.tick += 1;
+        if let Some(known) = self
+            .shapes
+            .iter_mut()
+            .find(|s| s.stream == stream && s.key == key)
+        {
+            // A run not held (its shape not yet worth a graph), or held and left unlaunched.
+            known.seen = known.seen.saturating_add(1);
+            known.last_used = self.tick;
+            return;
+        }
         self.shapes.push(Shape {
             stream,
             key,
@@ -341,6 +375,9 @@ impl<B: Backend> Batching<B> {
             exec: None,
             generation: 0,
             unbuildable: false,
+            seen: 1,
+            launches: 0,
+            made_at: 0,
             last_used: self.tick,
         });
         self.bytes += bytes;
@@ -356,6 +393,17 @@ impl<B: Backend> Batching<B> {
             };
             let s = self.shapes.swap_remove(oldest);
             self.bytes -= s.bytes;
+            // Only a graph made under the current rule can show that it does not pay: the
+            // graphs made before it was raised do not raise it again.
+            let wasted = s.exec.is_some() && s.launches <= 1 && s.made_at == self.build_at;
+            if wasted && self.build_at < BUILD_AT_MOST {
+                self.build_at *= 2;
+                tracing::debug!(
+                    "a cached graph left having served only the run it was made for: shapes \
+                     now need {} appearances before their graph is made",
+                    self.build_at
+                );
+            }
         }
     }
 }
@@ -545,6 +593,7 @@ impl<B: Backend> SessionCore<B> {
         let generation = self.ctx.sm.generation.load(Ordering::Acquire);
         let shape = &mut self.batch.shapes[i];
         shape.last_used = self.batch.tick;
+        shape.seen = shape.seen.saturating_add(1);
         let cached = shape
             .exec
             .clone()
@@ -562,6 +611,7 @@ impl<B: Backend> SessionCore<B> {
                         let shape = &mut self.batch.shapes[i];
                         shape.exec = Some(exec.clone());
                         shape.generation = generation;
+                        shape.made_at = self.batch.build_at;
                         exec
                     }
                     Err(err) => {
@@ -583,6 +633,9 @@ impl<B: Backend> SessionCore<B> {
             self.backend
                 .submit(&s.stream, first, Op::GraphLaunch(exec), None)
         });
+        if launched.is_ok() {
+            self.batch.shapes[i].launches += 1;
+        }
         if let Err(err) = launched {
             // Nothing was queued: the commands go one by one, each answering for itself.
             tracing::debug!(client = self.ctx.id, "a batched run's launch failed: {err}");

@@ -552,3 +552,54 @@ fn unloading_a_module_forgets_the_shapes_that_launch_its_kernels() {
     recorder_run(&mut c, g, s, 1);
     assert_eq!(counters(c.core.stats())[0], 3);
 }
+
+/// Runs that each come twice (a new shape every second run) make graphs that serve only the
+/// run they were made for: once the cache has dropped one of them, no more are made and no
+/// run is held, while a shape that keeps coming still gets its graph, later.
+#[test]
+fn graphs_that_serve_only_their_own_run_stop_being_made() {
+    let server = Server::new(Recorder::new(16));
+    let limits = Limits {
+        max_batch_entries: 4,
+        ..batching()
+    };
+    let mut c = server.client(limits);
+    let (f, s) = kernel_and_stream(&mut c);
+    let runs = |c: &mut Client<Recorder>, shape: u8, times: usize| {
+        for _ in 0..times {
+            for i in 0..3 {
+                quiet(c, &launch(f, &k_params(i + 3 * shape)), s);
+            }
+            c.send(&Request::Mark, s, flags::MARK);
+        }
+    };
+    let graph_launches = |b: &Recorder| {
+        b.take()
+            .iter()
+            .filter(|s| s.op == Opcode::GraphLaunch)
+            .count()
+    };
+    // Shapes 0 to 3 get a graph at their second run. Learning shape 4 drops shape 0, whose
+    // graph served that run alone: from then on a shape needs four runs.
+    for shape in 0..5 {
+        runs(&mut c, shape, 2);
+    }
+    assert_eq!(counters(c.core.stats())[..3], [0, 4, 4]);
+    assert_eq!(graph_launches(&server.backend), 4);
+    // Fifteen more pairs: no graph, nothing held, every launch on its own.
+    for shape in 5..20 {
+        runs(&mut c, shape, 2);
+    }
+    assert_eq!(counters(c.core.stats())[..3], [0, 4, 4]);
+    let sent = server.backend.take();
+    assert_eq!(
+        sent.iter().filter(|s| s.op == Opcode::Launch).count(),
+        15 * 2 * 3
+    );
+    assert!(sent.iter().all(|s| s.op != Opcode::GraphLaunch));
+    // A shape that keeps coming: learned, seen twice more, its graph made at the fourth run
+    // and launched again at the fifth.
+    runs(&mut c, 30, 5);
+    assert_eq!(counters(c.core.stats())[..3], [1, 5, 5]);
+    assert_eq!(graph_launches(&server.backend), 2);
+}
