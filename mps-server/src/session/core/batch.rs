@@ -21,12 +21,13 @@
 //!   run is therefore launched from a graph from its third appearance on.
 //! * **Graphs must pay.** Making a graph costs far more than launching a run command by
 //!   command, so a graph launched only for the run it was made for is a loss. A shape's graph
-//!   is made at its second appearance; when the cache drops a shape whose graph served no run
-//!   but that one and was made under the current rule, the appearances a shape needs before
-//!   its graph is made double (up to `BUILD_AT_MOST`). A client whose runs each repeat only a
-//!   few times thus stops paying for graphs after about one cache's worth of them per
-//!   doubling, and its runs are then not held at all: only shapes with a graph, or due one at
-//!   this appearance, hold commands.
+//!   is made at its second appearance. A graph that served no run but that one while the
+//!   client went on to learn `PROBATION` new shapes, or that leaves the cache so, is judged
+//!   made for nothing (its graph goes); if it was made under the current rule, the
+//!   appearances a shape needs before its graph is made double (up to `BUILD_AT_MOST`). A
+//!   client whose runs each repeat only a few times thus stops paying for graphs after a few
+//!   of them per doubling, and its runs are then not held at all: only shapes with a graph, or
+//!   due one at this appearance, hold commands.
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
 //!   graph cannot be made or launched, the held commands are submitted one by one instead, so
@@ -192,6 +193,8 @@ struct Shape<B: Backend> {
     launches: u64,
     /// The appearances needed for a graph when its graph was made.
     made_at: u32,
+    /// Shapes the client had learned when its graph was made.
+    learned_at: u64,
     last_used: u64,
 }
 
@@ -207,6 +210,9 @@ impl<B: Backend> Shape<B> {
 const BUILD_AT_FIRST: u32 = 2;
 /// The most appearances a shape may need before its graph is made.
 const BUILD_AT_MOST: u32 = 64;
+/// New shapes learned after a graph was made, without a second launch of it, that show it was
+/// made for nothing.
+const PROBATION: u64 = 4;
 
 /// One client's batching state.
 pub(super) struct Batching<B: Backend> {
@@ -226,6 +232,8 @@ pub(super) struct Batching<B: Backend> {
     candidates: Vec<usize>,
     /// A shape's graph is made at this appearance (see "Graphs must pay").
     build_at: u32,
+    /// Shapes learned so far.
+    learned: u64,
     bytes: u64,
     tick: u64,
     /// Errors of held commands that were submitted one by one, for the shell to post (before
@@ -249,6 +257,7 @@ impl<B: Backend> Batching<B> {
             shapes: Vec::new(),
             candidates: Vec::new(),
             build_at: BUILD_AT_FIRST,
+            learned: 0,
             bytes: 0,
             tick: 0,
             errors: Vec::new(),
@@ -368,6 +377,21 @@ impl<B: Backend> Batching<B> {
             known.last_used = self.tick;
             return;
         }
+        self.learned += 1;
+        // A graph made under the current rule that several new shapes have followed without a
+        // second launch was made for nothing.
+        let learned = self.learned;
+        let unpaid = |s: &Shape<B>| {
+            s.exec.is_some() && s.launches <= 1 && learned - s.learned_at >= PROBATION
+        };
+        if let Some(i) = self.shapes.iter().position(unpaid) {
+            let wasted = self.shapes[i].made_at == self.build_at;
+            // Judged once: its graph goes (a later appearance makes it again if it pays).
+            self.shapes[i].exec = None;
+            if wasted {
+                self.raise_build_at();
+            }
+        }
         self.shapes.push(Shape {
             stream,
             key,
@@ -378,6 +402,7 @@ impl<B: Backend> Batching<B> {
             seen: 1,
             launches: 0,
             made_at: 0,
+            learned_at: 0,
             last_used: self.tick,
         });
         self.bytes += bytes;
@@ -395,15 +420,21 @@ impl<B: Backend> Batching<B> {
             self.bytes -= s.bytes;
             // Only a graph made under the current rule can show that it does not pay: the
             // graphs made before it was raised do not raise it again.
-            let wasted = s.exec.is_some() && s.launches <= 1 && s.made_at == self.build_at;
-            if wasted && self.build_at < BUILD_AT_MOST {
-                self.build_at *= 2;
-                tracing::debug!(
-                    "a cached graph left having served only the run it was made for: shapes \
-                     now need {} appearances before their graph is made",
-                    self.build_at
-                );
+            if s.exec.is_some() && s.launches <= 1 && s.made_at == self.build_at {
+                self.raise_build_at();
             }
+        }
+    }
+
+    /// A graph served only the run it was made for: shapes need twice the appearances.
+    fn raise_build_at(&mut self) {
+        if self.build_at < BUILD_AT_MOST {
+            self.build_at *= 2;
+            tracing::debug!(
+                "a graph served only the run it was made for: shapes now need {} appearances \
+                 before their graph is made",
+                self.build_at
+            );
         }
     }
 }
@@ -612,6 +643,7 @@ impl<B: Backend> SessionCore<B> {
                         shape.exec = Some(exec.clone());
                         shape.generation = generation;
                         shape.made_at = self.batch.build_at;
+                        shape.learned_at = self.batch.learned;
                         exec
                     }
                     Err(err) => {

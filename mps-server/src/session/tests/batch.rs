@@ -7,6 +7,7 @@ use super::*;
 use crate::backend::sim::SimBackend;
 use crate::registry::Stats;
 
+/// The default limits, named for what these tests rely on: launch batching on.
 fn batching() -> Limits {
     Limits {
         launch_batching: true,
@@ -133,7 +134,11 @@ impl Rig {
 fn a_repeated_run_is_launched_from_one_cached_graph_with_the_results_of_the_unbatched_path() {
     let server = sim();
     let mut batched = Rig::new(&server, batching());
-    let mut plain = Rig::new(&server, Limits::default());
+    let off = Limits {
+        launch_batching: false,
+        ..Limits::default()
+    };
+    let mut plain = Rig::new(&server, off);
     for rig in [&batched, &plain] {
         let input: Vec<u32> = (0..rig.n as u32)
             .map(|i| (i % 5 + 1) as f32)
@@ -409,7 +414,11 @@ fn a_held_run_that_fails_throughout_reports_its_first_failure_alone() {
 #[test]
 fn with_batching_off_no_graph_is_ever_made() {
     let server = Server::new(Recorder::new(16));
-    let mut c = server.client(Limits::default());
+    let off = Limits {
+        launch_batching: false,
+        ..Limits::default()
+    };
+    let mut c = server.client(off);
     let (f, s) = kernel_and_stream(&mut c);
     let seqs = recorder_run(&mut c, f, s, 5);
     let b = &server.backend;
@@ -554,16 +563,12 @@ fn unloading_a_module_forgets_the_shapes_that_launch_its_kernels() {
 }
 
 /// Runs that each come twice (a new shape every second run) make graphs that serve only the
-/// run they were made for: once the cache has dropped one of them, no more are made and no
-/// run is held, while a shape that keeps coming still gets its graph, later.
+/// run they were made for: once four new shapes have followed one of them, no more are made
+/// and no run is held, while a shape that keeps coming still gets its graph, later.
 #[test]
 fn graphs_that_serve_only_their_own_run_stop_being_made() {
     let server = Server::new(Recorder::new(16));
-    let limits = Limits {
-        max_batch_entries: 4,
-        ..batching()
-    };
-    let mut c = server.client(limits);
+    let mut c = server.client(batching());
     let (f, s) = kernel_and_stream(&mut c);
     let runs = |c: &mut Client<Recorder>, shape: u8, times: usize| {
         for _ in 0..times {
@@ -579,8 +584,8 @@ fn graphs_that_serve_only_their_own_run_stop_being_made() {
             .filter(|s| s.op == Opcode::GraphLaunch)
             .count()
     };
-    // Shapes 0 to 3 get a graph at their second run. Learning shape 4 drops shape 0, whose
-    // graph served that run alone: from then on a shape needs four runs.
+    // Shapes 0 to 3 get a graph at their second run. Shape 4 is the fourth new shape since
+    // shape 0's graph, which served that run alone: from then on a shape needs four runs.
     for shape in 0..5 {
         runs(&mut c, shape, 2);
     }
