@@ -71,7 +71,7 @@ pub(crate) fn run_group(
     let worker_mode = match mode {
         "mps" | "mps-transparent" => mode,
         // The same clients; only the server differs.
-        "mps-batched" => "mps",
+        "mps-batched" | "mps-unbatched" => "mps",
         _ => "native",
     };
     let mut start = StartLine::new().expect("make the start pipe");

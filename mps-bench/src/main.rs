@@ -66,8 +66,9 @@ struct Setup {
 enum Cmd {
     /// Runs the benchmark.
     Run {
-        /// Modes, comma-separated: native, nvidia-mps, mps, mps-batched (mps with the server's
-        /// launch batching on), mps-transparent (the native workers
+        /// Modes, comma-separated: native, nvidia-mps, mps (the server's defaults, launch
+        /// batching on), mps-unbatched (mps with launch batching off), mps-batched (mps with
+        /// launch batching named on), mps-transparent (the native workers
         /// through mps's libcuda.so.1, see --mps-cuda-lib), and one-context (N threads of one
         /// process sharing one context, each with a stream of its own: the host-side ceiling of
         /// any one-context server; spin, tiny and infer only). They run in the order given.
@@ -149,17 +150,15 @@ enum Cmd {
 }
 
 /// The modes in the order tables and plots show them.
-const MODE_ORDER: [&str; 6] = [
+const MODE_ORDER: [&str; 7] = [
     "native",
     "nvidia-mps",
     "one-context",
     "mps",
+    "mps-unbatched",
     "mps-batched",
     "mps-transparent",
 ];
-
-/// What the `mps-batched` mode adds to the server's arguments.
-const BATCHING_ON: &str = "--launch-batching on";
 
 /// The workloads that run with each client count (the others run one client).
 fn scales(workload: &str) -> bool {
@@ -297,14 +296,20 @@ fn run(
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        // The batched mode is the mps mode with the server's launch batching on.
-        let (service_mode, server_args) = match service_mode {
-            "mps-batched" if devices > 1 => (
+        // The batched and unbatched modes are the mps mode with the server's launch batching
+        // named on or off.
+        let batching = match service_mode {
+            "mps-batched" => Some("on"),
+            "mps-unbatched" => Some("off"),
+            _ => None,
+        };
+        let (service_mode, server_args) = match batching {
+            Some(b) if devices > 1 => (
                 "mps",
-                format!("{server_args} --server-arg=--launch-batching --server-arg=on"),
+                format!("{server_args} --server-arg=--launch-batching --server-arg={b}"),
             ),
-            "mps-batched" => ("mps", format!("{server_args} {BATCHING_ON}")),
-            m => (m, server_args.to_string()),
+            Some(b) => ("mps", format!("{server_args} --launch-batching {b}")),
+            None => (service_mode, server_args.to_string()),
         };
         let service = if service_mode == "mps" && devices > 1 {
             // One daemon for every device, as a host of several GPUs runs mps.

@@ -93,8 +93,9 @@ fn ratio(a: &Rounds, b: &Rounds, key: &str) -> String {
 
 /// The table: per workload and client count, a row of completed/asked and one per figure, a
 /// column per mode, mps against each other mode, mps-transparent against mps (the cost of
-/// the transparent library), and mps-batched against mps and NVIDIA MPS (the gain of launch
-/// batching).
+/// the transparent library), mps against mps-unbatched (the gain of launch batching) and
+/// mps-unbatched against NVIDIA MPS, and mps-batched against mps and NVIDIA MPS (records of
+/// runs from when batching was off by default).
 pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
     let mut rows: Vec<(String, usize, String)> = Vec::new();
     for r in records {
@@ -109,21 +110,21 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
         let of = |r: &&Record| r.mode == m && r.workload == w && r.asked == n;
         Rounds(records.iter().filter(of).collect())
     };
+    let variants = ["mps", "mps-transparent", "mps-batched"];
     let mut against: Vec<(&str, &str)> = Vec::new();
     if modes.contains(&"mps") {
-        let others = modes
-            .iter()
-            .filter(|m| !["mps", "mps-transparent", "mps-batched"].contains(m));
+        let others = modes.iter().filter(|m| !variants.contains(m));
         against.extend(others.map(|m| ("mps", *m)));
-        if modes.contains(&"mps-transparent") {
-            against.push(("mps-transparent", "mps"));
-        }
-        if modes.contains(&"mps-batched") {
-            against.push(("mps-batched", "mps"));
+        for v in ["mps-transparent", "mps-batched"] {
+            if modes.contains(&v) {
+                against.push((v, "mps"));
+            }
         }
     }
-    if modes.contains(&"mps-batched") && modes.contains(&"nvidia-mps") {
-        against.push(("mps-batched", "nvidia-mps"));
+    for v in ["mps-unbatched", "mps-batched"] {
+        if modes.contains(&v) && modes.contains(&"nvidia-mps") {
+            against.push((v, "nvidia-mps"));
+        }
     }
     let mut s = format!("| workload | N | figure | {} |", modes.join(" | "));
     for (a, b) in &against {
@@ -322,5 +323,29 @@ mod tests {
         let t = table(&records, &["nvidia-mps", "mps"]);
         assert!(t.contains("| spin | 8 | completed | 8/8 | 7/8 |"), "{t}");
         assert!(t.contains("not comparable (7/8 vs 8/8)"), "{t}");
+    }
+
+    #[test]
+    fn mps_is_set_against_mps_unbatched_and_that_against_nvidia_mps() {
+        let records = [
+            record("nvidia-mps", 8, 8, 300.0),
+            record("mps", 8, 8, 600.0),
+            record("mps-unbatched", 8, 8, 240.0),
+        ];
+        let t = table(&records, &["nvidia-mps", "mps", "mps-unbatched"]);
+        assert!(
+            t.starts_with(
+                "| workload | N | figure | nvidia-mps | mps | mps-unbatched | \
+                 mps/nvidia-mps | mps/mps-unbatched | mps-unbatched/nvidia-mps |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| spin | 8 | kernels_per_s | 300.0000 | 600.0000 | 240.0000 | 2.00x | 2.50x | \
+                 0.80x |"
+            ),
+            "{t}"
+        );
     }
 }

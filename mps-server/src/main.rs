@@ -180,9 +180,9 @@ struct ClientLimitArgs {
     #[arg(long, default_value_t = ClientLimits::default().max_graph_commands)]
     max_graph_commands: usize,
     /// Launch batching: a client's run of copies, memsets and launches on one stream that
-    /// repeats an earlier run exactly is launched as one cached CUDA graph (off until the GPU
-    /// measurements decide; see docs/OPERATE.md).
-    #[arg(long, value_enum, default_value = "off")]
+    /// repeats an earlier run exactly is launched as one cached CUDA graph (see
+    /// docs/OPERATE.md).
+    #[arg(long, value_enum, default_value = "on")]
     launch_batching: Switch,
     /// Run shapes the launch batching caches per client (each with its executable graph).
     #[arg(long, default_value_t = ClientLimits::default().max_batch_entries)]

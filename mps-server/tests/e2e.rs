@@ -1244,10 +1244,16 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
     );
 }
 
-/// Without the flag (the default) the same work is never batched.
+/// Launch batching is on by default (the same work is served from a graph), and
+/// `--launch-batching off` turns it off (never batched).
 #[test]
-fn launch_batching_is_off_by_default() {
-    let server = TestServer::start();
+fn launch_batching_is_on_by_default_and_off_turns_it_off() {
+    let server = TestServer::start_with(&["--batch-hold-us", "10000000"]);
+    infer_requests(&server, 12);
+    let log = server.wait_for_log("client disconnected");
+    assert!(log.contains("runs launched from cached graphs"), "{log}");
+
+    let server = TestServer::start_with(&["--launch-batching", "off"]);
     infer_requests(&server, 12);
     let log = server.wait_for_log("client disconnected");
     assert!(!log.contains("launch batching:"), "{log}");

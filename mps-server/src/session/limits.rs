@@ -56,7 +56,7 @@ impl Default for Limits {
             max_module_entries: 1 << 14,
             max_graphs: 1024,
             max_graph_commands: 1 << 16,
-            launch_batching: false,
+            launch_batching: true,
             max_batch_entries: 32,
             max_batch_bytes: 1 << 20,
             batch_hold_us: 20,
