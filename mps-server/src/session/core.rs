@@ -28,6 +28,8 @@ use crate::backend::{Backend, ClientContext, Op, Publish};
 use crate::registry::{Registry, Stats};
 
 mod batch;
+#[cfg(test)]
+pub(crate) use batch::MAX_RUN;
 mod graphs;
 mod memory;
 mod modules;

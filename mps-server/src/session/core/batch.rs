@@ -42,6 +42,10 @@
 //!   but needs the driver's node handles in capture order and a model of it in the simulator;
 //!   the workloads batching is for (a request loop over fixed I/O buffers) repeat their
 //!   parameters exactly.
+//! * **Long runs go in pieces.** A run ends after `MAX_RUN` commands, as if a terminator
+//!   followed: a client that posts thousands of launches before it synchronises has them
+//!   learned and launched `MAX_RUN` at a time, where one run of all of them would outgrow what
+//!   a shape may hold and never repeat.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
 //!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
@@ -213,6 +217,9 @@ const BUILD_AT_MOST: u32 = 64;
 /// New shapes learned after a graph was made, without a second launch of it, that show it was
 /// made for nothing.
 const PROBATION: u64 = 4;
+/// Commands after which a run ends (see "Long runs go in pieces"): enough that a request's
+/// work is one run, few enough that a graph of them is made in about a millisecond.
+pub(crate) const MAX_RUN: usize = 256;
 
 /// One client's batching state.
 pub(super) struct Batching<B: Backend> {
@@ -518,17 +525,21 @@ impl<B: Backend> SessionCore<B> {
         // Noted after the flush: a shape launched there ends the run before this command.
         self.batch.note(desc);
         if next.is_empty() {
-            return self.submit_now(cmd.stream, cmd.seq, op);
+            self.submit_now(cmd.stream, cmd.seq, op)?;
+        } else {
+            self.batch.candidates = next;
+            self.batch.held.push(Held {
+                seq: cmd.seq,
+                op: op.into_owned(),
+            });
+            // A shape made up whole goes at once, unless a longer one may still follow (it then
+            // goes when the run ends or leaves the longer shape).
+            if let (Some(shape), false) = self.batch.whole() {
+                self.launch_run(shape);
+            }
         }
-        self.batch.candidates = next;
-        self.batch.held.push(Held {
-            seq: cmd.seq,
-            op: op.into_owned(),
-        });
-        // A shape made up whole goes at once, unless a longer one may still follow (it then
-        // goes when the run ends or leaves the longer shape).
-        if let (Some(shape), false) = self.batch.whole() {
-            self.launch_run(shape);
+        if self.batch.recent.len() >= MAX_RUN {
+            self.end_run();
         }
         DONE
     }

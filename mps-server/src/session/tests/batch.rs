@@ -608,3 +608,39 @@ fn graphs_that_serve_only_their_own_run_stop_being_made() {
     assert_eq!(counters(c.core.stats())[..3], [1, 5, 5]);
     assert_eq!(graph_launches(&server.backend), 2);
 }
+
+/// A client that posts far more launches than a run holds before it synchronises has them
+/// learned and launched a run's length at a time: the first piece is learned, the second makes
+/// the graph, the third is launched from it, and what is left over goes on its own.
+#[test]
+fn a_long_stream_of_work_is_batched_in_pieces() {
+    use crate::session::core::MAX_RUN;
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    let mut seqs = Vec::new();
+    for _ in 0..3 * MAX_RUN + 10 {
+        seqs.push(quiet(&mut c, &launch(f, &k_params(0)), s));
+    }
+    c.send(&Request::Mark, s, flags::MARK);
+    let sent = server.backend.take();
+    let launches: Vec<u64> = sent
+        .iter()
+        .filter(|s| s.op == Opcode::Launch)
+        .map(|s| s.seq)
+        .collect();
+    // The first piece one by one, the second as the capture records it into the graph, the
+    // last ten on their own (held as the start of the piece's shape, then let go at the mark).
+    let mut want = seqs[..2 * MAX_RUN].to_vec();
+    want.extend(&seqs[3 * MAX_RUN..]);
+    assert_eq!(launches, want);
+    assert_eq!(server.backend.captures.load(Ordering::Relaxed), 1);
+    let graph_launches: Vec<u64> = sent
+        .iter()
+        .filter(|s| s.op == Opcode::GraphLaunch)
+        .map(|s| s.seq)
+        .collect();
+    // Each under its piece's first command.
+    assert_eq!(graph_launches, [seqs[MAX_RUN], seqs[2 * MAX_RUN]]);
+    assert_eq!(counters(c.core.stats())[..3], [1, 2, 1]);
+}
