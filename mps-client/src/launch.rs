@@ -175,6 +175,52 @@ impl Client {
         params: *const *const u8,
     ) -> Result<()> {
         let kernel = self.kernel(function)?;
+        // SAFETY: the caller's guarantee.
+        unsafe { self.launch_raw_of(&kernel, grid, block, shared_mem, cluster, stream, params) }
+    }
+
+    /// The parameter layout of `function`, to launch it with [`Client::launch_raw_kernel`]
+    /// without finding it again: for a caller that launches one function many times and
+    /// keeps what it learned of it (a driver library's function object).
+    pub fn kernel_layout(&self, function: Function) -> Result<KernelLayout> {
+        self.kernel(function).map(KernelLayout)
+    }
+
+    /// As [`Client::launch_raw_in`], for the function whose layout `kernel` is (from
+    /// [`Client::kernel_layout`] of this client).
+    ///
+    /// # Safety
+    /// As [`Client::launch_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw_kernel(
+        &self,
+        kernel: &KernelLayout,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        cluster: Option<Cluster>,
+        stream: Stream,
+        params: *const *const u8,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.launch_raw_of(&kernel.0, grid, block, shared_mem, cluster, stream, params) }
+    }
+
+    /// The body of the raw launches, once the kernel's layout is at hand.
+    ///
+    /// # Safety
+    /// As [`Client::launch_raw`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_raw_of(
+        &self,
+        kernel: &Kernel,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        cluster: Option<Cluster>,
+        stream: Stream,
+        params: *const *const u8,
+    ) -> Result<()> {
         if !kernel.params.is_empty() && params.is_null() {
             return Err(Error::invalid_value(format!(
                 "kernel takes {} parameters but params is NULL",
@@ -189,8 +235,8 @@ impl Client {
         }
         // SAFETY: the caller guarantees one readable pointer per parameter, each for that
         // parameter's size; none is NULL (checked above).
-        let gather = unsafe { Gather::new(&kernel, Values::Pointers(params)) };
-        self.post_launch(&kernel, grid, block, shared_mem, cluster, stream, gather)
+        let gather = unsafe { Gather::new(kernel, Values::Pointers(params)) };
+        self.post_launch(kernel, grid, block, shared_mem, cluster, stream, gather)
     }
 
     /// Puts a launch in the ring: one hold of the submission lock, the parameters gathered
@@ -249,6 +295,10 @@ impl Client {
         .map(drop)
     }
 }
+
+/// A function's parameter layout as this client learned it ([`Client::kernel_layout`]).
+#[derive(Clone, Debug)]
+pub struct KernelLayout(Arc<Kernel>);
 
 /// A kernel's parameter layout, as the server reported it.
 #[derive(Debug)]

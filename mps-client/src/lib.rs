@@ -48,6 +48,7 @@ pub use connection::Client;
 pub use handles::{
     DeviceInfo, DevicePtr, Event, Function, Graph, GraphExec, Module, SmInfo, Stream,
 };
+pub use launch::KernelLayout;
 pub use mps_core::handshake::BackendKind;
 pub use mps_core::protocol::{Cluster, Dim3, OccupancyQuery, ParamInfo};
 pub use mps_core::{Error, Result, Status};

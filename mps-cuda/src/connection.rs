@@ -7,7 +7,7 @@
 
 use mps_client::Client;
 use mps_client::Error;
-pub(crate) use mps_client::{Event, Function, Graph, GraphExec, Module, Stream};
+pub(crate) use mps_client::{Event, Function, Graph, GraphExec, KernelLayout, Module, Stream};
 use mps_core::protocol::{Cluster, Dim3, ParamInfo};
 
 use crate::abi::CUresult;
@@ -191,6 +191,12 @@ impl Connection {
         self.client.occupancy(f, q).map_err(fail)
     }
 
+    /// The parameter layout of `function`, kept by the library's function object so that a
+    /// launch does not look it up again.
+    pub(crate) fn kernel_layout(&self, function: Function) -> Res<KernelLayout> {
+        self.client.kernel_layout(function).map_err(fail)
+    }
+
     pub(crate) fn get_function(
         &self,
         module: Module,
@@ -216,7 +222,7 @@ impl Connection {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn launch(
         &self,
-        function: Function,
+        kernel: &KernelLayout,
         grid: [u32; 3],
         block: [u32; 3],
         shared_mem: u32,
@@ -231,8 +237,8 @@ impl Connection {
         };
         // SAFETY: the caller's guarantee is the client's precondition.
         unsafe {
-            self.client.launch_raw_in(
-                function,
+            self.client.launch_raw_kernel(
+                kernel,
                 dim(grid),
                 dim(block),
                 shared_mem,

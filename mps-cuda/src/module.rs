@@ -21,7 +21,7 @@ use crate::abi::{
     CUstream, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
     MODULE_EAGER_LOADING, MODULE_LAZY_LOADING,
 };
-use crate::connection::{Connection, Function, Module, Res};
+use crate::connection::{Connection, Function, KernelLayout, Module, Res};
 use crate::context::{current, current_handle, require_current};
 use crate::driver::{check, connection, driver, entry, lock, put};
 use crate::image::image;
@@ -86,8 +86,9 @@ impl ModuleObj {
 pub(crate) struct FunctionObj {
     pub(crate) module: usize,
     name: String,
-    /// Its mps function on each device, by ordinal, fetched on the first launch there.
-    function: Vec<OnceLock<Function>>,
+    /// Its mps function on each device, by ordinal, with its parameter layout there, fetched
+    /// on the first launch there.
+    function: Vec<OnceLock<(Function, KernelLayout)>>,
     params: Vec<ParamInfo>,
     /// Its attributes on each device, by ordinal: the server's, fetched on the first question
     /// there, with what the program set since.
@@ -97,21 +98,27 @@ pub(crate) struct FunctionObj {
 impl FunctionObj {
     /// Its mps function on the device of `conn`.
     pub(crate) fn on(&self, conn: &Connection) -> Res<Function> {
+        self.fetched(conn).map(|(f, _)| *f)
+    }
+
+    /// Its mps function on the device of `conn`, with the function's parameter layout there.
+    pub(crate) fn fetched(&self, conn: &Connection) -> Res<&(Function, KernelLayout)> {
         let dev = conn.ordinal();
         let slot = self
             .function
             .get(dev as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
         if let Some(f) = slot.get() {
-            return Ok(*f);
+            return Ok(f);
         }
         let m = driver()?
             .modules
             .get(self.module)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         let (f, _) = conn.get_function(m.on(dev)?, &self.name)?;
+        let layout = conn.kernel_layout(f)?;
         // Two threads may fetch it at once: the server hands out the same function twice.
-        Ok(*slot.get_or_init(|| f))
+        Ok(slot.get_or_init(|| (f, layout)))
     }
 }
 
@@ -199,10 +206,12 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
                 .each_loaded()
                 .next()
                 .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-            let (function, params) = connection(dev)?.get_function(module, name)?;
-            let slots: Vec<OnceLock<Function>> =
+            let conn = connection(dev)?;
+            let (function, params) = conn.get_function(module, name)?;
+            let layout = conn.kernel_layout(function)?;
+            let slots: Vec<OnceLock<(Function, KernelLayout)>> =
                 (0..d.devices.len()).map(|_| OnceLock::new()).collect();
-            let _ = slots[dev as usize].set(function);
+            let _ = slots[dev as usize].set((function, layout));
             let (f, _) = d.functions.insert_with(|_| FunctionObj {
                 module: m.handle,
                 name: name.to_string(),
@@ -525,7 +534,7 @@ unsafe fn launch(
         |f| {
             require_current()?;
             let (stream, conn) = for_work(stream, per_thread)?;
-            let function = f.on(conn)?;
+            let (_, kernel) = f.fetched(conn)?;
             // Pointers into an `extra` buffer: on the stack for up to this many parameters.
             const ON_STACK: usize = 32;
             let mut near = [std::ptr::null::<u8>(); ON_STACK];
@@ -551,7 +560,7 @@ unsafe fn launch(
             };
             // SAFETY: one readable pointer per parameter: the caller's `params`, or into its
             // `extra` buffer (`near` and `far` outlive the call).
-            unsafe { conn.launch(function, grid, block, shared, cluster, stream, values) }
+            unsafe { conn.launch(kernel, grid, block, shared, cluster, stream, values) }
         },
     )
 }
