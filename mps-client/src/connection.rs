@@ -1,12 +1,13 @@
 //! A connection to a server: the handshake over the Unix socket, the shared-memory channel it
 //! yields, and the settings a client takes from its environment.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+use mps_core::handle_hash::HandleMap;
 use mps_core::handshake::{DEFAULT_GROUP, Hello, Welcome};
 use mps_core::protocol::{self, Request};
 use mps_core::{Error, Result, Status};
@@ -41,7 +42,7 @@ pub struct Client {
     pub(crate) submitter: Mutex<Submitter>,
     pub(crate) receiver: Mutex<Receiver>,
     /// Each kernel's parameter layout, from `module_get_function`.
-    pub(crate) functions: RwLock<HashMap<u64, Arc<Kernel>>>,
+    pub(crate) functions: RwLock<HandleMap<u64, Arc<Kernel>>>,
     /// Host buffers from `host_alloc`, by address.
     pub(crate) host: RwLock<BTreeMap<usize, HostMapping>>,
     /// Held while the staging area is in use (pageable copies, module images).
@@ -180,7 +181,7 @@ impl Client {
             channel,
             device,
             ordinal: 0,
-            functions: RwLock::new(HashMap::new()),
+            functions: RwLock::new(HandleMap::default()),
             host: RwLock::new(BTreeMap::new()),
             staging: Mutex::new(()),
             host_alloc_lock: Mutex::new(()),

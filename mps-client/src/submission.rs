@@ -8,8 +8,7 @@
 //! progress costs the server a device operation per command, so [`Submissions::target`] says
 //! when a wait must first submit a mark.
 
-use std::collections::HashMap;
-
+use mps_core::handle_hash::HandleMap;
 use mps_core::ordering::{EventClock, StreamClock};
 use mps_core::protocol::{Opcode, flags};
 use mps_core::{Error, Result};
@@ -40,8 +39,9 @@ pub(crate) enum Target {
 #[derive(Debug)]
 pub(crate) struct Submissions {
     next_seq: u64,
-    streams: HashMap<u64, (u32, StreamClock)>,
-    events: HashMap<u64, EventClock>,
+    // Keyed by the server's handles, looked up on every submission.
+    streams: HandleMap<u64, (u32, StreamClock)>,
+    events: HandleMap<u64, EventClock>,
 }
 
 impl Submissions {
@@ -49,8 +49,11 @@ impl Submissions {
     pub(crate) fn new() -> Submissions {
         Submissions {
             next_seq: 1,
-            streams: HashMap::from([(Stream::DEFAULT.0, (DEFAULT_SLOT, StreamClock::default()))]),
-            events: HashMap::new(),
+            streams: HandleMap::from_iter([(
+                Stream::DEFAULT.0,
+                (DEFAULT_SLOT, StreamClock::default()),
+            )]),
+            events: HandleMap::default(),
         }
     }
 

@@ -10,6 +10,7 @@
 
 pub mod alloc;
 pub mod handle;
+pub mod handle_hash;
 pub mod handshake;
 pub mod limits;
 pub mod ordering;

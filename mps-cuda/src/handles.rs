@@ -4,9 +4,10 @@
 //! its object, so a stale, foreign or wrong-kind handle is an error, never undefined behaviour.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+
+use mps_core::handle_hash::HandleHashing;
 
 use crate::memo;
 
@@ -14,45 +15,10 @@ use crate::memo;
 /// 2) and step by 16, so that none of them is a valid sentinel or a small integer by mistake.
 static NEXT: AtomicUsize = AtomicUsize::new(0x1000);
 
-/// Hashes handles (and tuples of them) for the maps keyed by them. std's SipHash guards against
-/// keys chosen to collide, which handles, from a counter of ours, are not, and it costs more than
-/// the rest of a lookup. A multiply-rotate mix (rustc's FxHash) spreads the counter's steps of 16
-/// over the low bits that pick a bucket and the high bits that tag it.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct HandleHasher(u64);
-
-impl HandleHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0xf135_7aea_2e62_a9c5);
-    }
-}
-
-impl Hasher for HandleHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        bytes.iter().for_each(|b| self.add(u64::from(*b)));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0.rotate_left(26)
-    }
-}
-
 /// The objects of one kind, by handle.
 #[derive(Debug)]
 pub(crate) struct Registry<T> {
-    map: RwLock<HashMap<usize, Arc<T>, BuildHasherDefault<HandleHasher>>>,
+    map: RwLock<HashMap<usize, Arc<T>, HandleHashing>>,
     /// Threads' memos hold its objects: a removal makes them lapse (see [`memo`]).
     memoised: bool,
 }
@@ -128,8 +94,6 @@ impl<T> Registry<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
 
     #[test]
@@ -167,22 +131,5 @@ mod tests {
         memoised.insert_with(|_| 3);
         assert_eq!(memoised.remove_where(|v| *v == 3).len(), 1);
         assert_eq!(memo::epoch(), before + 2);
-    }
-
-    #[test]
-    fn handles_16_apart_pick_different_buckets() {
-        // A map picks a bucket by the hash's low bits; the handles' own low 4 bits are all 0.
-        let buckets: HashSet<u64> = (0..256)
-            .map(|i| {
-                let mut h = HandleHasher::default();
-                h.write_usize(0x1000 + 16 * i);
-                h.finish() % 256
-            })
-            .collect();
-        assert!(
-            buckets.len() > 128,
-            "256 handles in {} buckets",
-            buckets.len()
-        );
     }
 }

@@ -12,12 +12,13 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
+use mps_core::handle_hash::HandleHashing;
+
 use crate::connection::Res;
-use crate::handles::HandleHasher;
 
 /// Advanced once each removal of a memoised handle or deactivation of a context is done.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -39,7 +40,7 @@ pub(crate) fn epoch() -> u64 {
 #[derive(Debug)]
 struct Entries<K, V> {
     epoch: u64,
-    map: HashMap<K, V, BuildHasherDefault<HandleHasher>>,
+    map: HashMap<K, V, HandleHashing>,
 }
 
 /// One thread's memo (in a `thread_local!`).
