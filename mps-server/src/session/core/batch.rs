@@ -676,13 +676,13 @@ impl<B: Backend> SessionCore<B> {
             self.backend
                 .submit(&s.stream, first, Op::GraphLaunch(exec), None)
         });
-        if launched.is_ok() {
-            self.batch.shapes[i].launches += 1;
-        }
-        if let Err(err) = launched {
-            // Nothing was queued: the commands go one by one, each answering for itself.
-            tracing::debug!(client = self.ctx.id, "a batched run's launch failed: {err}");
-            self.submit_each(held);
+        match launched {
+            Ok(()) => self.batch.shapes[i].launches += 1,
+            Err(err) => {
+                // Nothing was queued: the commands go one by one, each answering for itself.
+                tracing::debug!(client = self.ctx.id, "a batched run's launch failed: {err}");
+                self.submit_each(held);
+            }
         }
     }
 
