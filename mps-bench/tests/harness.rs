@@ -381,7 +381,7 @@ fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
         .arg(&bin)
         .arg(&out)
         .args(["--backend", "sim", "--modes", modes, "--clients", "1,2"])
-        .args(["--workloads", "spin,infer", "--no-quotas"])
+        .args(["--workloads", "spin,infer", "--no-quotas", "--rounds", "2"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -402,9 +402,13 @@ fn scripts_bench_gpu_runs_the_parts_and_writes_its_files() {
     for line in ["== run: ", "== total: ", "mps-server"] {
         assert!(log.contains(line), "no {line:?} in {log}");
     }
-    for r in &records(&out.join("bench.json")) {
+    let records = records(&out.join("bench.json"));
+    for r in &records {
         checked(r);
     }
+    // --rounds reached mps-bench: each group ran twice.
+    let second = |r: &&Value| r["round"].as_u64() == Some(1);
+    assert_eq!(records.iter().filter(second).count() * 2, records.len());
     svg_texts(&out.join("throughput.svg"));
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&bin);
