@@ -271,15 +271,30 @@ mod tests {
         (std::fs::File::from(r), w)
     }
 
+    /// Whether every copy of the pipe's write end is closed: end of file within a deadline. A
+    /// test of this process that forks holds copies of every descriptor until its child
+    /// exits, so a copy may outlive the one under test for a moment; a leaked one never goes.
     fn all_copies_closed(mut read_end: std::fs::File) -> bool {
         nix::fcntl::fcntl(
             &read_end,
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         )
         .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut b = [0u8; 1];
-        // 0 bytes: end of file, every write end is gone; WouldBlock: one is still open.
-        matches!(read_end.read(&mut b), Ok(0))
+        loop {
+            // 0 bytes: end of file, every write end is gone; WouldBlock: one is still open.
+            match read_end.read(&mut b) {
+                Ok(0) => return true,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                _ => return false,
+            }
+        }
     }
 
     #[test]
