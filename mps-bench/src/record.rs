@@ -45,11 +45,21 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 /// One mode's records of a workload and client count, a record per round.
 struct Rounds<'a>(Vec<&'a Record>);
 
-impl Rounds<'_> {
+impl<'a> Rounds<'a> {
+    /// The records of `mode` running `workload` with `asked` clients.
+    fn of(records: &'a [Record], mode: &str, workload: &str, asked: usize) -> Rounds<'a> {
+        let of = |r: &&Record| r.mode == mode && r.workload == workload && r.asked == asked;
+        Rounds(records.iter().filter(of).collect())
+    }
+
+    /// The round in which the fewest clients completed.
+    fn fewest(&self) -> Option<&'a Record> {
+        self.0.iter().copied().min_by_key(|r| r.completed)
+    }
+
     /// The fewest clients that completed in any round, of those asked.
     fn counts(&self) -> String {
-        let least = self.0.iter().min_by_key(|r| r.completed);
-        least.map_or("—".into(), |r| r.counts())
+        self.fewest().map_or("—".into(), Record::counts)
     }
 
     fn median(&self, key: &str) -> Option<f64> {
@@ -61,7 +71,7 @@ impl Rounds<'_> {
         )
     }
 
-    fn round(&self, round: usize) -> Option<&Record> {
+    fn round(&self, round: usize) -> Option<&'a Record> {
         self.0.iter().copied().find(|r| r.round == round)
     }
 }
@@ -106,10 +116,7 @@ pub(crate) fn table(records: &[Record], modes: &[&str]) -> String {
             }
         }
     }
-    let find = |m: &str, w: &str, n: usize| {
-        let of = |r: &&Record| r.mode == m && r.workload == w && r.asked == n;
-        Rounds(records.iter().filter(of).collect())
-    };
+    let find = |m: &str, w: &str, n: usize| Rounds::of(records, m, w, n);
     let variants = ["mps", "mps-transparent", "mps-batched"];
     let mut against: Vec<(&str, &str)> = Vec::new();
     if modes.contains(&"mps") {
@@ -171,12 +178,8 @@ pub(crate) fn series(records: &[Record]) -> plot::Series {
                 continue;
             }
             seen.push((r.mode.as_str(), r.asked));
-            let of = |x: &&Record| x.workload == workload && x.mode == r.mode && x.asked == r.asked;
-            let rounds = Rounds(records.iter().filter(of).collect());
-            let (Some(value), Some(least)) = (
-                rounds.median(key),
-                rounds.0.iter().map(|x| x.completed).min(),
-            ) else {
+            let rounds = Rounds::of(records, &r.mode, workload, r.asked);
+            let (Some(value), Some(fewest)) = (rounds.median(key), rounds.fewest()) else {
                 continue;
             };
             s.entry(workload.to_string())
@@ -186,7 +189,7 @@ pub(crate) fn series(records: &[Record]) -> plot::Series {
                 .or_default()
                 .push(plot::Point {
                     asked: r.asked,
-                    completed: least,
+                    completed: fewest.completed,
                     value,
                 });
         }
