@@ -207,6 +207,11 @@ impl<B: Backend> Shape<B> {
     fn worth_holding(&self, build_at: u32) -> bool {
         !self.unbuildable && (self.exec.is_some() || self.seen + 1 >= build_at)
     }
+
+    /// Whether it has a graph that has served no run but the one it was made for.
+    fn graph_unpaid(&self) -> bool {
+        self.exec.is_some() && self.launches <= 1
+    }
 }
 
 /// The appearances of a shape after which its graph is made, at first: learned at the first,
@@ -388,16 +393,11 @@ impl<B: Backend> Batching<B> {
         // A graph made under the current rule that several new shapes have followed without a
         // second launch was made for nothing.
         let learned = self.learned;
-        let unpaid = |s: &Shape<B>| {
-            s.exec.is_some() && s.launches <= 1 && learned - s.learned_at >= PROBATION
-        };
+        let unpaid = |s: &Shape<B>| s.graph_unpaid() && learned - s.learned_at >= PROBATION;
         if let Some(i) = self.shapes.iter().position(unpaid) {
-            let wasted = self.shapes[i].made_at == self.build_at;
             // Judged once: its graph goes (a later appearance makes it again if it pays).
             self.shapes[i].exec = None;
-            if wasted {
-                self.raise_build_at();
-            }
+            self.graph_wasted(self.shapes[i].made_at);
         }
         self.shapes.push(Shape {
             stream,
@@ -425,17 +425,17 @@ impl<B: Backend> Batching<B> {
             };
             let s = self.shapes.swap_remove(oldest);
             self.bytes -= s.bytes;
-            // Only a graph made under the current rule can show that it does not pay: the
-            // graphs made before it was raised do not raise it again.
-            if s.exec.is_some() && s.launches <= 1 && s.made_at == self.build_at {
-                self.raise_build_at();
+            if s.graph_unpaid() {
+                self.graph_wasted(s.made_at);
             }
         }
     }
 
-    /// A graph served only the run it was made for: shapes need twice the appearances.
-    fn raise_build_at(&mut self) {
-        if self.build_at < BUILD_AT_MOST {
+    /// A graph made when shapes needed `made_at` appearances served only the run it was made
+    /// for: shapes need twice the appearances, if that was the current rule. The graphs made
+    /// before the rule was raised do not raise it again.
+    fn graph_wasted(&mut self, made_at: u32) {
+        if made_at == self.build_at && self.build_at < BUILD_AT_MOST {
             self.build_at *= 2;
             tracing::debug!(
                 "a graph served only the run it was made for: shapes now need {} appearances \
