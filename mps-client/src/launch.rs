@@ -174,9 +174,9 @@ impl Client {
         stream: Stream,
         params: *const *const u8,
     ) -> Result<()> {
-        let kernel = self.kernel(function)?;
+        let kernel = self.kernel_layout(function)?;
         // SAFETY: the caller's guarantee.
-        unsafe { self.launch_raw_of(&kernel, grid, block, shared_mem, cluster, stream, params) }
+        unsafe { self.launch_raw_kernel(&kernel, grid, block, shared_mem, cluster, stream, params) }
     }
 
     /// The parameter layout of `function`, to launch it with [`Client::launch_raw_kernel`]
@@ -202,25 +202,7 @@ impl Client {
         stream: Stream,
         params: *const *const u8,
     ) -> Result<()> {
-        // SAFETY: the caller's guarantee.
-        unsafe { self.launch_raw_of(&kernel.0, grid, block, shared_mem, cluster, stream, params) }
-    }
-
-    /// The body of the raw launches, once the kernel's layout is at hand.
-    ///
-    /// # Safety
-    /// As [`Client::launch_raw`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_raw_of(
-        &self,
-        kernel: &Kernel,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        cluster: Option<Cluster>,
-        stream: Stream,
-        params: *const *const u8,
-    ) -> Result<()> {
+        let kernel = &*kernel.0;
         if !kernel.params.is_empty() && params.is_null() {
             return Err(Error::invalid_value(format!(
                 "kernel takes {} parameters but params is NULL",
