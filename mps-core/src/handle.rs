@@ -5,9 +5,9 @@
 //! stream is expected) is told apart from an unknown one in error messages, and handles are never
 //! reused within one server's lifetime, so a stale handle cannot name a newer object.
 
-use std::collections::HashMap;
 use std::fmt;
 
+use crate::handle_hash::HandleMap;
 use crate::status::{Error, Result};
 
 crate::wire_enum! {
@@ -92,7 +92,9 @@ impl HandleSource {
 #[derive(Debug)]
 pub struct HandleTable<T> {
     kind: HandleKind,
-    entries: HashMap<Handle, T>,
+    /// Keyed by handles the server handed out, so SipHash's guard against chosen keys buys
+    /// nothing, and every command looks up one or more of them.
+    entries: HandleMap<Handle, T>,
     limit: usize,
 }
 
@@ -101,7 +103,7 @@ impl<T> HandleTable<T> {
     pub fn new(kind: HandleKind, limit: usize) -> Self {
         HandleTable {
             kind,
-            entries: HashMap::new(),
+            entries: HandleMap::default(),
             limit,
         }
     }
