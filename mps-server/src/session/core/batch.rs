@@ -371,24 +371,28 @@ impl<B: Backend> Batching<B> {
     /// Remembers the current run's shape (a run of one command gains nothing), or counts its
     /// appearance where it is known, and starts a new run.
     fn learn(&mut self) {
-        let key = std::mem::take(&mut self.recent);
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);
         let stream = self.stream;
-        if overflow || key.len() < 2 {
+        if overflow || self.recent.len() < 2 {
+            // `recent` keeps its room for the next run: most runs teach nothing new.
+            self.recent.clear();
             return;
         }
         self.tick += 1;
+        let recent = &self.recent;
         if let Some(known) = self
             .shapes
             .iter_mut()
-            .find(|s| s.stream == stream && s.key == key)
+            .find(|s| s.stream == stream && s.key == *recent)
         {
             // A run not held (its shape not yet worth a graph), or held and left unlaunched.
             known.seen = known.seen.saturating_add(1);
             known.last_used = self.tick;
+            self.recent.clear();
             return;
         }
+        let key = std::mem::take(&mut self.recent);
         self.learned += 1;
         // A graph made under the current rule that several new shapes have followed without a
         // second launch was made for nothing.
