@@ -16,7 +16,9 @@
 //!   ([`Standby`]): it only needs to be told to go, instead of a new process creating a context
 //!   (on a GPU most of a second) after the fault;
 //! - keeps answering its own clients with the fault's status and message (the backend told each
-//!   of them), and exits once they are gone, or after a bound ([`Recovery::drain`]).
+//!   of them), and exits once they are gone and its successor has the socket's path (a server
+//!   that stopped before could remove the path from under the fresh server), or after a bound
+//!   ([`Recovery::drain`]).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -207,6 +209,10 @@ pub struct Recovery {
     /// Set once the socket's path belongs to the fresh server (or to no one): this server must
     /// not remove it when it stops.
     path_given_up: AtomicBool,
+    /// Set once the hand-over settled who serves the path (the daemon told, the standby told to
+    /// go, or a fresh process started or not): the server must not stop before, or it could
+    /// remove the path that the fresh server is about to be given.
+    settled: AtomicBool,
     /// Whether the daemon was told of the failure (once, before any client is given back).
     told_daemon: Mutex<bool>,
     /// The stream the backend reports the context's death on; never used otherwise (in a
@@ -261,6 +267,7 @@ impl Recovery {
             socket_path,
             listener,
             path_given_up: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             told_daemon: Mutex::new(false),
             _stream: Mutex::new(Box::new(stream)),
             _sink: sink,
@@ -341,7 +348,10 @@ impl Recovery {
             why.message
         );
         match successor {
-            Successor::Daemon(daemon) => self.tell_daemon(&daemon, why),
+            Successor::Daemon(daemon) => {
+                self.tell_daemon(&daemon, why);
+                self.settle();
+            }
             Successor::Process { program, args, .. } => {
                 if let Some(mut standby) = standby {
                     match standby.go() {
@@ -353,6 +363,7 @@ impl Recovery {
                                 standby.pid,
                                 self.socket_path.display()
                             );
+                            self.settle();
                             // This thread has nothing else to do: it watches that the standby
                             // does start serving, and starts a fresh server if it cannot.
                             let Some(status) = standby.failed_within(STANDBY_WATCH) else {
@@ -369,9 +380,15 @@ impl Recovery {
                         ),
                     }
                 }
-                self.spawn_fresh(&program, args)
+                self.spawn_fresh(&program, args);
+                self.settle();
             }
         }
+    }
+
+    /// Records that the hand-over settled who serves the socket's path.
+    fn settle(&self) {
+        self.settled.store(true, Ordering::Release);
     }
 
     /// Starts a fresh server after the fault, and says so.
@@ -466,8 +483,9 @@ impl Recovery {
         })
     }
 
-    /// Once the context failed and the accept loop stopped: waits until every client is gone,
-    /// `bound` passed, or `stop` is raised. Returns at once if the context did not fail.
+    /// Once the context failed and the accept loop stopped: waits until every client is gone
+    /// and the hand-over settled who serves the socket's path, `bound` passed, or `stop` is
+    /// raised. Returns at once if the context did not fail.
     pub fn drain(&self, stop: &AtomicBool, bound: Duration) {
         if !self.failed() {
             return;
@@ -475,7 +493,8 @@ impl Recovery {
         let until = Instant::now() + bound;
         loop {
             let left = self.registry.connected();
-            if left == 0 {
+            let settled = self.settled.load(Ordering::Acquire);
+            if left == 0 && settled {
                 tracing::info!(
                     pid = std::process::id(),
                     "every client of the failed context has gone; stopping"
@@ -487,11 +506,19 @@ impl Recovery {
                 return;
             }
             if Instant::now() >= until {
-                tracing::warn!(
-                    "{left} client(s) of the failed context still connected after {} s; \
-                     stopping (they see the connection close)",
-                    bound.as_secs()
-                );
+                if left == 0 {
+                    tracing::warn!(
+                        "no successor took {} within {} s; stopping",
+                        self.socket_path.display(),
+                        bound.as_secs()
+                    );
+                } else {
+                    tracing::warn!(
+                        "{left} client(s) of the failed context still connected after {} s; \
+                         stopping (they see the connection close)",
+                        bound.as_secs()
+                    );
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -538,6 +565,62 @@ fn inherited(fd: i32, option: &str) -> Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::registry::Defaults;
+
+    /// A recovery watch over a simulated context, with its socket in a directory of its own.
+    fn watch() -> (Arc<Recovery>, UnixListener, PathBuf) {
+        let backend = SimBackend::new(SimConfig {
+            memory_bytes: 1 << 20,
+            sm_count: 4,
+            fault_scope: Default::default(),
+        })
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("mps-recovery-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mps.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let defaults = Defaults {
+            mem_limit: 0,
+            priority: 0,
+            sm_share: 100,
+            max_sm_reserve: 100,
+        };
+        let registry = Arc::new(Registry::new(defaults, vec![4], Box::new(|_| Ok(()))));
+        let recovery = Recovery::watch(&backend, &listener, path.clone(), registry).unwrap();
+        (recovery, listener, dir)
+    }
+
+    /// A server whose last client left as its context failed must not stop (and remove the
+    /// socket's path) while the path is still being handed to its successor.
+    #[test]
+    fn draining_waits_until_the_hand_over_settled() {
+        let (recovery, _listener, dir) = watch();
+        recovery.failure.failed.store(true, Ordering::Release);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let drained = s.spawn(|| recovery.drain(&stop, Duration::from_secs(30)));
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(
+                !drained.is_finished(),
+                "drained before the hand-over settled"
+            );
+            recovery.settle();
+            let start = Instant::now();
+            while !drained.is_finished() {
+                assert!(start.elapsed() < Duration::from_secs(5), "still draining");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        // A hand-over that never settles holds the server no longer than the bound.
+        let (recovery, _listener, _) = watch();
+        recovery.failure.failed.store(true, Ordering::Release);
+        let start = Instant::now();
+        recovery.drain(&stop, Duration::from_millis(100));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn a_successor_gets_the_arguments_less_the_descriptors_of_this_process() {
