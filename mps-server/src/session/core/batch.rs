@@ -392,7 +392,9 @@ impl<B: Backend> Batching<B> {
             self.recent.clear();
             return;
         }
-        let key = std::mem::take(&mut self.recent);
+        let mut key = std::mem::take(&mut self.recent);
+        // Kept for as long as the shape is: no room beyond what its bytes count.
+        key.shrink_to_fit();
         self.learned += 1;
         // A graph made under the current rule that several new shapes have followed without a
         // second launch was made for nothing.
