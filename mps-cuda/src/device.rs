@@ -184,6 +184,9 @@ pub(crate) fn attribute(d: &Device, attrib: i32, reported: mps_core::Result<i32>
     if let Some((_, v)) = MPS.iter().find(|(a, _)| *a as i32 == attrib) {
         return Ok(*v);
     }
+    if attrib == A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32 {
+        return Ok(d.client_sms as i32);
+    }
     match reported {
         Ok(v) => Ok(v),
         Err(e) if e.status == Status::InvalidValue => {
@@ -250,6 +253,7 @@ mod tests {
             name: "NVIDIA H200".into(),
             total_mem: 150_000_000_000,
             sm_count: 132,
+            client_sms: 132,
             cc: (9, 0),
         }
     }
@@ -267,6 +271,17 @@ mod tests {
         let managed = A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY as i32;
         assert_eq!(attribute(&d, managed, Ok(1)), Ok(0));
         assert_eq!(attribute(&d, managed, not_reported()), Ok(0));
+    }
+
+    #[test]
+    fn the_multiprocessor_count_is_the_clients_share_as_nvidia_mps_reports_it() {
+        let d = Device {
+            client_sms: 72,
+            ..h200()
+        };
+        let sms = A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32;
+        assert_eq!(attribute(&d, sms, Ok(132)), Ok(72));
+        assert_eq!(attribute(&h200(), sms, Ok(132)), Ok(132));
     }
 
     #[test]

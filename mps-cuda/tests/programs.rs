@@ -123,6 +123,25 @@ fn pinned_host_memory_with_async_copies_and_memsets() {
 }
 
 #[test]
+fn the_multiprocessor_count_is_the_clients_share() {
+    if backend() != "sim" {
+        skip(
+            "the_multiprocessor_count_is_the_clients_share",
+            "the simulator's 16 SMs give a known share; on a GPU the real-programs suite's \
+             share50 mode (cuDNN's training) checks it",
+        );
+        return;
+    }
+    // Half of the simulator's 16 SMs.
+    passes(
+        "sm_share",
+        &[("MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("EXPECT_SMS", "8")],
+    );
+    // Without a share, the whole device.
+    passes("sm_share", &[("EXPECT_SMS", "16")]);
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }

@@ -4,8 +4,9 @@
 
 BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. Each mode runs
 every program at once (in parallel: they are clients of one server), each within a time limit.
-Modes: `native` (NVIDIA's driver alone); `mps` (through mps-run, whole device); `share50`
-(MPS_ACTIVE_THREAD_PERCENTAGE=50); `reserve25` (beside a client holding MPS_SM_RESERVE=25);
+Modes: `native` (NVIDIA's driver alone); `mps` (through mps-run, whole device); `shareN`
+(MPS_ACTIVE_THREAD_PERCENTAGE=N, e.g. share50); `reserveN` (beside a client holding
+MPS_SM_RESERVE=N, started first, e.g. reserve25);
 `memlimit` (MPS_PINNED_DEVICE_MEM_LIMIT=0=64M: the program must fail as CUDA fails when out of
 memory, or run within it). Each result is compared with native's: exactly, or within the
 program's stated relative tolerance. Into OUT_DIR: results.json, table.md, each run's output
@@ -26,10 +27,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = ["torch_cnn", "torch_transformer", "torch_graphs", "torch_compile",
             "torch_expandable", "torch_train", "cupy_suite", "jax_suite", "numba_suite"]
 MODES = ["native", "mps", "share50", "reserve25", "memlimit"]
-MODE_ENV = {
-    "share50": {"MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
-    "memlimit": {"MPS_PINNED_DEVICE_MEM_LIMIT": "0=64M"},
-}
+MEMLIMIT = {"MPS_PINNED_DEVICE_MEM_LIMIT": "0=64M"}
+
+
+def mode_env(mode):
+    """The environment a mode adds to its programs."""
+    if mode.startswith("share"):
+        return {"MPS_ACTIVE_THREAD_PERCENTAGE": mode[len("share"):]}
+    return MEMLIMIT if mode == "memlimit" else {}
 
 
 def start_daemon(bin_dir, pipe, logs):
@@ -65,7 +70,7 @@ def launch(program, mode, bin_dir, pipe, out_dir, extra_env):
     cmd = [sys.executable, os.path.join(HERE, f"{program}.py")]
     if mode != "native":
         env.update({"MPS_PIPE_DIRECTORY": pipe, "MPS_CUDA_LOG": "1"})
-        env.update(MODE_ENV.get(mode, {}))
+        env.update(mode_env(mode))
         cmd = [f"{bin_dir}/mps-run"] + cmd
     base = os.path.join(out_dir, f"{program}.{mode}")
     return subprocess.Popen(cmd, env=env, stdout=open(base + ".out", "wb"),
@@ -90,9 +95,10 @@ def tail(path, n=400):
 def run_mode(mode, programs, bin_dir, pipe, out_dir, limit):
     holder = None
     flag = os.path.join(out_dir, "hold.flag")
-    if mode == "reserve25":
+    if mode.startswith("reserve"):
         open(flag, "w").close()
-        env = dict(os.environ, MPS_PIPE_DIRECTORY=pipe, MPS_SM_RESERVE="25", MPS_CUDA_LOG="1")
+        env = dict(os.environ, MPS_PIPE_DIRECTORY=pipe, MPS_SM_RESERVE=mode[len("reserve"):],
+                   MPS_CUDA_LOG="1")
         holder = subprocess.Popen([f"{bin_dir}/mps-run", sys.executable,
                                    os.path.join(HERE, "hold_reservation.py"), flag], env=env,
                                   stdout=subprocess.PIPE, stderr=open(

@@ -11,6 +11,9 @@ from common import emit, run
 
 def body():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    # What the program is told of the device (through mps, the SMs of its share).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"torch_train: {sms} SMs", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     net = torchvision.models.resnet50(weights=None, num_classes=100).cuda().train()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)

@@ -226,7 +226,14 @@ impl<B: Backend> SessionCore<B> {
                 }
             }
             Err(err) => {
-                tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                if matches!(
+                    Opcode::from_u16(cmd.opcode),
+                    Some(Opcode::Launch | Opcode::LaunchCluster)
+                ) {
+                    self.log_failed_launch(cmd.seq, &err);
+                } else {
+                    tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                }
                 // A command that fails ends the run: the work before it is queued first.
                 self.batch.offered = None;
                 self.end_run();
@@ -236,6 +243,19 @@ impl<B: Backend> SessionCore<B> {
                 self.publish_failed(cmd);
                 Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &err))
             }
+        }
+    }
+
+    /// Logs a failed launch (the message names the kernel, its geometry and the driver's
+    /// result), within the bound [`Stats::launch_failed`] keeps.
+    fn log_failed_launch(&self, seq: u64, err: &Error) {
+        if let Some(n) = self.stats.launch_failed() {
+            tracing::warn!(
+                client = self.ctx.id,
+                seq,
+                failed_launches = n,
+                "a launch failed: {err}"
+            );
         }
     }
 

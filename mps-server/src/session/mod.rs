@@ -179,6 +179,7 @@ impl<B: Backend> Session<B> {
                 busy_ns: ctx.busy_ns.clone(),
                 sm_share: std::sync::atomic::AtomicU32::new(100),
                 sm_reserve: std::sync::atomic::AtomicU32::new(0),
+                told_sms: std::sync::atomic::AtomicU32::new(0),
             },
         );
     }
