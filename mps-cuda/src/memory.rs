@@ -2,8 +2,9 @@
 //!
 //! Page-locked host memory (`cuMemAllocHost`, `cuMemHostAlloc`) is the server's shared host
 //! buffers: copies from and to it are fully asynchronous. Copies from and to other (pageable)
-//! memory go through the client's staging area and return, as CUDA's do, once the source has
-//! been taken (host to device) or the data has arrived (device to host).
+//! memory go through the client's staging area. The asynchronous forms return, as CUDA's do,
+//! once the source has been taken (host to device) or the data has arrived (device to host); a
+//! synchronous host-to-device copy returns once its bytes are on the device, from any memory.
 //!
 //! Memory belongs to the device of the context that allocated it. Two devices' servers may hand
 //! out the same device address, so an allocation is known by (device, address), and a copy or
@@ -14,7 +15,8 @@
 //!
 //! The synchronous forms run in the default stream (legacy, or per-thread in the `_ptds`
 //! variants) and keep CUDA's documented host synchronisation: a copy to or from page-locked
-//! memory returns when it is done; device-to-device copies and memsets do not wait.
+//! memory returns when it is done (and from pageable memory to the device too, see `htod`);
+//! device-to-device copies and memsets do not wait.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -193,7 +195,11 @@ unsafe fn htod(
     graph::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
-    if sync && pinned(src as usize, n, conn)? {
+    if sync {
+        // CUDA lets a pageable copy's last DMA be in flight when the call returns, for
+        // microseconds; programs rely on that window being closed (a kernel on a non-blocking
+        // stream reads the data at once), and through mps it would be the server's round
+        // trip. So a synchronous copy returns once its bytes are on the device.
         conn.stream_synchronize(stream)?;
     }
     Ok(())

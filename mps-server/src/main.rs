@@ -62,6 +62,10 @@ struct Args {
     /// replaced by a fresh one.
     #[arg(long, value_enum, default_value = "client")]
     sim_fault_scope: FaultScopeChoice,
+    /// Microseconds each host-to-device copy takes before its bytes land (simulator only; 0
+    /// by default): widens the window a copy is in flight, for tests of what waits for it.
+    #[arg(long, default_value_t = 0)]
+    sim_copy_latency_us: u64,
     /// Seconds a server whose device context failed waits for its clients to leave before it
     /// exits (a fresh server takes new clients meanwhile).
     #[arg(long, default_value_t = 60)]
@@ -326,6 +330,7 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
             FaultScopeChoice::Client => FaultScope::Client,
             FaultScopeChoice::Context => FaultScope::Context,
         },
+        copy_latency: std::time::Duration::from_micros(args.sim_copy_latency_us),
     };
     let backend = SimBackend::new(sim)
         .map_err(|e| e.to_string())?

@@ -48,6 +48,10 @@ pub struct SimConfig {
     pub sm_count: u32,
     /// What a kernel fault ends.
     pub fault_scope: FaultScope,
+    /// Time each host-to-device copy takes before its bytes land, as a DMA's does: zero
+    /// unless a test widens the window in which a copy is queued but not yet done, to check
+    /// what waits for it.
+    pub copy_latency: std::time::Duration,
 }
 
 /// What a faulting kernel takes down in the simulator.
@@ -65,6 +69,7 @@ pub enum FaultScope {
 #[derive(Debug)]
 struct SimContext {
     scope: FaultScope,
+    copy_latency: std::time::Duration,
     /// Set once `dead` holds the failure; read on every submission without a lock.
     is_dead: AtomicBool,
     dead: Mutex<Option<Error>>,
@@ -160,6 +165,7 @@ impl SimBackend {
             epoch: Instant::now(),
             context: Arc::new(SimContext {
                 scope: cfg.fault_scope,
+                copy_latency: cfg.copy_latency,
                 is_dead: AtomicBool::new(false),
                 dead: Mutex::new(None),
                 clients: Mutex::new(Vec::new()),
@@ -369,6 +375,9 @@ impl Worker {
             Op::CopyHtoD { dst, src } => {
                 let (s, len) = src.as_raw();
                 let d = self.device(*dst, len as u64, "copy destination")?;
+                if !self.context.copy_latency.is_zero() {
+                    std::thread::sleep(self.context.copy_latency);
+                }
                 // SAFETY: both ranges are `len` bytes of live mappings (device memory checked
                 // above; the host bytes are kept alive by `src`); they cannot overlap, device
                 // memory being a mapping of its own.
@@ -749,6 +758,7 @@ mod tests {
             memory_bytes: 1 << 20,
             sm_count: 2,
             fault_scope: scope,
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap();
         let (victim, other) = (Arc::new(Heard::default()), Arc::new(Heard::default()));

@@ -68,6 +68,7 @@ fn sim_server() -> Server<SimBackend> {
             memory_bytes: 64 << 20,
             sm_count: 4,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap(),
     )

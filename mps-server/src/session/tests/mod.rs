@@ -110,6 +110,7 @@ fn sim() -> Server<SimBackend> {
             memory_bytes: 64 << 20,
             sm_count: 4,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap(),
     )
