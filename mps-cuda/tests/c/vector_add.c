@@ -111,6 +111,12 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyHtoD_v2(db, hb, N * sizeof(float)));
     uint64_t n = N;
     void *params[] = {&da, &db, &dc, &n};
+    /* A launch past the device's limits fails in the call itself, as the driver's does, and
+     * the stream carries on. */
+    EXPECT(cuLaunchKernel(add, 0, 1, 1, 256, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLaunchKernel(add, 1, 1, 1, 2048, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_INVALID_VALUE);
     CHECK(cuLaunchKernel(add, 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
     CHECK(cuMemcpyDtoH_v2(hc, dc, N * sizeof(float)));
     int wrong = 0;
