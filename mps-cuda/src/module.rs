@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use mps_core::protocol::{Cluster, Dim3, FUNC_ATTRIBUTES, ParamInfo};
@@ -314,6 +315,36 @@ pub(crate) fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
     entry("cuModuleLoadData", || {
         load(module.cast(), image, Some(current()?.handle))
+    })
+}
+
+/// Loads the module image in file `fname` (PTX, cubin or fatbin) as `cuModuleLoadData` loads
+/// one in memory: Triton's and Inductor's kernels come as files. A file that cannot be read is
+/// CUDA_ERROR_FILE_NOT_FOUND, as the driver says for it.
+///
+/// # Safety
+/// `module` must be NULL or writable; `fname` NULL or a NUL-terminated path.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    entry("cuModuleLoad", || {
+        check(!fname.is_null())?;
+        // SAFETY: checked non-null; the caller guarantees a NUL-terminated path.
+        let path = unsafe { CStr::from_ptr(fname) };
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        let mut bytes = std::fs::read(path).map_err(|e| {
+            log::failure(&format!(
+                "cuModuleLoad: cannot read {}: {e}",
+                path.display()
+            ));
+            CUresult::CUDA_ERROR_FILE_NOT_FOUND
+        })?;
+        // PTX text ends at its NUL, as in memory; a cubin or fatbin is sized by its header.
+        bytes.push(0);
+        load(
+            module.cast(),
+            bytes.as_ptr().cast(),
+            Some(current()?.handle),
+        )
     })
 }
 

@@ -103,6 +103,7 @@ abis! {
     "cuMemsetD32" 3020 cuMemsetD32_v2 | cuMemsetD32_v2_ptds;
     "cuMemsetD8Async" 3020 cuMemsetD8Async | cuMemsetD8Async_ptsz;
     "cuMemsetD32Async" 3020 cuMemsetD32Async | cuMemsetD32Async_ptsz;
+    "cuModuleLoad" 2000 cuModuleLoad;
     "cuModuleLoadData" 2000 cuModuleLoadData;
     "cuModuleLoadDataEx" 2010 cuModuleLoadDataEx;
     "cuModuleUnload" 2000 cuModuleUnload;

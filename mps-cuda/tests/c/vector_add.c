@@ -69,6 +69,13 @@ int main(int argc, char **argv) {
     CHECK(cuModuleLoadData(&mod, ptx));
     CHECK(cuModuleGetFunction(&add, mod, "add_f32"));
     CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy_f32"));
+    /* The same image from its file (Triton's kernels come so); a missing file is not found. */
+    CUmodule from_file;
+    CUfunction add_again;
+    CHECK(cuModuleLoad(&from_file, argv[1]));
+    CHECK(cuModuleGetFunction(&add_again, from_file, "add_f32"));
+    CHECK(cuModuleUnload(from_file));
+    EXPECT(cuModuleLoad(&from_file, "/nonexistent/test_kernels.ptx"), CUDA_ERROR_FILE_NOT_FOUND);
     /* Into a handle of its own: the driver may write to it even when it fails. */
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
     /* A fatbin whose one cubin is for another architecture (sm_75) has no code for this device:
