@@ -158,6 +158,51 @@ fn a_synchronous_copy_has_landed_before_a_non_blocking_stream_reads_it() {
 }
 
 #[test]
+fn nvidias_variable_names_stand_in_for_unset_mps_ones() {
+    // A setup made for NVIDIA's MPS: its pipe directory and client limits, no MPS_* variable.
+    let server = Server::start();
+    let nvidia = |name: &str, env: &[(&str, &str)]| {
+        let out = Command::new(built().join("mps-run"))
+            .arg(build(name))
+            .arg(root().join("kernels/test_kernels.ptx"))
+            .env_remove("MPS_PIPE_DIRECTORY")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &server.dir)
+            .env("MPS_ONLY", "1")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("all checks passed"),
+            "{name} with {env:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    nvidia(
+        "mem_limit",
+        &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")],
+    );
+    if backend() == "sim" {
+        nvidia(
+            "sm_share",
+            &[
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+                ("EXPECT_SMS", "8"),
+            ],
+        );
+        // mps's own name wins where both are set.
+        nvidia(
+            "sm_share",
+            &[
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+                ("MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
+                ("EXPECT_SMS", "4"),
+            ],
+        );
+    }
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }

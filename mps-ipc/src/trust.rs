@@ -32,8 +32,8 @@ pub fn default_log_dir() -> PathBuf {
 
 /// `$var`; else `$XDG_RUNTIME_DIR/name` for a user other than root (a directory only that user
 /// can write, so nobody can take the name first); else `/tmp/name`.
-pub(crate) fn default_dir(var: &str, name: &str) -> PathBuf {
-    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+pub(crate) fn default_dir(var: &'static str, name: &str) -> PathBuf {
+    if let Some(v) = crate::env::setting_os(var) {
         return PathBuf::from(v);
     }
     if !nix::unistd::geteuid().is_root() {
