@@ -279,7 +279,7 @@ mod tests {
         // A lost server is not an unknown attribute.
         let lost = mps_core::Error::new(Status::Connection, "gone");
         assert_ne!(
-            attribute(&d, 13, Err(lost)),
+            attribute(&d, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE as i32, Err(lost)),
             Err(CUresult::CUDA_ERROR_INVALID_VALUE)
         );
     }

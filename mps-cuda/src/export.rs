@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
+use crate::abi::device_attribute::{PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID};
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
 use crate::device::{attribute_of, uuid_of};
@@ -405,7 +406,8 @@ impl Identity {
         let devices = (0..count)
             .filter_map(|dev| connection(dev).ok())
             .map(|c| {
-                let pci = [50, 33, 34].map(|a| attribute_of(c, a).unwrap_or(0));
+                let pci = [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID]
+                    .map(|a| attribute_of(c, a).unwrap_or(0));
                 (uuid_of(c), pci)
             })
             .collect();

@@ -12,6 +12,14 @@
 use mps_client::OccupancyQuery;
 use mps_core::protocol::{CONTEXT_LIMITS, Dim3, FUNC_ATTRIBUTES};
 
+use crate::abi::device_attribute::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+use crate::abi::function_attribute::{
+    CLUSTER_SCHEDULING_POLICY_PREFERENCE as CLUSTER_SCHEDULING,
+    MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SHARED,
+    NON_PORTABLE_CLUSTER_SIZE_ALLOWED as NON_PORTABLE_CLUSTER,
+    PREFERRED_SHARED_MEMORY_CARVEOUT as CARVEOUT, SHARED_SIZE_BYTES as SHARED_SIZE,
+};
+use crate::abi::launch_attribute;
 use crate::abi::{CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUresult};
 use crate::connection::{Connection, Res};
 use crate::context::current;
@@ -19,18 +27,6 @@ use crate::driver::{check, connection, entry, lock, put};
 use crate::log;
 use crate::module::function_obj;
 
-/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, `_MAX_DYNAMIC_SHARED_SIZE_BYTES`,
-/// `_PREFERRED_SHARED_MEMORY_CARVEOUT`.
-const SHARED_SIZE: usize = 1;
-const MAX_DYNAMIC_SHARED: usize = 8;
-const CARVEOUT: usize = 9;
-/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, `_CLUSTER_SCHEDULING_POLICY_PREFERENCE`.
-const NON_PORTABLE_CLUSTER: usize = 14;
-const CLUSTER_SCHEDULING: usize = 15;
-/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
-const OPTIN_SHARED: i32 = 97;
-/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
-const LAUNCH_CLUSTER_DIMENSION: u32 = 4;
 /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
 const UNSUPPORTED_LIMIT: CUresult = CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
 
@@ -141,7 +137,7 @@ fn set_attribute(attribute: i32, value: i32, h: usize, dev: CUdevice) -> Res<()>
     with_attributes(h, dev, |a, conn| match attribute as usize {
         MAX_DYNAMIC_SHARED => {
             let optin = conn
-                .reported_attribute(OPTIN_SHARED)
+                .reported_attribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
                 .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
             let room = optin - a[SHARED_SIZE].unwrap_or(0);
             check((0..=room).contains(&value))?;
@@ -318,7 +314,7 @@ unsafe fn cluster_of(c: &CUlaunchConfig) -> Res<Dim3> {
                 [a.add(2).read(), a.add(3).read(), a.add(4).read()],
             )
         };
-        if id == LAUNCH_CLUSTER_DIMENSION {
+        if id == launch_attribute::CLUSTER_DIMENSION {
             cluster = Dim3 {
                 x: dims[0],
                 y: dims[1],

@@ -19,7 +19,7 @@ use mps_core::protocol::{Cluster, Dim3, FUNC_ATTRIBUTES, ParamInfo};
 use crate::abi::{
     CUdevice, CUdeviceptr, CUfunction, CUkernel, CUlaunchConfig, CUlibrary, CUmodule, CUresult,
     CUstream, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END,
-    MODULE_EAGER_LOADING, MODULE_LAZY_LOADING,
+    MODULE_EAGER_LOADING, MODULE_LAZY_LOADING, launch_attribute,
 };
 use crate::connection::{Connection, Function, KernelLayout, Module, Res};
 use crate::context::{current, current_handle, require_current};
@@ -664,16 +664,24 @@ unsafe fn asks(a: *const u32) -> AttributeAsks {
             [a.add(2).read(), a.add(3).read(), a.add(4).read()],
         )
     };
+    use launch_attribute as L;
     match id {
-        0 => AttributeAsks::Nothing,
-        2 if v[0] == 0 => AttributeAsks::Nothing,
-        4 if v == [1, 1, 1] => AttributeAsks::Nothing,
-        4 if !v.contains(&0) => AttributeAsks::Clusters(Dim3 {
+        L::IGNORE => AttributeAsks::Nothing,
+        L::COOPERATIVE if v[0] == 0 => AttributeAsks::Nothing,
+        L::CLUSTER_DIMENSION if v == [1, 1, 1] => AttributeAsks::Nothing,
+        L::CLUSTER_DIMENSION if !v.contains(&0) => AttributeAsks::Clusters(Dim3 {
             x: v[0],
             y: v[1],
             z: v[2],
         }),
-        1 | 3 | 5 | 6 | 8 | 9 | 10 | 14 => AttributeAsks::Hint,
+        L::ACCESS_POLICY_WINDOW
+        | L::SYNCHRONIZATION_POLICY
+        | L::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | L::PROGRAMMATIC_STREAM_SERIALIZATION
+        | L::PRIORITY
+        | L::MEM_SYNC_DOMAIN_MAP
+        | L::MEM_SYNC_DOMAIN
+        | L::PREFERRED_SHARED_MEMORY_CARVEOUT => AttributeAsks::Hint,
         _ => AttributeAsks::Unsupported,
     }
 }
@@ -781,4 +789,41 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     entry("cuLaunchKernelEx_ptsz", || unsafe {
         launch_ex(config, f, params, extra, true)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each id asks, by the numbers a C program passes (cuda.h 13.0's), so that naming them
+    /// changed nothing.
+    #[test]
+    fn launch_attributes_by_their_ids_in_cuda_h() {
+        let ask = |id: u32, v: [u32; 3]| {
+            let mut a = [0u32; 18];
+            a[0] = id;
+            a[2..5].copy_from_slice(&v);
+            // SAFETY: a whole attribute: an id, padding and a 64-byte value.
+            unsafe { asks(a.as_ptr()) }
+        };
+        assert_eq!(ask(0, [0; 3]), AttributeAsks::Nothing);
+        assert_eq!(ask(2, [0; 3]), AttributeAsks::Nothing);
+        assert_eq!(ask(2, [1, 0, 0]), AttributeAsks::Unsupported);
+        assert_eq!(ask(4, [1, 1, 1]), AttributeAsks::Nothing);
+        assert_eq!(
+            ask(4, [2, 1, 1]),
+            AttributeAsks::Clusters(Dim3 { x: 2, y: 1, z: 1 })
+        );
+        assert_eq!(ask(4, [0, 1, 1]), AttributeAsks::Unsupported);
+        for hint in [1, 3, 5, 6, 8, 9, 10, 14] {
+            assert_eq!(ask(hint, [1, 1, 1]), AttributeAsks::Hint, "id {hint}");
+        }
+        for refused in [7, 11, 12, 13, 15, 16, 99] {
+            assert_eq!(
+                ask(refused, [1, 1, 1]),
+                AttributeAsks::Unsupported,
+                "id {refused}"
+            );
+        }
+    }
 }

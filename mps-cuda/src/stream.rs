@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::abi::{
-    CUdevice, CUevent, CUresult, CUstream, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_LEGACY,
-    STREAM_NON_BLOCKING, STREAM_PER_THREAD,
+    CUdevice, CUevent, CUresult, CUstream, EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
+    EVENT_INTERPROCESS, STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD,
 };
 use crate::connection::{Connection, Event, Res, Stream};
 use crate::context::{Context, context, current, current_handle};
@@ -507,7 +507,10 @@ pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut i3
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult {
     entry("cuEventCreate", || {
-        check(!ph.is_null() && flags & !(0x1 | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) == 0)?;
+        check(
+            !ph.is_null()
+                && flags & !(EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) == 0,
+        )?;
         if flags & EVENT_INTERPROCESS != 0 {
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
