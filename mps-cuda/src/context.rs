@@ -11,59 +11,13 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use crate::abi::{CTX_FLAGS, CUcontext, CUctxCreateParams, CUdevice, CUresult};
-use crate::connection::{Connection, Res, Stream};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::memo::{Memo, through};
-use crate::stream::LegacyOrder;
-
-/// One context.
-#[derive(Debug)]
-pub(crate) struct Context {
-    pub(crate) handle: usize,
-    pub(crate) primary: bool,
-    /// The device it was made on: where everything made in it lives.
-    pub(crate) device: CUdevice,
-    pub(crate) state: Mutex<ContextState>,
-}
-
-#[derive(Debug)]
-pub(crate) struct ContextState {
-    /// A created context until destroyed; the primary context while retained.
-    pub(crate) active: bool,
-    pub(crate) retains: u32,
-    pub(crate) flags: u32,
-    /// The context's legacy default stream: the client's default stream for the primary
-    /// context, a stream of its own for a created one.
-    pub(crate) legacy: Stream,
-    /// How work in the legacy default stream and the blocking streams is ordered.
-    pub(crate) order: LegacyOrder,
-}
-
-impl Context {
-    pub(crate) fn primary(handle: usize, device: CUdevice) -> Context {
-        Context {
-            handle,
-            primary: true,
-            device,
-            state: Mutex::new(ContextState {
-                active: false,
-                retains: 0,
-                flags: 0,
-                legacy: Stream::DEFAULT,
-                order: LegacyOrder::default(),
-            }),
-        }
-    }
-
-    pub(crate) fn legacy_stream(&self) -> Stream {
-        lock(&self.state).legacy
-    }
-
-    /// The connection to its device's server.
-    pub(crate) fn conn(&self) -> Res<&'static Connection> {
-        connection(self.device)
-    }
-}
+use crate::capture;
+use crate::connection::Res;
+use crate::driver::{self, Stage, connection, driver};
+use crate::ffi::{check, entry, lock, put};
+use crate::memo::{self, Memo, through};
+use crate::objects::{Context, ContextState};
+use crate::order::LegacyOrder;
 
 thread_local! {
     /// The calling thread's context stack, top last.
@@ -129,15 +83,21 @@ pub(crate) fn primary_of(dev: CUdevice) -> Res<&'static Arc<Context>> {
 }
 
 /// Frees everything context `ctx` owns, after its work is done; the first failure is returned
-/// once everything has been tried.
+/// once everything has been tried. What the areas above keep for it (the runtime's storage,
+/// modules) they free in their release hooks ([`driver::on_release`]).
 fn release_resources(ctx: &Context) -> Res<()> {
     // The runtime's per-context state goes first, while the context still works.
-    crate::export::drop_context_storage(ctx.handle);
+    let mut early = Ok(());
+    driver::run_release_hooks(ctx, Stage::Early, |r| {
+        if early.is_ok() {
+            early = r;
+        }
+    });
     let d = driver()?;
     let conn = ctx.conn()?;
     // A capturing stream cannot be waited for or destroyed: its capture ends first.
-    let ended = crate::graph::end_captures_of(ctx.handle);
-    let mut first = ended.and(conn.synchronize());
+    let ended = capture::end_captures_of(ctx.handle);
+    let mut first = early.and(ended).and(conn.synchronize());
     let mut keep = |r: Res<()>| {
         if first.is_ok() {
             first = r;
@@ -150,9 +110,7 @@ fn release_resources(ctx: &Context) -> Res<()> {
     for e in d.events.remove_where(|e| e.ctx == h) {
         keep(conn.event_destroy(e.event));
     }
-    for m in d.modules.remove_where(|m| m.ctx == Some(h)) {
-        keep(crate::module::unload_everywhere(&m));
-    }
+    driver::run_release_hooks(ctx, Stage::Late, &mut keep);
     let mine: Vec<(CUdevice, u64)> = {
         let mut a = lock(&d.allocations);
         let mine: Vec<(CUdevice, u64)> = a
@@ -432,7 +390,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", || {
         let ctx = current()?;
         let conn = ctx.conn()?;
-        crate::graph::refuse_context_wait(ctx.handle, conn)?;
+        capture::refuse_context_wait(ctx.handle, conn)?;
         conn.synchronize()
     })
 }
@@ -443,7 +401,7 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
         let ctx = given_or_current(ctx)?;
         let conn = ctx.conn()?;
-        crate::graph::refuse_context_wait(ctx.handle, conn)?;
+        capture::refuse_context_wait(ctx.handle, conn)?;
         conn.synchronize()
     })
 }
@@ -508,7 +466,7 @@ fn primary_release(dev: CUdevice) -> Res<()> {
     if last {
         let r = release_resources(p);
         lock(&p.state).active = false;
-        crate::memo::handles_changed();
+        memo::handles_changed();
         return r;
     }
     Ok(())

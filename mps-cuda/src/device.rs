@@ -16,7 +16,8 @@ use mps_core::Status;
 
 use crate::abi::{CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::connection::{Connection, Device, Res, fail};
-use crate::driver::{self, check, connection, driver, entry, put};
+use crate::driver::{self, connection, driver};
+use crate::ffi::{check, entry, put};
 use crate::log;
 
 #[unsafe(no_mangle)]

@@ -14,16 +14,19 @@
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Mutex, Once};
+
+use hmac::{KeyInit, Mac, SimpleHmac};
+use md2::Md2;
 
 use crate::abi::device_attribute::{PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID};
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
 use crate::device::{attribute_of, uuid_of};
-use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::driver::{self, Stage, connection, driver};
+use crate::ffi::{Res, check, entry, lock, put};
 use crate::log;
-use hmac::{KeyInit, Mac, SimpleHmac};
-use md2::Md2;
+use crate::objects::Context;
 
 type AnyFn = unsafe extern "C" fn();
 
@@ -256,6 +259,8 @@ unsafe extern "C" fn cls_put(
 ) -> CUresult {
     entry("context-local storage: put", || {
         let c = storage_context(ctx)?;
+        static HOOKED: Once = Once::new();
+        HOOKED.call_once(|| driver::on_release(Stage::Early, drop_context_storage));
         lock(&STORAGE)
             .get_or_insert_with(HashMap::new)
             .insert((c, key as usize), (value as usize, dtor));
@@ -294,12 +299,15 @@ unsafe extern "C" fn cls_get(
     })
 }
 
-/// Forgets what was stored for context `handle`, calling each value's destructor (outside the
-/// lock: a destructor may call back into the library).
-pub(crate) fn drop_context_storage(handle: usize) {
+/// Context `ctx` is released: what was stored for it is forgotten, each value's destructor
+/// called (outside the lock: a destructor may call back into the library).
+fn drop_context_storage(ctx: &Context) -> Res<()> {
+    let handle = ctx.handle;
     let gone: Vec<(StorageKey, Stored)> = {
         let mut s = lock(&STORAGE);
-        let Some(map) = s.as_mut() else { return };
+        let Some(map) = s.as_mut() else {
+            return Ok(());
+        };
         let keys: Vec<_> = map.keys().filter(|(c, _)| *c == handle).copied().collect();
         keys.into_iter()
             .filter_map(|k| map.remove(&k).map(|v| (k, v)))
@@ -317,6 +325,7 @@ pub(crate) fn drop_context_storage(handle: usize) {
             };
         }
     }
+    Ok(())
 }
 
 // ----- 263e8860: context checks -----

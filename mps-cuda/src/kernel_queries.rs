@@ -23,7 +23,8 @@ use crate::abi::launch_attribute;
 use crate::abi::{CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUresult};
 use crate::connection::{Connection, Res};
 use crate::context::current;
-use crate::driver::{check, connection, entry, lock, put};
+use crate::driver::connection;
+use crate::ffi::{check, entry, lock, put};
 use crate::log;
 use crate::module::function_obj;
 

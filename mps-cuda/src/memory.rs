@@ -20,16 +20,18 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTALLOC_FLAGS};
+use crate::capture;
 use crate::connection::{Connection, Res, Stream};
-use crate::context::{Context, context, current, handle_of};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::graph;
+use crate::context::{context, current, handle_of};
+use crate::driver::{connection, driver};
+use crate::ffi::{check, entry, lock, put};
 use crate::log;
+use crate::objects::Context;
 use crate::stream::{for_legacy_work, for_work};
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     check(!dptr.is_null() && size > 0)?;
-    graph::unsafe_call("cuMemAlloc")?;
+    capture::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.mem_alloc(size as u64)?;
     lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
@@ -81,7 +83,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             device_of(d.devices.len() as CUdevice, has, dptr, here)?
         };
         let conn = connection(dev)?;
-        graph::free_call(conn, "cuMemFree")?;
+        capture::free_call(conn, "cuMemFree")?;
         conn.mem_free(dptr)?;
         lock(&d.allocations).remove(&(dev, dptr));
         Ok(())
@@ -121,7 +123,7 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
 
 fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     check(size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
-    graph::unsafe_call("cuMemHostAlloc")?;
+    capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
     lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
@@ -155,7 +157,7 @@ pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
             .get(&(p as usize))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let conn = connection(dev)?;
-        graph::free_call(conn, "cuMemFreeHost")?;
+        capture::free_call(conn, "cuMemFreeHost")?;
         // Forgotten only once the server freed it: a buffer it keeps (a graph copies through
         // it) stays this library's, to be freed later and to be waited for as page-locked.
         conn.host_free(p.cast())?;
@@ -190,7 +192,7 @@ unsafe fn htod(
         return Ok(());
     }
     check(!src.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
+    capture::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
     if sync && pinned(src as usize, n, conn)? {
@@ -212,7 +214,7 @@ unsafe fn dtoh(
         return Ok(());
     }
     check(!dst.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
+    capture::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
     if sync && pinned(dst as usize, n, conn)? {
@@ -555,7 +557,7 @@ fn peer_async(
     let (from, from_in_h) = side_of(from, stream)?;
     if to.1.ordinal() != from.1.ordinal() {
         // Staged through the host, with waits: nothing a capture could record.
-        graph::refuse_in_capture(stream.1, stream.0, "a copy between two devices")?;
+        capture::refuse_in_capture(stream.1, stream.0, "a copy between two devices")?;
     }
     if !from_in_h {
         stream.1.stream_synchronize(stream.0)?;

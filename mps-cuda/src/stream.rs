@@ -19,80 +19,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::abi::{
-    CUdevice, CUevent, CUresult, CUstream, EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
-    EVENT_INTERPROCESS, STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD,
+    CUevent, CUresult, CUstream, EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS,
+    STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD,
 };
-use crate::connection::{Connection, Event, Res, Stream};
-use crate::context::{Context, context, current, current_handle};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::graph;
+use crate::capture;
+use crate::connection::{Connection, Res, Stream};
+use crate::context::{context, current, current_handle};
+use crate::driver::{connection, driver};
+use crate::ffi::{check, entry, lock, put};
 use crate::log;
 use crate::memo::{Memo, through};
-
-/// A stream the program created (or a thread's per-thread default stream).
-#[derive(Debug)]
-pub(crate) struct StreamObj {
-    pub(crate) ctx: usize,
-    pub(crate) device: CUdevice,
-    pub(crate) stream: Stream,
-    pub(crate) flags: u32,
-    pub(crate) priority: i32,
-}
-
-/// An event the program created.
-#[derive(Debug)]
-pub(crate) struct EventObj {
-    pub(crate) ctx: usize,
-    pub(crate) device: CUdevice,
-    pub(crate) event: Event,
-    pub(crate) flags: u32,
-}
-
-/// Where the legacy default stream and a context's blocking streams stand with each other.
-#[derive(Debug, Default)]
-pub(crate) struct LegacyOrder {
-    /// How many times work has been put in the legacy stream.
-    epoch: u64,
-    /// An event recorded in the legacy stream, at legacy work number `event_epoch`.
-    event: Option<Event>,
-    event_epoch: u64,
-    /// The context's blocking streams, by handle.
-    blocking: HashMap<usize, Blocking>,
-}
-
-#[derive(Debug)]
-struct Blocking {
-    stream: Stream,
-    /// It has work the legacy stream has not waited for.
-    dirty: bool,
-    /// The legacy work number it has waited for.
-    seen: u64,
-    /// An event for the legacy stream to wait on.
-    event: Option<Event>,
-}
-
-impl LegacyOrder {
-    /// The events it made, for the context's teardown.
-    pub(crate) fn events(self) -> Vec<Event> {
-        let own = self.blocking.into_values().filter_map(|b| b.event);
-        self.event.into_iter().chain(own).collect()
-    }
-}
-
-pub(crate) enum Kind {
-    Legacy,
-    Blocking(usize),
-    Independent,
-}
-
-/// A stream argument resolved: its context, its device's connection, its mps stream and how it
-/// orders.
-pub(crate) struct Target {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) conn: &'static Connection,
-    pub(crate) stream: Stream,
-    pub(crate) kind: Kind,
-}
+use crate::objects::{Context, EventObj, Kind, StreamObj, Target};
 
 thread_local! {
     /// The calling thread's per-thread default stream in each context: context → stream handle.
@@ -114,15 +51,7 @@ fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
         priority,
     });
     if flags & STREAM_NON_BLOCKING == 0 {
-        lock(&ctx.state).order.blocking.insert(
-            handle,
-            Blocking {
-                stream,
-                dirty: false,
-                seen: 0,
-                event: None,
-            },
-        );
+        lock(&ctx.state).order.add_blocking(handle, stream);
     }
     Ok(handle)
 }
@@ -204,17 +133,6 @@ fn legacy_of(ctx: Arc<Context>) -> Res<Target> {
     })
 }
 
-fn ensure_event(conn: &Connection, slot: &mut Option<Event>) -> Res<Event> {
-    match *slot {
-        Some(e) => Ok(e),
-        None => {
-            let e = conn.event_create()?;
-            *slot = Some(e);
-            Ok(e)
-        }
-    }
-}
-
 impl Target {
     /// Inserts the waits that work about to go into this stream needs (see the module's
     /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
@@ -235,40 +153,10 @@ impl Target {
     /// blocking stream work goes into, `None` for the legacy stream.
     #[inline(never)]
     fn order_locked(&self, blocking: Option<usize>, work: bool) -> Res<()> {
-        let conn = self.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
-        let o = &mut st.order;
-        match blocking {
-            None => {
-                for b in o.blocking.values_mut().filter(|b| b.dirty) {
-                    let e = ensure_event(conn, &mut b.event)?;
-                    conn.event_record(e, b.stream)?;
-                    conn.stream_wait_event(legacy, e)?;
-                    b.dirty = false;
-                }
-                if work {
-                    o.epoch += 1;
-                }
-            }
-            Some(h) => {
-                let epoch = o.epoch;
-                let seen = o.blocking.get(&h).map_or(epoch, |b| b.seen);
-                if seen < epoch {
-                    let e = ensure_event(conn, &mut o.event)?;
-                    if o.event_epoch < epoch {
-                        conn.event_record(e, legacy)?;
-                        o.event_epoch = epoch;
-                    }
-                    conn.stream_wait_event(self.stream, e)?;
-                }
-                if let Some(b) = o.blocking.get_mut(&h) {
-                    b.seen = epoch;
-                    b.dirty = true;
-                }
-            }
-        }
-        Ok(())
+        st.order
+            .order(self.conn, legacy, self.stream, blocking, work)
     }
 }
 
@@ -286,7 +174,7 @@ pub(crate) fn for_legacy_work(ctx: Arc<Context>) -> Res<(Stream, &'static Connec
 
 /// Work for `t`, admitted by the capture rules and ordered as its kind of stream orders.
 fn admitted(t: &Target) -> Res<(Stream, &'static Connection)> {
-    if !graph::admit_work(t)? {
+    if !capture::admit_work(t)? {
         t.order(true)?;
     }
     Ok((t.stream, t.conn))
@@ -328,12 +216,11 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
             .streams
             .remove(h as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        graph::forget_stream(connection(s.device)?, s.stream)?;
+        capture::forget_stream(connection(s.device)?, s.stream)?;
         let ordering_event = d
             .contexts
             .get(s.ctx)
-            .and_then(|c| lock(&c.state).order.blocking.remove(&(h as usize)))
-            .and_then(|b| b.event);
+            .and_then(|c| lock(&c.state).order.remove_blocking(h as usize));
         let conn = connection(s.device)?;
         conn.stream_destroy(s.stream)?;
         match ordering_event {
@@ -347,8 +234,8 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 /// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let (stream, conn) = with_target(h, per_thread, |t| {
-        graph::refuse_wait(t)?;
-        graph::refuse_legacy_sync(t)?;
+        capture::refuse_wait(t)?;
+        capture::refuse_legacy_sync(t)?;
         t.order(false)?;
         Ok((t.stream, t.conn))
     })?;
@@ -367,7 +254,7 @@ pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
 
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
     let (stream, conn) = with_target(h, per_thread, |t| {
-        graph::refuse_wait(t)?;
+        capture::refuse_wait(t)?;
         Ok((t.stream, t.conn))
     })?;
     if conn.stream_query(stream)? {
@@ -409,7 +296,7 @@ fn with_event_and_stream(
         || event(ev),
         |e| {
             let (s, conn) = for_work(h, per_thread)?;
-            graph::refuse_in_capture(conn, s, what)?;
+            capture::refuse_in_capture(conn, s, what)?;
             body(e, s, conn)
         },
     )
