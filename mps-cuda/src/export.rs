@@ -8,8 +8,8 @@
 //! other slot NVIDIA fills holds a stub that fails with `CUDA_ERROR_NOT_SUPPORTED` and names
 //! itself once. docs/TRANSPARENT.md says, table by table, what each entry is and how sure that is.
 //!
-//! Past 600 lines: one table per section, each with the facts it rests on; the tests are at the
-//! end.
+//! Past 600 lines: one table per section, each with the facts it rests on; the export and the
+//! tests are at the end.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
 use crate::device::{attribute_of, uuid_of};
 use crate::driver::{self, Stage, connection, driver};
-use crate::ffi::{Res, check, entry, lock, put};
+use crate::ffi::{Res, check, entry, exports, lock, put};
 use crate::log;
 use crate::objects::Context;
 
@@ -644,14 +644,18 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
     Some(t)
 }
 
-/// Hands out the table `id` names; one this library does not serve is refused with
-/// `CUDA_ERROR_NOT_SUPPORTED`, its UUID said once (except the probe the runtime does without).
-///
-/// # Safety
-/// `out` must be NULL or writable; `id` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CUuuid) -> CUresult {
-    entry("cuGetExportTable", || {
+// ----- the exports -----
+
+exports! {
+    /// Hands out the table `id` names; one this library does not serve is refused with
+    /// `CUDA_ERROR_NOT_SUPPORTED`, its UUID said once (except the probe the runtime does without).
+    ///
+    /// # Safety
+    /// `out` must be NULL or writable; `id` NULL or readable.
+    pub unsafe fn cuGetExportTable(
+        out: *mut *const c_void,
+        id: *const CUuuid,
+    ) ["cuGetExportTable" 3000] = {
         check(!out.is_null() && !id.is_null())?;
         // SAFETY: checked non-null; the caller guarantees a readable UUID.
         let bytes = unsafe { (*id).bytes }.map(|b| b as u8);
@@ -671,7 +675,7 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
             });
         }
         Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-    })
+    };
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock};
 use crate::abi::{CUresult, CUstream};
 use crate::capture::{self, MODE_GLOBAL, MODE_RELAXED, STATUS_ACTIVE, refuse_in_capture};
 use crate::connection::{Connection, Graph, GraphExec, Res};
-use crate::ffi::{check, entry, put};
+use crate::ffi::{check, exports, put};
 use crate::handles::Registry;
 use crate::log;
 use crate::memo::{Memo, through};
@@ -82,27 +82,6 @@ fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {
     capture::begin(&t, blocking, mode, priority)
 }
 
-/// The CUDA 10.0 form, without a mode: global, CUDA's default.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
-    entry("cuStreamBeginCapture", || begin(h, MODE_GLOBAL, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
-    entry("cuStreamBeginCapture_ptsz", || begin(h, MODE_GLOBAL, true))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) -> CUresult {
-    entry("cuStreamBeginCapture_v2", || begin(h, mode, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresult {
-    entry("cuStreamBeginCapture_v2_ptsz", || begin(h, mode, true))
-}
-
 fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     check(!ph.is_null())?;
     let t = resolve(h, per_thread)?;
@@ -139,39 +118,11 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     unsafe { put(ph, handle) }
 }
 
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, ph: *mut usize) -> CUresult {
-    entry("cuStreamEndCapture", || end(h, ph, false))
-}
-
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, ph: *mut usize) -> CUresult {
-    entry("cuStreamEndCapture_ptsz", || end(h, ph, true))
-}
-
 fn is_capturing(h: CUstream, out: *mut u32, per_thread: bool) -> Res<()> {
     check(!out.is_null())?;
     let (s, _) = with_target(h, per_thread, capture::status)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, s) }
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, out: *mut u32) -> CUresult {
-    entry("cuStreamIsCapturing", || is_capturing(h, out, false))
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, out: *mut u32) -> CUresult {
-    entry("cuStreamIsCapturing_ptsz", || is_capturing(h, out, true))
 }
 
 /// What `cuStreamGetCaptureInfo` may be asked besides the status and ID: the graph being
@@ -225,145 +176,6 @@ fn capture_info(
         }
     }
     Ok(())
-}
-
-/// The CUDA 10.1 form: status and ID.
-///
-/// # Safety
-/// `status` must be NULL or writable; `id` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-) -> CUresult {
-    entry("cuStreamGetCaptureInfo", || {
-        capture_info(h, status, id, Nodes::NONE, false)
-    })
-}
-
-/// # Safety
-/// As `cuStreamGetCaptureInfo`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-) -> CUresult {
-    entry("cuStreamGetCaptureInfo_ptsz", || {
-        capture_info(h, status, id, Nodes::NONE, true)
-    })
-}
-
-/// The CUDA 11.3 form: also the graph and dependency nodes.
-///
-/// # Safety
-/// Each output must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut usize,
-    deps: *mut *const usize,
-    count: *mut usize,
-) -> CUresult {
-    let nodes = Nodes {
-        graph,
-        deps,
-        edges: std::ptr::null_mut(),
-        count,
-    };
-    entry("cuStreamGetCaptureInfo_v2", || {
-        capture_info(h, status, id, nodes, false)
-    })
-}
-
-/// # Safety
-/// Each output must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut usize,
-    deps: *mut *const usize,
-    count: *mut usize,
-) -> CUresult {
-    let nodes = Nodes {
-        graph,
-        deps,
-        edges: std::ptr::null_mut(),
-        count,
-    };
-    entry("cuStreamGetCaptureInfo_v2_ptsz", || {
-        capture_info(h, status, id, nodes, true)
-    })
-}
-
-/// The CUDA 12.3 form (CUDA 13's `cuStreamGetCaptureInfo`): also the edge data.
-///
-/// # Safety
-/// Each output must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut usize,
-    deps: *mut *const usize,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CUresult {
-    let nodes = Nodes {
-        graph,
-        deps,
-        edges,
-        count,
-    };
-    entry("cuStreamGetCaptureInfo_v3", || {
-        capture_info(h, status, id, nodes, false)
-    })
-}
-
-/// # Safety
-/// Each output must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut usize,
-    deps: *mut *const usize,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CUresult {
-    let nodes = Nodes {
-        graph,
-        deps,
-        edges,
-        count,
-    };
-    entry("cuStreamGetCaptureInfo_v3_ptsz", || {
-        capture_info(h, status, id, nodes, true)
-    })
-}
-
-/// Sets the calling thread's capture interaction mode to `*mode` and returns the old one there.
-///
-/// # Safety
-/// `mode` must be NULL or readable and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
-    entry("cuThreadExchangeStreamCaptureMode", || {
-        check(!mode.is_null())?;
-        // SAFETY: checked non-null; the caller guarantees it is readable and writable.
-        let new = unsafe { mode.read() };
-        check(new <= MODE_RELAXED)?;
-        let old = capture::exchange_mode(new);
-        // SAFETY: as above.
-        unsafe { put(mode, old) }
-    })
 }
 
 // ----- graphs -----
@@ -436,51 +248,6 @@ unsafe fn instantiate_logged(
 }
 
 /// # Safety
-/// As `instantiate_logged`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate(
-    ph: *mut usize,
-    g: usize,
-    err_node: *mut usize,
-    log_buf: *mut u8,
-    log_len: usize,
-) -> CUresult {
-    // SAFETY: the caller's guarantees are instantiate_logged's.
-    entry("cuGraphInstantiate", || unsafe {
-        instantiate_logged(ph, g, err_node, log_buf, log_len)
-    })
-}
-
-/// # Safety
-/// As `instantiate_logged`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate_v2(
-    ph: *mut usize,
-    g: usize,
-    err_node: *mut usize,
-    log_buf: *mut u8,
-    log_len: usize,
-) -> CUresult {
-    // SAFETY: the caller's guarantees are instantiate_logged's.
-    entry("cuGraphInstantiate_v2", || unsafe {
-        instantiate_logged(ph, g, err_node, log_buf, log_len)
-    })
-}
-
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
-    ph: *mut usize,
-    g: usize,
-    flags: u64,
-) -> CUresult {
-    entry("cuGraphInstantiateWithFlags", || {
-        instantiate(ph, g, flags, None)
-    })
-}
-
-/// # Safety
 /// `ph` must be NULL or writable; `params` NULL or readable and writable.
 unsafe fn instantiate_with_params(
     ph: *mut usize,
@@ -500,34 +267,6 @@ unsafe fn instantiate_with_params(
     r
 }
 
-/// # Safety
-/// `ph` must be NULL or writable; `params` NULL or readable and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
-    ph: *mut usize,
-    g: usize,
-    params: *mut InstantiateParams,
-) -> CUresult {
-    // SAFETY: the caller's guarantees are instantiate_with_params's.
-    entry("cuGraphInstantiateWithParams", || unsafe {
-        instantiate_with_params(ph, g, params, false)
-    })
-}
-
-/// # Safety
-/// As `cuGraphInstantiateWithParams`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
-    ph: *mut usize,
-    g: usize,
-    params: *mut InstantiateParams,
-) -> CUresult {
-    // SAFETY: the caller's guarantees are instantiate_with_params's.
-    entry("cuGraphInstantiateWithParams_ptsz", || unsafe {
-        instantiate_with_params(ph, g, params, true)
-    })
-}
-
 fn exec(e: usize) -> Res<Arc<ExecObj>> {
     EXECS.get(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
@@ -536,16 +275,6 @@ fn exec(e: usize) -> Res<Arc<ExecObj>> {
 fn upload(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
     exec(e)?;
     resolve(h, per_thread).map(drop)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphUpload(e: usize, h: CUstream) -> CUresult {
-    entry("cuGraphUpload", || upload(e, h, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphUpload_ptsz(e: usize, h: CUstream) -> CUresult {
-    entry("cuGraphUpload_ptsz", || upload(e, h, true))
 }
 
 /// Posted without waiting, as kernel launches are. The graph's work runs with the priority of
@@ -580,29 +309,149 @@ fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
     )
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphLaunch(e: usize, h: CUstream) -> CUresult {
-    entry("cuGraphLaunch", || launch(e, h, false))
-}
+// ----- the exports -----
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphLaunch_ptsz(e: usize, h: CUstream) -> CUresult {
-    entry("cuGraphLaunch_ptsz", || launch(e, h, true))
-}
+exports! {
+    /// The CUDA 10.0 form, without a mode: global, CUDA's default.
+    pub fn cuStreamBeginCapture(h: CUstream) ["cuStreamBeginCapture" 10000]
+        per_thread cuStreamBeginCapture_ptsz = |per_thread| begin(h, MODE_GLOBAL, per_thread);
 
-/// The number of nodes of a graph (`nodes` NULL): what programs ask to see that a capture
-/// recorded something (PyTorch's `CUDAGraph` does). The nodes themselves exist only on the
-/// server: asking for them is `CUDA_ERROR_NOT_SUPPORTED`.
-///
-/// # Safety
-/// `count` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphGetNodes(
-    g: usize,
-    nodes: *mut usize,
-    count: *mut usize,
-) -> CUresult {
-    entry("cuGraphGetNodes", || {
+    pub fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) ["cuStreamBeginCapture" 10010]
+        per_thread cuStreamBeginCapture_v2_ptsz = |per_thread| begin(h, mode, per_thread);
+
+    /// # Safety
+    /// `ph` must be NULL or writable.
+    pub unsafe fn cuStreamEndCapture(h: CUstream, ph: *mut usize) ["cuStreamEndCapture" 10000]
+        per_thread cuStreamEndCapture_ptsz = |per_thread| end(h, ph, per_thread);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuStreamIsCapturing(h: CUstream, out: *mut u32) ["cuStreamIsCapturing" 10000]
+        per_thread cuStreamIsCapturing_ptsz = |per_thread| is_capturing(h, out, per_thread);
+
+    /// The CUDA 10.1 form: status and ID.
+    ///
+    /// # Safety
+    /// `status` must be NULL or writable; `id` NULL or writable.
+    pub unsafe fn cuStreamGetCaptureInfo(
+        h: CUstream,
+        status: *mut u32,
+        id: *mut u64,
+    ) ["cuStreamGetCaptureInfo" 10010]
+        per_thread cuStreamGetCaptureInfo_ptsz = |per_thread|
+            capture_info(h, status, id, Nodes::NONE, per_thread);
+
+    /// The CUDA 11.3 form: also the graph and dependency nodes.
+    ///
+    /// # Safety
+    /// Each output must be NULL or writable.
+    pub unsafe fn cuStreamGetCaptureInfo_v2(
+        h: CUstream,
+        status: *mut u32,
+        id: *mut u64,
+        graph: *mut usize,
+        deps: *mut *const usize,
+        count: *mut usize,
+    ) ["cuStreamGetCaptureInfo" 11030]
+        per_thread cuStreamGetCaptureInfo_v2_ptsz = |per_thread| {
+            let nodes = Nodes {
+                graph,
+                deps,
+                edges: std::ptr::null_mut(),
+                count,
+            };
+            capture_info(h, status, id, nodes, per_thread)
+        };
+
+    /// The CUDA 12.3 form (CUDA 13's `cuStreamGetCaptureInfo`): also the edge data.
+    ///
+    /// # Safety
+    /// Each output must be NULL or writable.
+    pub unsafe fn cuStreamGetCaptureInfo_v3(
+        h: CUstream,
+        status: *mut u32,
+        id: *mut u64,
+        graph: *mut usize,
+        deps: *mut *const usize,
+        edges: *mut *const c_void,
+        count: *mut usize,
+    ) ["cuStreamGetCaptureInfo" 12030]
+        per_thread cuStreamGetCaptureInfo_v3_ptsz = |per_thread| {
+            let nodes = Nodes {
+                graph,
+                deps,
+                edges,
+                count,
+            };
+            capture_info(h, status, id, nodes, per_thread)
+        };
+
+    /// Sets the calling thread's capture interaction mode to `*mode` and returns the old one there.
+    ///
+    /// # Safety
+    /// `mode` must be NULL or readable and writable.
+    pub unsafe fn cuThreadExchangeStreamCaptureMode(
+        mode: *mut u32,
+    ) ["cuThreadExchangeStreamCaptureMode" 10010] = {
+        check(!mode.is_null())?;
+        // SAFETY: checked non-null; the caller guarantees it is readable and writable.
+        let new = unsafe { mode.read() };
+        check(new <= MODE_RELAXED)?;
+        let old = capture::exchange_mode(new);
+        // SAFETY: as above.
+        unsafe { put(mode, old) }
+    };
+
+    /// # Safety
+    /// As `instantiate_logged`.
+    pub unsafe fn cuGraphInstantiate(
+        ph: *mut usize,
+        g: usize,
+        err_node: *mut usize,
+        log_buf: *mut u8,
+        log_len: usize,
+    ) ["cuGraphInstantiate" 10000]
+        alias cuGraphInstantiate_v2 ["cuGraphInstantiate" 11000] =
+        // SAFETY: the caller's guarantees are instantiate_logged's.
+        unsafe { instantiate_logged(ph, g, err_node, log_buf, log_len) };
+
+    /// # Safety
+    /// `ph` must be NULL or writable.
+    pub unsafe fn cuGraphInstantiateWithFlags(
+        ph: *mut usize,
+        g: usize,
+        flags: u64,
+    ) ["cuGraphInstantiate" 12000, "cuGraphInstantiateWithFlags" 11040] =
+        instantiate(ph, g, flags, None);
+
+    /// # Safety
+    /// `ph` must be NULL or writable; `params` NULL or readable and writable.
+    pub unsafe fn cuGraphInstantiateWithParams(
+        ph: *mut usize,
+        g: usize,
+        params: *mut InstantiateParams,
+    ) ["cuGraphInstantiateWithParams" 12000]
+        per_thread cuGraphInstantiateWithParams_ptsz = |per_thread|
+            // SAFETY: the caller's guarantees are instantiate_with_params's.
+            unsafe { instantiate_with_params(ph, g, params, per_thread) };
+
+    pub fn cuGraphUpload(e: usize, h: CUstream) ["cuGraphUpload" 11010]
+        per_thread cuGraphUpload_ptsz = |per_thread| upload(e, h, per_thread);
+
+    pub fn cuGraphLaunch(e: usize, h: CUstream) ["cuGraphLaunch" 10000]
+        per_thread cuGraphLaunch_ptsz = |per_thread| launch(e, h, per_thread);
+
+    /// The number of nodes of a graph (`nodes` NULL): what programs ask to see that a capture
+    /// recorded something (PyTorch's `CUDAGraph` does). The nodes themselves exist only on the
+    /// server: asking for them is `CUDA_ERROR_NOT_SUPPORTED`.
+    ///
+    /// # Safety
+    /// `count` must be NULL or writable.
+    pub unsafe fn cuGraphGetNodes(
+        g: usize,
+        nodes: *mut usize,
+        count: *mut usize,
+    ) ["cuGraphGetNodes" 10000] = {
         check(!count.is_null())?;
         let graph = GRAPHS.get(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         if !nodes.is_null() {
@@ -616,23 +465,17 @@ pub unsafe extern "C" fn cuGraphGetNodes(
         }
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(count, graph.nodes as usize) }
-    })
-}
+    };
 
-/// Executable graphs made from it live on.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphDestroy(g: usize) -> CUresult {
-    entry("cuGraphDestroy", || {
+    /// Executable graphs made from it live on.
+    pub fn cuGraphDestroy(g: usize) ["cuGraphDestroy" 10000] = {
         let graph = GRAPHS.remove(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         graph.conn.graph_destroy(graph.graph)
-    })
-}
+    };
 
-/// Launches already posted still run.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGraphExecDestroy(e: usize) -> CUresult {
-    entry("cuGraphExecDestroy", || {
+    /// Launches already posted still run.
+    pub fn cuGraphExecDestroy(e: usize) ["cuGraphExecDestroy" 10000] = {
         let exec = EXECS.remove(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         exec.conn.graph_exec_destroy(exec.exec)
-    })
+    };
 }

@@ -24,7 +24,7 @@ use crate::abi::{CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUresult};
 use crate::connection::{Connection, Res};
 use crate::context::current;
 use crate::driver::connection;
-use crate::ffi::{check, entry, lock, put};
+use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::module::function_obj;
 
@@ -35,63 +35,12 @@ fn limits() -> Res<mps_client::ContextLimits> {
     current()?.conn()?.context_limits()
 }
 
-/// # Safety
-/// `least` and `greatest` must each be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
-    least: *mut i32,
-    greatest: *mut i32,
-) -> CUresult {
-    entry("cuCtxGetStreamPriorityRange", || {
-        let l = limits()?;
-        // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
-        unsafe {
-            if !least.is_null() {
-                put(least, l.least_priority)?;
-            }
-            if !greatest.is_null() {
-                put(greatest, l.greatest_priority)?;
-            }
-        }
-        Ok(())
-    })
-}
-
 fn limit(which: u32) -> Res<u64> {
     let l = limits()?;
     if which as usize >= CONTEXT_LIMITS {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     l.limits[which as usize].ok_or(UNSUPPORTED_LIMIT)
-}
-
-/// # Safety
-/// `value` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: u32) -> CUresult {
-    entry("cuCtxGetLimit", || {
-        let v = limit(which)?;
-        // SAFETY: the caller guarantees a non-null `value` is writable.
-        unsafe { put(value, v as usize) }
-    })
-}
-
-/// Succeeds where the limit already has `value`; the server's context is every client's, so a
-/// change is refused, saying so once per limit.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetLimit(which: u32, value: usize) -> CUresult {
-    entry("cuCtxSetLimit", || {
-        if limit(which)? == value as u64 {
-            return Ok(());
-        }
-        log::once(&format!("cuCtxSetLimit {which}"), || {
-            format!(
-                "cuCtxSetLimit: limit {which} of the mps server's context is shared by every \
-                 client and is not changed; returning CUDA_ERROR_NOT_SUPPORTED"
-            )
-        });
-        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-    })
 }
 
 /// Runs `with` on kernel `h`'s attributes on device `dev` (fetched from its server on the first
@@ -179,52 +128,6 @@ fn current_device() -> Res<CUdevice> {
     Ok(current()?.device)
 }
 
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetAttribute(
-    out: *mut i32,
-    attribute: i32,
-    f: CUfunction,
-) -> CUresult {
-    entry("cuFuncGetAttribute", || {
-        get_attribute(out, attribute, f as usize, current_device()?)
-    })
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetAttribute(
-    out: *mut i32,
-    attribute: i32,
-    k: CUkernel,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuKernelGetAttribute", || {
-        get_attribute(out, attribute, k as usize, dev)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuFuncSetAttribute(f: CUfunction, attribute: i32, value: i32) -> CUresult {
-    entry("cuFuncSetAttribute", || {
-        set_attribute(attribute, value, f as usize, current_device()?)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuKernelSetAttribute(
-    attribute: i32,
-    value: i32,
-    k: CUkernel,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuKernelSetAttribute", || {
-        set_attribute(attribute, value, k as usize, dev)
-    })
-}
-
 /// Asks the current context's server for `query` of function `f`.
 fn occupancy(f: CUfunction, query: OccupancyQuery) -> Res<u64> {
     let obj = function_obj(f as usize)?;
@@ -242,57 +145,6 @@ fn active_blocks(out: *mut i32, f: CUfunction, block: i32, smem: usize, flags: u
     let n = occupancy(f, query)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, n as i32) }
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    out: *mut i32,
-    f: CUfunction,
-    block: i32,
-    smem: usize,
-) -> CUresult {
-    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
-        active_blocks(out, f, block, smem, 0)
-    })
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-    out: *mut i32,
-    f: CUfunction,
-    block: i32,
-    smem: usize,
-    flags: u32,
-) -> CUresult {
-    entry(
-        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-        || active_blocks(out, f, block, smem, flags),
-    )
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
-    out: *mut usize,
-    f: CUfunction,
-    blocks: i32,
-    block: i32,
-) -> CUresult {
-    entry("cuOccupancyAvailableDynamicSMemPerBlock", || {
-        check(!out.is_null() && blocks > 0 && block > 0)?;
-        let query = OccupancyQuery::DynamicSmem {
-            blocks: blocks as u32,
-            block_size: block as u32,
-        };
-        let n = occupancy(f, query)?;
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { put(out, n as usize) }
-    })
 }
 
 /// The cluster size a launch configuration asks for (0 x 0 x 0 where it names none: the
@@ -326,16 +178,132 @@ unsafe fn cluster_of(c: &CUlaunchConfig) -> Res<Dim3> {
     Ok(cluster)
 }
 
-/// # Safety
-/// `out` must be NULL or writable; `config` NULL or readable, its attributes as for
-/// `cuLaunchKernelEx`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
-    out: *mut i32,
-    f: CUfunction,
-    config: *const CUlaunchConfig,
-) -> CUresult {
-    entry("cuOccupancyMaxActiveClusters", || {
+// ----- the exports -----
+
+exports! {
+    /// # Safety
+    /// `least` and `greatest` must each be NULL or writable.
+    pub unsafe fn cuCtxGetStreamPriorityRange(
+        least: *mut i32,
+        greatest: *mut i32,
+    ) ["cuCtxGetStreamPriorityRange" 5050] = {
+        let l = limits()?;
+        // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
+        unsafe {
+            if !least.is_null() {
+                put(least, l.least_priority)?;
+            }
+            if !greatest.is_null() {
+                put(greatest, l.greatest_priority)?;
+            }
+        }
+        Ok(())
+    };
+
+    /// # Safety
+    /// `value` must be NULL or writable.
+    pub unsafe fn cuCtxGetLimit(value: *mut usize, which: u32) ["cuCtxGetLimit" 3010] = {
+        let v = limit(which)?;
+        // SAFETY: the caller guarantees a non-null `value` is writable.
+        unsafe { put(value, v as usize) }
+    };
+
+    /// Succeeds where the limit already has `value`; the server's context is every client's, so a
+    /// change is refused, saying so once per limit.
+    pub fn cuCtxSetLimit(which: u32, value: usize) ["cuCtxSetLimit" 3010] = {
+        if limit(which)? == value as u64 {
+            return Ok(());
+        }
+        log::once(&format!("cuCtxSetLimit {which}"), || {
+            format!(
+                "cuCtxSetLimit: limit {which} of the mps server's context is shared by every \
+                 client and is not changed; returning CUDA_ERROR_NOT_SUPPORTED"
+            )
+        });
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    };
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuFuncGetAttribute(
+        out: *mut i32,
+        attribute: i32,
+        f: CUfunction,
+    ) ["cuFuncGetAttribute" 2020] =
+        get_attribute(out, attribute, f as usize, current_device()?);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuKernelGetAttribute(
+        out: *mut i32,
+        attribute: i32,
+        k: CUkernel,
+        dev: CUdevice,
+    ) ["cuKernelGetAttribute" 12000] =
+        get_attribute(out, attribute, k as usize, dev);
+
+    pub fn cuFuncSetAttribute(
+        f: CUfunction,
+        attribute: i32,
+        value: i32,
+    ) ["cuFuncSetAttribute" 9000] =
+        set_attribute(attribute, value, f as usize, current_device()?);
+
+    pub fn cuKernelSetAttribute(
+        attribute: i32,
+        value: i32,
+        k: CUkernel,
+        dev: CUdevice,
+    ) ["cuKernelSetAttribute" 12000] =
+        set_attribute(attribute, value, k as usize, dev);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        out: *mut i32,
+        f: CUfunction,
+        block: i32,
+        smem: usize,
+    ) ["cuOccupancyMaxActiveBlocksPerMultiprocessor" 6050] =
+        active_blocks(out, f, block, smem, 0);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        out: *mut i32,
+        f: CUfunction,
+        block: i32,
+        smem: usize,
+        flags: u32,
+    ) ["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" 7000] =
+        active_blocks(out, f, block, smem, flags);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
+        out: *mut usize,
+        f: CUfunction,
+        blocks: i32,
+        block: i32,
+    ) ["cuOccupancyAvailableDynamicSMemPerBlock" 10020] = {
+        check(!out.is_null() && blocks > 0 && block > 0)?;
+        let query = OccupancyQuery::DynamicSmem {
+            blocks: blocks as u32,
+            block_size: block as u32,
+        };
+        let n = occupancy(f, query)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(out, n as usize) }
+    };
+
+    /// # Safety
+    /// `out` must be NULL or writable; `config` NULL or readable, its attributes as for
+    /// `cuLaunchKernelEx`.
+    pub unsafe fn cuOccupancyMaxActiveClusters(
+        out: *mut i32,
+        f: CUfunction,
+        config: *const CUlaunchConfig,
+    ) ["cuOccupancyMaxActiveClusters" 11070] = {
         check(!out.is_null())?;
         // SAFETY: the caller guarantees a non-null `config` is readable.
         let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
@@ -354,5 +322,5 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let n = occupancy(f, query)?;
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(out, n as i32) }
-    })
+    };
 }

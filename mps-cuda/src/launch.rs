@@ -14,7 +14,7 @@ use crate::abi::{
 };
 use crate::connection::Res;
 use crate::context::{current, require_current};
-use crate::ffi::{check, entry};
+use crate::ffi::{check, exports};
 use crate::kernel_queries::allows_non_portable_clusters;
 use crate::log;
 use crate::memo::{Memo, through};
@@ -116,75 +116,6 @@ unsafe fn launch(
             unsafe { conn.launch(kernel, grid, block, shared, cluster, stream, values) }
         },
     )
-}
-
-/// # Safety
-/// As `cuLaunchKernel` documents: `kernelParams` one pointer per parameter, or `extra` a
-/// `CU_LAUNCH_PARAM` array naming a packed parameter buffer.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    h: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernel", || {
-        // SAFETY: the caller's guarantee is launch's precondition.
-        unsafe {
-            launch(
-                f,
-                [gx, gy, gz],
-                [bx, by, bz],
-                shared,
-                None,
-                h,
-                params,
-                extra,
-                false,
-            )
-        }
-    })
-}
-
-/// # Safety
-/// As `cuLaunchKernel`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    h: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernel_ptsz", || {
-        // SAFETY: the caller's guarantee is launch's precondition.
-        unsafe {
-            launch(
-                f,
-                [gx, gy, gz],
-                [bx, by, bz],
-                shared,
-                None,
-                h,
-                params,
-                extra,
-                true,
-            )
-        }
-    })
 }
 
 /// What a launch attribute asks of a launch, as this library can serve it.
@@ -314,34 +245,53 @@ unsafe fn launch_ex(
     }
 }
 
-/// # Safety
-/// As `launch_ex`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is launch_ex's precondition.
-    entry("cuLaunchKernelEx", || unsafe {
-        launch_ex(config, f, params, extra, false)
-    })
-}
+// ----- the exports -----
 
-/// # Safety
-/// As `launch_ex`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is launch_ex's precondition.
-    entry("cuLaunchKernelEx_ptsz", || unsafe {
-        launch_ex(config, f, params, extra, true)
-    })
+exports! {
+    /// # Safety
+    /// As `cuLaunchKernel` documents: `kernelParams` one pointer per parameter, or `extra` a
+    /// `CU_LAUNCH_PARAM` array naming a packed parameter buffer.
+    pub unsafe fn cuLaunchKernel(
+        f: CUfunction,
+        gx: u32,
+        gy: u32,
+        gz: u32,
+        bx: u32,
+        by: u32,
+        bz: u32,
+        shared: u32,
+        h: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) ["cuLaunchKernel" 4000]
+        per_thread cuLaunchKernel_ptsz = |per_thread| {
+            // SAFETY: the caller's guarantee is launch's precondition.
+            unsafe {
+                launch(
+                    f,
+                    [gx, gy, gz],
+                    [bx, by, bz],
+                    shared,
+                    None,
+                    h,
+                    params,
+                    extra,
+                    per_thread,
+                )
+            }
+        };
+
+    /// # Safety
+    /// As `launch_ex`.
+    pub unsafe fn cuLaunchKernelEx(
+        config: *const CUlaunchConfig,
+        f: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) ["cuLaunchKernelEx" 11060]
+        per_thread cuLaunchKernelEx_ptsz = |per_thread|
+            // SAFETY: the caller's guarantee is launch_ex's precondition.
+            unsafe { launch_ex(config, f, params, extra, per_thread) };
 }
 
 #[cfg(test)]

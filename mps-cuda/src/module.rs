@@ -21,7 +21,7 @@ use crate::abi::{
 use crate::connection::{Connection, Function, KernelLayout, Module, Res};
 use crate::context::{current, current_handle};
 use crate::driver::{self, Stage, connection, driver};
-use crate::ffi::{check, entry, lock, put};
+use crate::ffi::{check, exports, lock, put};
 use crate::image::image;
 use crate::objects::{Context, FunctionObj, ModuleObj};
 
@@ -211,166 +211,11 @@ fn global(
     Ok(())
 }
 
-/// A module's global variable. Kernels may be given its address; copies to and from it are
-/// refused by the server (they reach allocations only).
-///
-/// # Safety
-/// `dptr` and `bytes` must be NULL or writable; `name` NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleGetGlobal_v2(
-    dptr: *mut CUdeviceptr,
-    bytes: *mut usize,
-    module: CUmodule,
-    name: *const c_char,
-) -> CUresult {
-    entry("cuModuleGetGlobal_v2", || {
-        global(dptr, bytes, module as usize, name, false)
-    })
-}
-
-/// As `cuModuleGetGlobal_v2`, for a library, on the current context's device.
-///
-/// # Safety
-/// As `cuModuleGetGlobal_v2`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryGetGlobal(
-    dptr: *mut CUdeviceptr,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CUresult {
-    entry("cuLibraryGetGlobal", || {
-        global(dptr, bytes, library as usize, name, true)
-    })
-}
-
 pub(crate) fn function_obj(h: usize) -> Res<Arc<FunctionObj>> {
     driver()?
         .functions
         .get(h)
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
-}
-
-/// Loads a module (PTX, cubin or fatbin) into the current context.
-///
-/// # Safety
-/// `module` must be NULL or writable; `image` a complete module image.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    entry("cuModuleLoadData", || {
-        load(module.cast(), image, Some(current()?.handle))
-    })
-}
-
-/// As `cuModuleLoadData`. JIT options are not passed on: the server's driver loads the image
-/// with its own defaults, and option outputs (logs, wall time) are left as they were.
-///
-/// # Safety
-/// As `cuModuleLoadData`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadDataEx(
-    module: *mut CUmodule,
-    image: *const c_void,
-    _num_options: u32,
-    _options: *mut c_void,
-    _option_values: *mut *mut c_void,
-) -> CUresult {
-    entry("cuModuleLoadDataEx", || {
-        load(module.cast(), image, Some(current()?.handle))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
-    entry("cuModuleUnload", || unload(module as usize, false))
-}
-
-/// # Safety
-/// `f` must be NULL or writable; `name` NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleGetFunction(
-    f: *mut CUfunction,
-    module: CUmodule,
-    name: *const c_char,
-) -> CUresult {
-    entry("cuModuleGetFunction", || {
-        function(f.cast(), module as usize, name, false)
-    })
-}
-
-/// The mode NVIDIA's driver reports: eager where `CUDA_MODULE_LOADING=EAGER` asks for it, lazy
-/// otherwise (the driver's default since CUDA 12.2). The CUDA runtime acts on it: lazily it
-/// loads each image a library registered (cuBLAS registers 193) when a kernel of it is first
-/// used; eagerly it loads them all at start, and one built only for other GPUs then fails it
-/// (measured: `cublasCreate` fails). A module loaded through mps is loaded when asked either
-/// way, so a bad image fails at its load, not at its first launch.
-///
-/// # Safety
-/// `mode` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut i32) -> CUresult {
-    entry("cuModuleGetLoadingMode", || {
-        driver()?;
-        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v == "EAGER");
-        let reported = if eager {
-            MODULE_EAGER_LOADING
-        } else {
-            MODULE_LAZY_LOADING
-        };
-        // SAFETY: the caller guarantees a non-null `mode` is writable.
-        unsafe { put(mode, reported) }
-    })
-}
-
-/// Loads a library. JIT and library options are not passed on (see `cuModuleLoadDataEx`).
-///
-/// # Safety
-/// `library` must be NULL or writable; `code` a complete module image.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryLoadData(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    _jit_options: *mut c_void,
-    _jit_values: *mut *mut c_void,
-    _num_jit: u32,
-    _lib_options: *mut c_void,
-    _lib_values: *mut *mut c_void,
-    _num_lib: u32,
-) -> CUresult {
-    entry("cuLibraryLoadData", || load(library.cast(), code, None))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
-    entry("cuLibraryUnload", || unload(library as usize, true))
-}
-
-/// # Safety
-/// `kernel` must be NULL or writable; `name` NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryGetKernel(
-    kernel: *mut CUkernel,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CUresult {
-    entry("cuLibraryGetKernel", || {
-        function(kernel.cast(), library as usize, name, true)
-    })
-}
-
-/// The kernel's function in the current context: the kernel's own handle, which a launch
-/// resolves on the device of its stream.
-///
-/// # Safety
-/// `f` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, kernel: CUkernel) -> CUresult {
-    entry("cuKernelGetFunction", || {
-        current()?;
-        function_obj(kernel as usize)?;
-        // SAFETY: the caller guarantees a non-null `f` is writable.
-        unsafe { put(f, kernel.cast()) }
-    })
 }
 
 fn param_info(h: usize, index: usize, offset: *mut usize, size: *mut usize) -> Res<()> {
@@ -391,30 +236,151 @@ fn param_info(h: usize, index: usize, offset: *mut usize, size: *mut usize) -> R
     Ok(())
 }
 
-/// # Safety
-/// `offset` and `size` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetParamInfo(
-    f: CUfunction,
-    index: usize,
-    offset: *mut usize,
-    size: *mut usize,
-) -> CUresult {
-    entry("cuFuncGetParamInfo", || {
-        param_info(f as usize, index, offset, size)
-    })
-}
+// ----- the exports -----
 
-/// # Safety
-/// `offset` and `size` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetParamInfo(
-    k: CUkernel,
-    index: usize,
-    offset: *mut usize,
-    size: *mut usize,
-) -> CUresult {
-    entry("cuKernelGetParamInfo", || {
-        param_info(k as usize, index, offset, size)
-    })
+exports! {
+    /// A module's global variable. Kernels may be given its address; copies to and from it are
+    /// refused by the server (they reach allocations only).
+    ///
+    /// # Safety
+    /// `dptr` and `bytes` must be NULL or writable; `name` NULL or a NUL-terminated string.
+    pub unsafe fn cuModuleGetGlobal_v2(
+        dptr: *mut CUdeviceptr,
+        bytes: *mut usize,
+        module: CUmodule,
+        name: *const c_char,
+    ) ["cuModuleGetGlobal" 3020] =
+        global(dptr, bytes, module as usize, name, false);
+
+    /// As `cuModuleGetGlobal_v2`, for a library, on the current context's device.
+    ///
+    /// # Safety
+    /// As `cuModuleGetGlobal_v2`.
+    pub unsafe fn cuLibraryGetGlobal(
+        dptr: *mut CUdeviceptr,
+        bytes: *mut usize,
+        library: CUlibrary,
+        name: *const c_char,
+    ) ["cuLibraryGetGlobal" 12000] =
+        global(dptr, bytes, library as usize, name, true);
+
+    /// Loads a module (PTX, cubin or fatbin) into the current context.
+    ///
+    /// # Safety
+    /// `module` must be NULL or writable; `image` a complete module image.
+    pub unsafe fn cuModuleLoadData(
+        module: *mut CUmodule,
+        image: *const c_void,
+    ) ["cuModuleLoadData" 2000] =
+        load(module.cast(), image, Some(current()?.handle));
+
+    /// As `cuModuleLoadData`. JIT options are not passed on: the server's driver loads the image
+    /// with its own defaults, and option outputs (logs, wall time) are left as they were.
+    ///
+    /// # Safety
+    /// As `cuModuleLoadData`.
+    pub unsafe fn cuModuleLoadDataEx(
+        module: *mut CUmodule,
+        image: *const c_void,
+        _num_options: u32,
+        _options: *mut c_void,
+        _option_values: *mut *mut c_void,
+    ) ["cuModuleLoadDataEx" 2010] =
+        load(module.cast(), image, Some(current()?.handle));
+
+    pub fn cuModuleUnload(module: CUmodule) ["cuModuleUnload" 2000] =
+        unload(module as usize, false);
+
+    /// # Safety
+    /// `f` must be NULL or writable; `name` NULL or a NUL-terminated string.
+    pub unsafe fn cuModuleGetFunction(
+        f: *mut CUfunction,
+        module: CUmodule,
+        name: *const c_char,
+    ) ["cuModuleGetFunction" 2000] =
+        function(f.cast(), module as usize, name, false);
+
+    /// The mode NVIDIA's driver reports: eager where `CUDA_MODULE_LOADING=EAGER` asks for it, lazy
+    /// otherwise (the driver's default since CUDA 12.2). The CUDA runtime acts on it: lazily it
+    /// loads each image a library registered (cuBLAS registers 193) when a kernel of it is first
+    /// used; eagerly it loads them all at start, and one built only for other GPUs then fails it
+    /// (measured: `cublasCreate` fails). A module loaded through mps is loaded when asked either
+    /// way, so a bad image fails at its load, not at its first launch.
+    ///
+    /// # Safety
+    /// `mode` must be NULL or writable.
+    pub unsafe fn cuModuleGetLoadingMode(mode: *mut i32) ["cuModuleGetLoadingMode" 11070] = {
+        driver()?;
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v == "EAGER");
+        let reported = if eager {
+            MODULE_EAGER_LOADING
+        } else {
+            MODULE_LAZY_LOADING
+        };
+        // SAFETY: the caller guarantees a non-null `mode` is writable.
+        unsafe { put(mode, reported) }
+    };
+
+    /// Loads a library. JIT and library options are not passed on (see `cuModuleLoadDataEx`).
+    ///
+    /// # Safety
+    /// `library` must be NULL or writable; `code` a complete module image.
+    pub unsafe fn cuLibraryLoadData(
+        library: *mut CUlibrary,
+        code: *const c_void,
+        _jit_options: *mut c_void,
+        _jit_values: *mut *mut c_void,
+        _num_jit: u32,
+        _lib_options: *mut c_void,
+        _lib_values: *mut *mut c_void,
+        _num_lib: u32,
+    ) ["cuLibraryLoadData" 12000] =
+        load(library.cast(), code, None);
+
+    pub fn cuLibraryUnload(library: CUlibrary) ["cuLibraryUnload" 12000] =
+        unload(library as usize, true);
+
+    /// # Safety
+    /// `kernel` must be NULL or writable; `name` NULL or a NUL-terminated string.
+    pub unsafe fn cuLibraryGetKernel(
+        kernel: *mut CUkernel,
+        library: CUlibrary,
+        name: *const c_char,
+    ) ["cuLibraryGetKernel" 12000] =
+        function(kernel.cast(), library as usize, name, true);
+
+    /// The kernel's function in the current context: the kernel's own handle, which a launch
+    /// resolves on the device of its stream.
+    ///
+    /// # Safety
+    /// `f` must be NULL or writable.
+    pub unsafe fn cuKernelGetFunction(
+        f: *mut CUfunction,
+        kernel: CUkernel,
+    ) ["cuKernelGetFunction" 12000] = {
+        current()?;
+        function_obj(kernel as usize)?;
+        // SAFETY: the caller guarantees a non-null `f` is writable.
+        unsafe { put(f, kernel.cast()) }
+    };
+
+    /// # Safety
+    /// `offset` and `size` must be NULL or writable.
+    pub unsafe fn cuFuncGetParamInfo(
+        f: CUfunction,
+        index: usize,
+        offset: *mut usize,
+        size: *mut usize,
+    ) ["cuFuncGetParamInfo" 12040] =
+        param_info(f as usize, index, offset, size);
+
+    /// # Safety
+    /// `offset` and `size` must be NULL or writable.
+    pub unsafe fn cuKernelGetParamInfo(
+        k: CUkernel,
+        index: usize,
+        offset: *mut usize,
+        size: *mut usize,
+    ) ["cuKernelGetParamInfo" 12040] =
+        param_info(k as usize, index, offset, size);
 }
