@@ -54,9 +54,9 @@ const MODE_THREAD_LOCAL: u32 = 1;
 pub(crate) const MODE_RELAXED: u32 = 2;
 
 /// `CUstreamCaptureStatus`.
-pub(crate) const STATUS_NONE: u32 = 0;
+const STATUS_NONE: u32 = 0;
 pub(crate) const STATUS_ACTIVE: u32 = 1;
-pub(crate) const STATUS_INVALIDATED: u32 = 2;
+const STATUS_INVALIDATED: u32 = 2;
 
 /// A stream that is capturing.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! Modules, libraries, kernels and launches.
+//! Modules, libraries and kernels.
 //!
 //! A module (`cuModuleLoadData`) belongs to the current context, and is one mps module on its
 //! device's server. A library (`cuLibraryLoadData`) belongs to no context, as in CUDA: it is

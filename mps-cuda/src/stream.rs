@@ -2,7 +2,7 @@
 //!
 //! - The **legacy default stream** (`0`, or `CU_STREAM_LEGACY`) of a context synchronises with
 //!   the context's blocking streams: its work waits for their earlier work, and their later work
-//!   waits for its. mps streams do not do this by themselves, so `LegacyOrder` inserts the
+//!   waits for its. mps streams do not do this by themselves, so `order::LegacyOrder` inserts the
 //!   waits, through events, and only where work of both kinds meets: a program that uses only
 //!   the legacy stream, or only streams of its own, gets no extra commands.
 //! - The **per-thread default stream** (`0` in the `_ptsz`/`_ptds` variants, or
