@@ -8,7 +8,20 @@
 //! as CUDA's asynchronous errors do. docs/TRANSPARENT.md lists what is implemented.
 //!
 //! The exports are CUDA's own names and ABIs (hence the non-snake-case names); the modules that
-//! hold them are public so that they are reachable, but the library is meant only for C.
+//! hold them are public so that they are reachable, but the library is meant only for C. Each
+//! module defines its exports in one `exports!` block (`ffi`), from which `proc` makes
+//! `cuGetProcAddress`'s table.
+//!
+//! The modules form layers, each using only those below it (a test below fails on a cycle):
+//! - `abi`, `log`, `image`; `errors`, `ffi` (the panic boundary, out-parameters, `exports!`);
+//!   `connection` (the one user of the mps client);
+//! - `memo`, `handles`; `order` (the legacy default stream's ordering) and `objects` (what the
+//!   handles stand for); `driver` (the devices and the registries) and `capture` (CUDA's rules
+//!   of stream capture);
+//! - the areas of the API, each over those: `context`, `device`; `stream`, `module`, `export`;
+//!   `memory`, `graph`, `kernel_queries`; `launch`; then `proc` over them all, and
+//!   `unsupported`. A context's release frees what an area above keeps for it (the runtime's
+//!   storage, modules) through the hooks that area registers (`driver::on_release`).
 
 #![allow(non_snake_case)]
 
