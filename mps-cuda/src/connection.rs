@@ -13,8 +13,7 @@ use mps_core::protocol::{Cluster, Dim3, ParamInfo};
 use crate::abi::CUresult;
 use crate::{errors, log};
 
-/// What a call into the server gives: its value, or the CUDA result of its failure.
-pub(crate) type Res<T> = Result<T, CUresult>;
+pub(crate) use crate::ffi::Res;
 
 pub(crate) fn fail(e: Error) -> CUresult {
     log::failure(&e.message);
