@@ -17,11 +17,12 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+
+from services import MPS_PIPE, MpsDaemon
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = ["torch_cnn", "torch_transformer", "torch_graphs", "torch_compile",
@@ -35,32 +36,6 @@ def mode_env(mode):
     if mode.startswith("share"):
         return {"MPS_ACTIVE_THREAD_PERCENTAGE": mode[len("share"):]}
     return MEMLIMIT if mode == "memlimit" else {}
-
-
-def start_daemon(bin_dir, pipe, logs):
-    shutil.rmtree(pipe, ignore_errors=True)
-    os.makedirs(pipe, mode=0o700)
-    os.makedirs(logs, mode=0o700, exist_ok=True)
-    log = open(os.path.join(logs, "daemon.stderr"), "ab")
-    daemon = subprocess.Popen(
-        [f"{bin_dir}/mps-control", "-f", "--server", f"{bin_dir}/mps-server", "--pipe-dir", pipe,
-         "--log-dir", logs, "--server-arg=--max-streams", "--server-arg=255"],
-        stdout=log, stderr=log)
-    for _ in range(300):
-        if os.path.exists(os.path.join(pipe, "control.sock")):
-            return daemon
-        time.sleep(0.1)
-    raise SystemExit(f"runner: mps-control did not start (see {logs})")
-
-
-def stop_daemon(bin_dir, pipe, daemon):
-    subprocess.run([f"{bin_dir}/mps-control", "--pipe-dir", pipe, "quit"], capture_output=True,
-                   timeout=30)
-    try:
-        daemon.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
 
 
 def launch(program, mode, bin_dir, pipe, out_dir, extra_env):
@@ -173,7 +148,7 @@ def main():
     bin_dir, out_dir = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
     os.makedirs(out_dir, exist_ok=True)
     modes, programs = a.modes.split(","), a.programs.split(",")
-    pipe, logs = "/tmp/mps-real-pipe", os.path.join(out_dir, "mps-logs")
+    pipe, logs = MPS_PIPE, os.path.join(out_dir, "mps-logs")
     # One compile cache for every mode: torch.compile's Triton kernels are built once, natively.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/mps-real-inductor")
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/mps-real-triton")
@@ -183,11 +158,11 @@ def main():
     try:
         for mode in modes:
             if mode != "native" and daemon is None:
-                daemon = start_daemon(bin_dir, pipe, logs)
+                daemon = MpsDaemon(bin_dir, logs)
             all_results[mode] = run_mode(mode, programs, bin_dir, pipe, out_dir, a.limit)
     finally:
         if daemon is not None:
-            stop_daemon(bin_dir, pipe, daemon)
+            daemon.stop()
     table = ["| program | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
     verdicts = {}
     for p in programs:
