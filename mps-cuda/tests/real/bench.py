@@ -3,9 +3,11 @@ BERT-base), N processes started from one barrier, natively, under NVIDIA's MPS a
 side by side in rounds (each round runs the modes in a rotated order).
 
     bench.py BIN_DIR OUT_DIR [--models mlp,resnet18,bert] [--clients 1,8,16,32,64]
-        [--modes native,nvidia-mps,mps] [--rounds 3] [--seconds 5]
+        [--modes native,nvidia-mps,mps] [--rounds 3] [--seconds 5] [--devices 1]
 
-BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. For each model,
+BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. With --devices D
+the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_VISIBLE_DEVICES),
+as programs choose theirs; one daemon of each kind serves all of them. For each model,
 N and mode: requests/s over all processes, the median of the processes' p50 and the largest
 p99 latency, how many processes were served (NVIDIA's MPS serves 48 clients), and whether every
 process's output checksum matched the first's. Into OUT_DIR: bench.json (every process's
@@ -27,14 +29,16 @@ from services import MpsDaemon, NvidiaMps, command_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_n(mode, model, n, seconds, bin_dir, work, err_dir):
-    """N serving processes from one barrier; their JSON results (None for one that failed)."""
+def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
+    """N serving processes from one barrier, process i on GPU i mod `devices`; their JSON
+    results (None for one that failed)."""
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     procs = []
     for i in range(n):
         cmd, env = command_env(mode, bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
-                                               "infer", model, work, str(i), str(seconds)])
+                                               "infer", model, work, str(i), str(seconds)],
+                               {"CUDA_VISIBLE_DEVICES": str(i % devices)})
         err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err))
     deadline = time.time() + 240
@@ -112,6 +116,7 @@ def main():
     ap.add_argument("--modes", default="native,nvidia-mps,mps")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--devices", type=int, default=1)
     a = ap.parse_args()
     bin_dir, out = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
     os.makedirs(os.path.join(out, "err"), exist_ok=True)
@@ -128,7 +133,7 @@ def main():
                 for model in models:
                     for n in clients:
                         r = run_n(mode, model, n, a.seconds, bin_dir, "/tmp/mps-real-bench",
-                                  os.path.join(out, "err"))
+                                  os.path.join(out, "err"), a.devices)
                         s = summary(r)
                         results.setdefault(model, {}).setdefault(str(n), {})[mode] = s
                         print(f"round {rnd} {mode} {model} N={n}: {json.dumps(s)}",
