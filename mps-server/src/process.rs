@@ -49,14 +49,18 @@ pub fn init_logging_to(file: std::fs::File) {
 }
 
 /// Lets `fds` (opened close-on-exec, so that no other process started meanwhile inherits one)
-/// through to the program `cmd` starts, and to it alone: they are made inheritable in the child,
-/// between its fork and exec.
+/// through to the program `cmd` starts, and to it alone: between its fork and exec, every other
+/// descriptor above stderr is made close-on-exec (whatever this process inherited or opened
+/// without it: a server started for another user could take any of them with `pidfd_getfd`), and
+/// `fds` are made inheritable.
 pub(crate) fn inherit(cmd: &mut std::process::Command, fds: Vec<i32>) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec the child only calls fcntl, which is async-signal-safe, on
-    // descriptors the caller owns and keeps open until the child has started.
+    // SAFETY: between fork and exec the child only makes system calls (close_range, getrlimit,
+    // fcntl), which are async-signal-safe, on descriptors of its own; `fds` are the caller's,
+    // kept open until the child has started.
     unsafe {
         cmd.pre_exec(move || {
+            cloexec_from(3)?;
             for &fd in &fds {
                 if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
@@ -65,4 +69,41 @@ pub(crate) fn inherit(cmd: &mut std::process::Command, fds: Vec<i32>) {
             Ok(())
         });
     }
+}
+
+/// Marks every descriptor from `first` up close-on-exec: one `close_range` (Linux 5.11), or,
+/// where the kernel lacks it, `fcntl` on each descriptor below the limit of open files.
+///
+/// # Safety
+///
+/// Only for a child between fork and exec, where no other thread can be using the descriptors.
+unsafe fn cloexec_from(first: u32) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC changes flags only, on this process's own
+    // descriptors.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if done == 0 {
+        return Ok(());
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let last = limit.rlim_cur.min(1 << 20) as i32;
+    for fd in first as i32..last {
+        // SAFETY: fcntl on a descriptor that may not be open fails with EBADF, changing nothing.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
 }
