@@ -1,5 +1,6 @@
 //! `mps-server`: serves clients in the foreground.
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -225,7 +226,12 @@ impl ClientLimitArgs {
     }
 }
 
-fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
+fn serve<B: Backend>(
+    backend: B,
+    cfg: ServerConfig,
+    args: &Args,
+    handoff: Option<&UnixStream>,
+) -> Result<(), String> {
     if let Some(fd) = args.standby_fd {
         if args.listen_fd.is_none() && args.handoff_fd.is_none() {
             return Err(
@@ -256,12 +262,10 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
         ),
         None => tracing::info!("listening on {}", server.socket_path().display()),
     }
-    let handoff = args.handoff_fd.map(|fd| {
-        use std::os::fd::FromRawFd;
-        // SAFETY: the control daemon started us with this descriptor open for us alone (see
-        // mps-control); nothing else in this process owns it.
-        unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }
-    });
+    let handoff = handoff
+        .map(UnixStream::try_clone)
+        .transpose()
+        .map_err(|e| format!("cannot keep the daemon's socket: {e}"))?;
     // After a fault, the daemon starts the fresh server; without one, this program does.
     let successor = match &handoff {
         Some(h) => h
@@ -303,7 +307,7 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
     Ok(())
 }
 
-fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+fn start_cuda(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Result<(), String> {
     let backend = CudaBackend::new(args.device as i32).map_err(|e| e.to_string())?;
     let info = backend.info();
     tracing::info!(
@@ -315,10 +319,10 @@ fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
         info.cc.1,
         info.total_mem
     );
-    serve(backend, cfg, args)
+    serve(backend, cfg, args, handoff)
 }
 
-fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+fn start_sim(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Result<(), String> {
     let sim = SimConfig {
         memory_bytes: args.sim_memory,
         sm_count: args.sim_sm_count,
@@ -340,7 +344,7 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
             FaultScope::Context => "the context (as on a GPU)",
         }
     );
-    serve(backend, cfg, args)
+    serve(backend, cfg, args, handoff)
 }
 
 /// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info). The
@@ -375,14 +379,27 @@ fn main() -> std::process::ExitCode {
     if args.check_options {
         return std::process::ExitCode::SUCCESS;
     }
+    let handoff = args.handoff_fd.map(|fd| {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the control daemon started us with this descriptor open for us alone (see
+        // mps-control); nothing else in this process owns it.
+        unsafe { UnixStream::from_raw_fd(fd) }
+    });
+    // A server the daemon started tells it, and the clients it was handed, why it stops.
+    let cannot_start = |why: &str| {
+        if let Some(h) = &handoff {
+            mps_server::control::refuse_handoffs(h, why);
+        }
+        std::process::ExitCode::FAILURE
+    };
     let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
     if let Err(e) = init_logging(&log_dir, &args.log_name) {
         eprintln!("mps-server: {e}");
-        return std::process::ExitCode::FAILURE;
+        return cannot_start(&e);
     }
     if let Err(e) = install_signal_handlers() {
         tracing::error!("cannot install signal handlers: {e}");
-        return std::process::ExitCode::FAILURE;
+        return cannot_start(&e);
     }
     let layout = Layout {
         staging_bytes: args.staging as usize,
@@ -413,13 +430,13 @@ fn main() -> std::process::ExitCode {
         device: args.device,
     };
     let result = match args.backend {
-        BackendChoice::Cuda => start_cuda(&args, cfg),
-        BackendChoice::Sim => start_sim(&args, cfg),
+        BackendChoice::Cuda => start_cuda(&args, cfg, handoff.as_ref()),
+        BackendChoice::Sim => start_sim(&args, cfg, handoff.as_ref()),
         BackendChoice::Auto => match cuda::probe() {
-            Ok(()) => start_cuda(&args, cfg),
+            Ok(()) => start_cuda(&args, cfg, handoff.as_ref()),
             Err(why) => {
                 tracing::info!("backend auto: no usable GPU ({why}); using the simulator");
-                start_sim(&args, cfg)
+                start_sim(&args, cfg, handoff.as_ref())
             }
         },
     };
@@ -427,7 +444,7 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            std::process::ExitCode::FAILURE
+            cannot_start(&e)
         }
     }
 }

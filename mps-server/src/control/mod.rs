@@ -270,6 +270,31 @@ impl Daemon {
     }
 }
 
+/// For a server started by the daemon that cannot start: tells the daemon why (for its log) and
+/// refuses the clients already handed to it on `handoff` with that reason, rather than leave
+/// them to find their connection closed. Those handed while it stops are read for a moment.
+pub fn refuse_handoffs(handoff: &UnixStream, why: &str) {
+    let _ = wire::send_to_daemon(handoff, wire::UNSTARTED, why.as_bytes(), None);
+    let e = Error::new(
+        Status::Connection,
+        format!("the mps server for your user and group could not start: {why}"),
+    );
+    // The daemon hands a new server its first client at once; a little more may follow.
+    let quiet = Duration::from_millis(200);
+    if handoff.set_read_timeout(Some(quiet)).is_err() {
+        return;
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        match wire::recv(handoff) {
+            Ok((wire::HANDOFF, _, Some(fd))) => crate::server::refuse(&UnixStream::from(fd), &e),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
 /// Sends one command to a running daemon and returns its answer.
 pub fn send_command(pipe_dir: &Path, line: &str) -> Result<String> {
     let path = pipe_dir.join(CONTROL_SOCKET);
