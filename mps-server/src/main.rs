@@ -163,10 +163,21 @@ struct ClientLimitArgs {
     /// Host buffers (mps_host_alloc) a client may hold.
     #[arg(long, default_value_t = ClientLimits::default().max_host_buffers)]
     max_host_buffers: usize,
-    /// Bytes of all of a client's host buffers together, e.g. 64GiB: each maps that much of
-    /// the server's address space and, once touched, of its memory.
-    #[arg(long, default_value = "64GiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    /// Bytes of all of a client's host buffers together, e.g. 4GiB: each is that much of the
+    /// machine's memory. Default: a quarter of the machine's memory (or its memory cgroup's).
+    #[arg(long, default_value_t = ClientLimits::default().max_host_bytes, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     max_host_bytes: u64,
+    /// Bytes of the host buffers of all of one user's clients together. Default: half of the
+    /// machine's memory (or its memory cgroup's).
+    #[arg(long, default_value_t = ClientLimits::default().max_user_host_bytes, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_user_host_bytes: u64,
+    /// Device memory of all of one user's clients together, e.g. 8GiB, counted as allocations
+    /// take it (0: no limit beyond each process's --mem-limit).
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_user_device_bytes: u64,
+    /// Device allocations a client may hold.
+    #[arg(long, default_value_t = ClientLimits::default().max_allocations)]
+    max_allocations: usize,
     /// Bytes of one module image, e.g. 256MiB (held by the server while it is uploaded); at
     /// most 256MiB.
     #[arg(long, default_value = "256MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
@@ -214,6 +225,9 @@ impl ClientLimitArgs {
             max_functions: self.max_functions,
             max_host_buffers: self.max_host_buffers,
             max_host_bytes: self.max_host_bytes,
+            max_user_host_bytes: self.max_user_host_bytes,
+            max_user_device_bytes: self.max_user_device_bytes,
+            max_allocations: self.max_allocations,
             max_module_bytes: self.max_module_bytes,
             max_module_entries: self.max_module_entries,
             max_graphs: self.max_graphs,

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use common::daemon::TestDaemon;
-use common::{role, server_bin, skip_unless_ci, temp_dir};
+use common::{TestServer, role, server_bin, skip_unless_ci, temp_dir};
 
 /// The descriptor numbers of process `pid` that point at `target`.
 fn fds_pointing_at(pid: u32, target: &std::path::Path) -> Vec<String> {
@@ -188,4 +188,108 @@ fn a_client_whose_server_cannot_start_is_told_why() {
     );
     // And the daemon's log says so too.
     d.wait_for_log("control.log", "the server could not start");
+}
+
+/// `MemTotal`, in bytes.
+fn mem_total() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn host_buffers_are_bounded_by_the_machine_by_default() {
+    // Before: each buffer was checked against MemAvailable alone, under a per-client cap of
+    // 64 GiB, and enough of them ran the machine out of memory. Now a client may hold a quarter
+    // of the machine's memory by default: a buffer of three eighths is refused before any of it
+    // is taken.
+    let server = TestServer::start();
+    let c = server.client();
+    let size = (mem_total() / 8 * 3) as usize;
+    let e = c
+        .host_alloc(size)
+        .expect_err("3/8 of the machine's memory in one buffer");
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{e}");
+    assert!(e.message.contains("max_host_bytes"), "{e}");
+    // A buffer within it is served.
+    let p = c.host_alloc(1 << 20).unwrap();
+    c.host_free(p).unwrap();
+}
+
+#[test]
+fn host_buffers_are_bounded_per_user_across_connections() {
+    let server = TestServer::start_with(&["--max-user-host-bytes", "64MiB"]);
+    let (a, b) = (server.client(), server.client());
+    let held = a.host_alloc(48 << 20).unwrap();
+    let e = b.host_alloc(32 << 20).expect_err("80 MiB for one user");
+    assert!(e.message.contains("max_user_host_bytes"), "{e}");
+    a.host_free(held).unwrap();
+    b.host_alloc(32 << 20).unwrap();
+}
+
+#[test]
+fn device_memory_limits_hold_across_connections_and_processes() {
+    const TEST: &str = "device_memory_limits_hold_across_connections_and_processes";
+    if let Some(role) = role() {
+        // A second process of the same user takes what the user has left.
+        let c = mpsclient::Client::connect(None).unwrap();
+        let e = c.mem_alloc(40 << 20).expect_err("past the user's limit");
+        assert!(e.message.contains("--max-user-device-bytes"), "{e}");
+        c.mem_alloc(16 << 20).unwrap();
+        assert_eq!(role, "second");
+        return;
+    }
+    let server =
+        TestServer::start_with(&["--mem-limit", "64MiB", "--max-user-device-bytes", "96MiB"]);
+    // Before: the limit held per connection, so 8 connections of one process held 8 times it.
+    let conns: Vec<_> = (0..8).map(|_| server.client()).collect();
+    conns[0].mem_alloc(48 << 20).unwrap();
+    let e = conns[1]
+        .mem_alloc(32 << 20)
+        .expect_err("80 MiB for one process");
+    assert!(e.message.contains("through all its connections"), "{e}");
+    conns[1].mem_alloc(16 << 20).unwrap();
+    // Another process of the user: 64 MiB held, 96 MiB the user's limit.
+    let out = common::spawn_role(TEST, "second", &server)
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn one_byte_allocations_are_counted_as_they_take_and_capped_in_number() {
+    // Before: 4,194,304 one-byte allocations filled a 1 GiB device under a 64 MiB limit, since
+    // each took 256 bytes and was counted as 1.
+    let server = TestServer::start_with(&["--mem-limit", "1MiB", "--max-allocations", "100000"]);
+    let c = server.client();
+    let mut n = 0u64;
+    let e = loop {
+        match c.mem_alloc(1) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(n, (1 << 20) / 256, "{e}");
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{e}");
+    // And the number of allocations is capped whatever their size.
+    let server = TestServer::start_with(&["--max-allocations", "1000"]);
+    let c = server.client();
+    for _ in 0..1000 {
+        c.mem_alloc(1).unwrap();
+    }
+    let e = c.mem_alloc(1).expect_err("past --max-allocations");
+    assert!(e.message.contains("max_allocations"), "{e}");
 }

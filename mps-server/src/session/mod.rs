@@ -135,6 +135,7 @@ impl<B: Backend> Session<B> {
         let shared = Shared {
             backend,
             handles,
+            charges: registry.ledger().open(peer.uid, peer.pid),
             registry: registry.clone(),
             limits,
         };
