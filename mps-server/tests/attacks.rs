@@ -293,3 +293,56 @@ fn one_byte_allocations_are_counted_as_they_take_and_capped_in_number() {
     let e = c.mem_alloc(1).expect_err("past --max-allocations");
     assert!(e.message.contains("max_allocations"), "{e}");
 }
+
+#[test]
+fn servers_per_user_are_bounded_and_other_users_are_served() {
+    const TEST: &str = "servers_per_user_are_bounded_and_other_users_are_served";
+    match role().as_deref() {
+        Some("served") => return touch(&mpsclient::Client::connect(None).unwrap()),
+        Some("refused") => {
+            let e = mpsclient::Client::connect(None).expect_err("past the servers per user");
+            assert!(e.message.contains("--max-servers-per-user 3"), "{e}");
+            return;
+        }
+        Some(other) => panic!("no role {other}"),
+        None => {}
+    }
+    // Before: 100 groups of one user gave 100 servers, and the daemon's descriptors ran out
+    // for everyone.
+    let others = if nix::unistd::geteuid().is_root() {
+        other_users(TEST)
+    } else {
+        None
+    };
+    let (exe, server, bin) = binaries_for_others();
+    let d = TestDaemon::start_serving("attacks", &server, &["--max-servers-per-user", "3"]);
+    let group = |g: &str| [("MPS_GROUP", g.to_string())];
+    let run = |role: &str, g: &str, user: Option<&nix::unistd::User>| {
+        let env = group(g);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut cmd = d.role_of(&exe, TEST, role, &env);
+        if let Some(u) = user {
+            cmd.uid(u.uid.as_raw()).gid(u.gid.as_raw());
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{role} in group {g}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for g in ["g0", "g1", "g2"] {
+        run("served", g, None);
+    }
+    run("refused", "g3", None);
+    // The user's servers serve on.
+    run("served", "g1", None);
+    // Another user is served.
+    if let Some(users) = &others {
+        run("served", "g3", Some(&users[0]));
+    }
+    assert_eq!(d.server_pids().len(), 3 + others.map_or(0, |_| 1));
+    drop(d);
+    let _ = std::fs::remove_dir_all(&bin);
+}

@@ -15,7 +15,8 @@ use mps_core::units::parse_size;
 use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
 use mps_server::control::{
-    CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, HelloLimits, send_command,
+    CONTROL_SOCKET, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig,
+    HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
 use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
@@ -100,6 +101,10 @@ struct Args {
     /// Milliseconds a new connection has for its whole hello before it is dropped.
     #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     hello_timeout_ms: u64,
+    /// Servers one user may have running at once (one per group and device); a client of that
+    /// user that would need one more is refused with the reason.
+    #[arg(long, default_value_t = DEFAULT_MAX_SERVERS_PER_USER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_servers_per_user: usize,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -153,6 +158,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
             max_pending: args.max_pending_hellos,
             timeout: Duration::from_millis(args.hello_timeout_ms),
         },
+        max_servers_per_user: args.max_servers_per_user,
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(

@@ -67,7 +67,14 @@ pub struct DaemonConfig {
     /// Connections that may wait for their hello at once, and how long each may take; the
     /// daemon reads every hello on one thread, as a server does ([`crate::intake`]).
     pub hellos: HelloLimits,
+    /// Servers one user may have running at once (one per group and device); a client that
+    /// would need one more is refused with the reason, and other users are served as before.
+    pub max_servers_per_user: usize,
 }
+
+/// Servers per user unless the operator says otherwise: each costs a process, a device
+/// context, a few threads and descriptors of the daemon's and about 5 MB of memory.
+pub const DEFAULT_MAX_SERVERS_PER_USER: usize = 16;
 
 /// How many connections may wait for their hello at the daemon, and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -388,6 +388,25 @@ impl Daemon {
                     tracing::warn!(uid, group, pid = old.child.id(), "server had exited");
                     let _ = old.child.wait();
                 }
+                prune(&mut servers);
+                let max = self.cfg.max_servers_per_user;
+                let theirs: Vec<&str> = servers
+                    .keys()
+                    .filter(|k| k.0 == uid)
+                    .map(|k| k.1.as_str())
+                    .collect();
+                if theirs.len() >= max {
+                    return Err(Error::new(
+                        Status::QuotaExceeded,
+                        format!(
+                            "uid {uid} already has {} servers running (groups {}), the daemon's \
+                             limit (mps-control --max-servers-per-user {max}); use one of those \
+                             groups, or let an operator stop one (mps-control shutdown_server)",
+                            theirs.len(),
+                            theirs.join(", ")
+                        ),
+                    ));
+                }
                 let s = self.start_server(uid, group, hello.device, None)?;
                 servers.insert(key.clone(), s);
                 self.keep_standby(&key);
