@@ -50,9 +50,9 @@ pub(crate) const PER_CPU: usize = 4;
 /// Threads that handle commands that may wait for the device, shared by every worker.
 pub(crate) const WAITERS: usize = 4;
 
-/// How often a worker looks again at a client whose completion ring was full (the client rings
-/// nothing when it drains it).
-const FULL_POLL: Duration = Duration::from_millis(1);
+/// How often a worker looks again at a client whose completion ring was full, in case its
+/// library does not ring after draining it (one that does wakes the worker at once).
+const FULL_POLL: Duration = Duration::from_millis(100);
 
 /// The session workers of one server.
 pub(crate) struct Workers<B: Backend> {
