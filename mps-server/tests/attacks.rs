@@ -346,3 +346,103 @@ fn servers_per_user_are_bounded_and_other_users_are_served() {
     drop(d);
     let _ = std::fs::remove_dir_all(&bin);
 }
+
+/// Runs `f` on a thread of its own and returns what it returned, or fails once `within` has
+/// passed without it.
+fn finishes<T: Send + 'static>(
+    what: &str,
+    within: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|e| panic!("{what} did not finish within {within:?}: {e}"))
+}
+
+#[test]
+fn a_ptx_image_of_comments_loads_in_linear_time() {
+    // Before: stripping comments was quadratic (64/128/256 KiB of `//` lines: 1.3/5/16.5 s),
+    // so 2 MiB of them took the server about 17 minutes.
+    let server = TestServer::start();
+    let c = server.client();
+    let mut image = b".version 8.0\n.target sm_90\n.address_size 64\n".to_vec();
+    for _ in 0..(2 << 20) / 3 {
+        image.extend_from_slice(b"//\n");
+    }
+    for _ in 0..(1 << 20) / 4 {
+        image.extend_from_slice(b"/**/");
+    }
+    image.extend_from_slice(b".visible .entry k(.param .u64 p)\n{ ret; }\n");
+    let m = finishes("loading 3 MiB of PTX comments", common::WAIT, move || {
+        c.module_load(&image).map(|m| (c, m))
+    });
+    let (c, m) = m.unwrap();
+    c.module_unload(m).unwrap();
+}
+
+#[test]
+fn clients_whose_frees_wait_do_not_hold_up_another_clients() {
+    const TEST: &str = "clients_whose_frees_wait_do_not_hold_up_another_clients";
+    if let Some(role) = role() {
+        assert_eq!(role, "waiter");
+        // A free waits for the client's streams: behind a minute-long kernel it waits a
+        // minute, on one of the server's threads for commands that wait.
+        let c = mpsclient::Client::connect(None).unwrap();
+        let m = c.module_load(&common::ptx()).unwrap();
+        let spin = c.module_get_function(m, "spin_ns").unwrap();
+        let ctr = c.mem_alloc(4).unwrap();
+        let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
+        let ns: u64 = 60_000_000_000;
+        c.launch(
+            spin,
+            one,
+            one,
+            0,
+            mpsclient::Stream::DEFAULT,
+            &[&ns.to_le_bytes(), &ctr.0.to_le_bytes()],
+        )
+        .unwrap();
+        println!("launched");
+        c.mem_free(ctr).unwrap();
+        return;
+    }
+    // Before: four such clients took the 4 shared threads, and every other client's frees and
+    // module loads waited behind them (a well-behaved client timed out after 120 s).
+    let server = TestServer::start();
+    // As many as there were of those threads (more would wait for their own loads before).
+    let mut waiters: Vec<std::process::Child> = (0..4)
+        .map(|_| common::spawn_role(TEST, "waiter", &server))
+        .collect();
+    for w in &mut waiters {
+        use std::io::BufRead;
+        let out = w.stdout.take().unwrap();
+        let launched = std::io::BufReader::new(out)
+            .lines()
+            .any(|l| l.is_ok_and(|l| l.contains("launched")));
+        assert!(launched, "a waiting client did not launch its kernel");
+    }
+    // Their frees reach the server's waiting threads in a moment.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let c = server.client();
+    finishes(
+        "another client's module load and free",
+        common::WAIT,
+        move || {
+            let m = c.module_load(&common::ptx()).unwrap();
+            let p = c.mem_alloc(4096).unwrap();
+            c.mem_free(p).unwrap();
+            c.module_unload(m).unwrap();
+        },
+    );
+    for w in &mut waiters {
+        assert!(
+            w.try_wait().unwrap().is_none(),
+            "a waiting client's free returned early"
+        );
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}
