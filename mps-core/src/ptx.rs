@@ -73,10 +73,22 @@ impl Entry {
 
 /// Reads every `.entry` of a PTX module.
 pub fn parse_entries(image: &[u8]) -> Result<Vec<Entry>> {
+    parse_entries_within(image, usize::MAX)
+}
+
+/// Reads every `.entry` of a PTX module, refusing one with more than `most` before reading the
+/// one past it.
+pub fn parse_entries_within(image: &[u8], most: usize) -> Result<Vec<Entry>> {
     let text = strip_comments(ptx_text(image)?);
     let mut entries = Vec::new();
     let mut rest = text.as_str();
     while let Some(pos) = find_directive(rest, ".entry") {
+        if entries.len() >= most {
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!("PTX with more than {most} kernel entries"),
+            ));
+        }
         rest = &rest[pos + ".entry".len()..];
         let open = rest
             .find('(')

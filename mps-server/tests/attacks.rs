@@ -446,3 +446,64 @@ fn clients_whose_frees_wait_do_not_hold_up_another_clients() {
         let _ = w.wait();
     }
 }
+
+/// A fatbin of `parts`, each (kind, flags, payload, claimed size of a compressed payload).
+fn fatbin(parts: &[(u16, u64, &[u8], u64)]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (kind, flags, payload, size) in parts {
+        let mut p = vec![0u8; 64];
+        p[0..2].copy_from_slice(&kind.to_le_bytes());
+        p[4..8].copy_from_slice(&64u32.to_le_bytes());
+        p[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        p[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        p[40..48].copy_from_slice(&flags.to_le_bytes());
+        p[56..64].copy_from_slice(&size.to_le_bytes());
+        body.extend(p);
+        body.extend_from_slice(payload);
+    }
+    let mut f = 0xba55_ed50u32.to_le_bytes().to_vec();
+    f.extend_from_slice(&1u16.to_le_bytes());
+    f.extend_from_slice(&16u16.to_le_bytes());
+    f.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    f.extend(body);
+    f
+}
+
+/// PTX with `n` kernel entries named `{prefix}{i}`.
+fn ptx_of(prefix: &str, n: usize) -> Vec<u8> {
+    let mut t = String::from(".version 8.0\n.target sm_90\n.address_size 64\n");
+    for i in 0..n {
+        t.push_str(&format!(
+            ".visible .entry {prefix}{i}(.param .u64 p)\n{{ ret; }}\n"
+        ));
+    }
+    t.into_bytes()
+}
+
+#[test]
+fn fatbins_are_read_within_their_caps_before_the_work() {
+    let server = TestServer::start();
+    let c = server.client();
+    // Before: 100,001 entries were accepted after 28 s of de-duplication.
+    let many = ptx_of("k", 100_001);
+    let image = fatbin(&[(1, 0, &many, 0)]);
+    let (c, loaded) = finishes("a fatbin of 100,001 entries", common::WAIT, move || {
+        let r = c.module_load(&image);
+        (c, r)
+    });
+    let e = loaded.expect_err("100,001 entries");
+    assert_eq!(e.status, mps_core::Status::QuotaExceeded, "{e}");
+    assert!(e.message.contains("max_module_entries"), "{e}");
+    // Before: a zstd part's claimed size was believed (a 98 KB image took 6.3 GB).
+    let frame = b"\x28\xb5\x2f\xfd\x20\x03\x19\x00\x00PTX";
+    let e = c
+        .module_load(&fatbin(&[(1, 0x8011, frame, 1 << 40)]))
+        .expect_err("a part claiming 1 TiB");
+    assert!(e.message.contains("before decompressing"), "{e}");
+    // Parts of one kernel per architecture are one module of their kernels.
+    let (a, b) = (ptx_of("k", 4000), ptx_of("k", 4000));
+    let m = c
+        .module_load(&fatbin(&[(1, 0, &a, 0), (1, 0, &b, 0)]))
+        .unwrap();
+    c.module_unload(m).unwrap();
+}
