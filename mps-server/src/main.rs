@@ -14,7 +14,9 @@ use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
 use mps_server::intake::{DEFAULT_LIMITS, Limits};
-use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
+use mps_server::process::{
+    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_signal_handlers,
+};
 use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
 
@@ -109,6 +111,10 @@ struct Args {
     /// Name of the log file in the log directory (mode 0600, never opened through a link).
     #[arg(long, default_value = "server.log")]
     log_name: String,
+    /// Bytes the log grows to before it is renamed NAME.1 (replacing the one before) and
+    /// started afresh, e.g. 16MiB.
+    #[arg(long, default_value_t = DEFAULT_LOG_MAX_BYTES, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    log_max_bytes: u64,
     /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
     #[arg(long)]
     handoff_fd: Option<i32>,
@@ -365,12 +371,10 @@ fn start_sim(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Re
 /// directory is created with mode 0700 (or refused if another user owns or can write it); the
 /// file is opened without following a link, must be this user's, and is kept at mode 0600:
 /// the log names every client's pid and uid.
-fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
-    let file = trust::TrustedDir::open(dir, 0o700)
-        .map_err(|e| format!("the log directory: {}", e.message))?
-        .append_file(name, 0o600, None)
-        .map_err(|e| e.message)?;
-    init_logging_to(file);
+fn init_logging(dir: &Path, name: &str, max_bytes: u64) -> Result<(), String> {
+    let dir = trust::TrustedDir::open(dir, 0o700)
+        .map_err(|e| format!("the log directory: {}", e.message))?;
+    init_logging_to(RotatingLog::open(dir, name, max_bytes).map_err(|e| e.message)?);
     Ok(())
 }
 
@@ -407,7 +411,7 @@ fn main() -> std::process::ExitCode {
         std::process::ExitCode::FAILURE
     };
     let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
-    if let Err(e) = init_logging(&log_dir, &args.log_name) {
+    if let Err(e) = init_logging(&log_dir, &args.log_name, args.log_max_bytes) {
         eprintln!("mps-server: {e}");
         return cannot_start(&e);
     }

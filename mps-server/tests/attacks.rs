@@ -507,3 +507,47 @@ fn fatbins_are_read_within_their_caps_before_the_work() {
         .unwrap();
     c.module_unload(m).unwrap();
 }
+
+/// Bytes of file `path`, 0 if there is none.
+fn size_of_file(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+#[test]
+fn logs_are_rotated_at_their_bound() {
+    // Before: each session added about 300 bytes to the server's log, without end.
+    let server = TestServer::start_with(&["--log-max-bytes", "8KiB"]);
+    for _ in 0..100 {
+        drop(server.client());
+    }
+    let (log, old) = (
+        server.dir.join("server.log"),
+        server.dir.join("server.log.1"),
+    );
+    common::wait_until(
+        "the server's log to be rotated",
+        || size_of_file(&old),
+        |n| *n > 0,
+    );
+    // A write may take a file past the bound by one line, never more.
+    for f in [&log, &old] {
+        assert!(
+            size_of_file(f) <= 9 << 10,
+            "{}: {} bytes",
+            f.display(),
+            size_of_file(f)
+        );
+    }
+    // The daemon's control.log and its servers' logs too.
+    let d = TestDaemon::start("attacks", &["--log-max-bytes", "4KiB"]);
+    for _ in 0..30 {
+        touch(&d.client());
+        for pid in d.server_pids() {
+            d.ctl_ok(&["shutdown_server", &pid.to_string(), "-f"]);
+        }
+    }
+    for name in ["control.log", "control.log.1"] {
+        let n = size_of_file(&d.logs.join(name));
+        assert!(n > 0 && n <= 5 << 10, "{name}: {n} bytes");
+    }
+}

@@ -19,7 +19,9 @@ use mps_server::control::{
     HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
-use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
+use mps_server::process::{
+    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_signal_handlers,
+};
 use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
@@ -105,6 +107,10 @@ struct Args {
     /// user that would need one more is refused with the reason.
     #[arg(long, default_value_t = DEFAULT_MAX_SERVERS_PER_USER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_servers_per_user: usize,
+    /// Bytes control.log, and each server's log, grows to before it is renamed NAME.1
+    /// (replacing the one before) and started afresh, e.g. 16MiB.
+    #[arg(long, default_value_t = DEFAULT_LOG_MAX_BYTES, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    log_max_bytes: u64,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -120,7 +126,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         0o700
     };
     let log = TrustedDir::open(&log_dir, log_mode)
-        .and_then(|d| d.append_file("control.log", 0o600, None))
+        .and_then(|d| RotatingLog::open(d, "control.log", args.log_max_bytes))
         .map_err(|e| e.message)?;
     init_logging_to(log);
     install_signal_handlers()?;
@@ -136,6 +142,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     if let Some(scope) = &args.sim_fault_scope {
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
+    server_args.extend([
+        "--log-max-bytes".to_string(),
+        args.log_max_bytes.to_string(),
+    ]);
     server_args.extend(args.server_args.iter().cloned());
     if !args.server_args.is_empty() {
         check_server_args(&server_bin, &server_args)?;
