@@ -551,3 +551,37 @@ fn logs_are_rotated_at_their_bound() {
         assert!(n > 0 && n <= 5 << 10, "{name}: {n} bytes");
     }
 }
+
+/// The message of the refusal a server or daemon sent on `s` before closing it.
+fn refusal(s: &std::os::unix::net::UnixStream) -> String {
+    use std::io::Read;
+    let mut w: mps_core::protocol::Welcome = bytemuck::Zeroable::zeroed();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    (&*s)
+        .read_exact(bytemuck::bytes_of_mut(&mut w))
+        .expect("a refusal before the connection closed");
+    assert_ne!(w.status, 0, "not a refusal");
+    mps_core::protocol::get_str(&w.message).to_string()
+}
+
+#[test]
+fn hello_flag_bits_no_version_defines_are_refused() {
+    // Before: they were ignored, whatever the client meant by them.
+    let server = TestServer::start();
+    let d = TestDaemon::start("attacks", &[]);
+    for socket in [server.socket(), d.dir.join(mps_ipc::socket::SOCKET_NAME)] {
+        let mut hello = mps_core::protocol::Hello::new("default").unwrap();
+        hello.flags = 0x80;
+        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        mps_ipc::socket::send(&s, bytemuck::bytes_of(&hello), &[]).unwrap();
+        let why = refusal(&s);
+        assert!(
+            why.contains("flag bits 0x80"),
+            "{}: {why}",
+            socket.display()
+        );
+    }
+    // A hello without them is served.
+    server.client().mem_alloc(4096).unwrap();
+}
