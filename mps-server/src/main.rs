@@ -178,7 +178,7 @@ struct ClientLimitArgs {
     #[arg(long, default_value_t = ClientLimits::default().max_user_host_bytes, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     max_user_host_bytes: u64,
     /// Device memory of all of one user's clients together, e.g. 8GiB, counted as allocations
-    /// take it (0: no limit beyond each process's --mem-limit).
+    /// take it (0: none); each process is held to --mem-limit as well.
     #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     max_user_device_bytes: u64,
     /// Device allocations a client may hold.
