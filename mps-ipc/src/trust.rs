@@ -263,6 +263,16 @@ impl TrustedDir {
         Ok(UnixListener::from(sock))
     }
 
+    /// Renames entry `from` to `to` within this directory, replacing what `to` named (a link
+    /// is renamed itself, never followed).
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let path = self.path.join(from);
+        file_name(from, &path)?;
+        file_name(to, &self.path.join(to))?;
+        nix::fcntl::renameat(&self.fd, from, &self.fd, to)
+            .map_err(|e| os(&format!("cannot rename to {to}:"), &path, e))
+    }
+
     /// Removes entry `name` (a file or a socket; a link itself, never what it points to).
     pub fn remove(&self, name: &str) -> std::io::Result<()> {
         unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir).map_err(std::io::Error::from)

@@ -11,6 +11,7 @@ use mps_core::{Error, Result, Status};
 use crate::backend::SmSlot;
 use crate::control::wire::{ServerAnswer, ServerRequest};
 use crate::outbox::Outbox;
+use crate::quota::Ledger;
 use crate::sm::{self, Assignment, Placement, SmRequest};
 
 /// Applies an SM placement to the device ([`crate::backend::Backend::place`]).
@@ -187,6 +188,8 @@ pub struct Registry {
     sm: SmPolicy,
     /// The units each reservation held in the last plan, so that the next keeps them.
     reserved: Mutex<BTreeMap<u32, Placement>>,
+    /// What each user and process holds, all its clients together.
+    ledger: Arc<Ledger>,
 }
 
 impl Registry {
@@ -204,7 +207,13 @@ impl Registry {
                 placer,
             },
             reserved: Mutex::new(BTreeMap::new()),
+            ledger: Arc::default(),
         }
+    }
+
+    /// What each user and process holds in this server, all its clients together.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
     }
 
     /// Places every client anew and tells each where it runs. On failure nothing changes.

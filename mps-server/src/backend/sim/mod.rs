@@ -485,6 +485,9 @@ impl Backend for SimBackend {
     fn host_unregister(&self, _segment: &Segment) {}
 
     fn module_load(&self, image: &[u8]) -> Result<SimModule> {
+        /// Kernel entries the PTX parts of one fatbin may hold in all (every part's, before
+        /// those of the same name are merged): the server's default per PTX module.
+        const MAX_FATBIN_ENTRIES: usize = 1 << 14;
         self.context.alive()?;
         match ImageFormat::detect(image)? {
             ImageFormat::Ptx => Ok(SimModule {
@@ -502,10 +505,26 @@ impl Backend for SimBackend {
                     )
                     .with_cuda_result(NO_BINARY_FOR_GPU));
                 }
+                // The same kernel in several parts (one per architecture) is one entry; the
+                // names seen are kept in a set (a scan of the list for each was quadratic).
                 let mut entries: Vec<ptx::Entry> = Vec::new();
+                let mut names = std::collections::HashSet::new();
+                let mut found = 0usize;
                 for text in parts {
-                    for e in ptx::parse_entries(&text)? {
-                        if !entries.iter().any(|x| x.name == e.name) {
+                    let most = MAX_FATBIN_ENTRIES - found;
+                    let list = ptx::parse_entries_within(&text, most).map_err(|e| {
+                        Error::new(
+                            e.status,
+                            format!(
+                                "{} (a fatbin's PTX parts may hold {MAX_FATBIN_ENTRIES} kernel \
+                                 entries in all)",
+                                e.message
+                            ),
+                        )
+                    })?;
+                    found += list.len();
+                    for e in list {
+                        if names.insert(e.name.clone()) {
                             entries.push(e);
                         }
                     }

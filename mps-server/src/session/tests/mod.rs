@@ -94,6 +94,11 @@ impl<B: Backend> Server<B> {
             handles: self.handles.clone(),
             registry: self.registry.clone(),
             limits,
+            // Each test client a process of its own, as separate clients usually are.
+            charges: self.registry.ledger().open(1000, {
+                static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+                PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            }),
         };
         Ok(Client {
             core: SessionCore::new(shared, channel.clone(), ctx)?,
