@@ -89,9 +89,10 @@ struct Pool<B: Backend> {
     tiers: [Mutex<Vec<Arc<Worker<B>>>>; 2],
     watcher: Watcher,
     /// To the threads that handle commands that may wait.
-    waiting: mpsc::Sender<Session<B>>,
-    /// What those threads take clients from.
-    queue: Arc<Mutex<mpsc::Receiver<Session<B>>>>,
+    waiting: crossbeam_channel::Sender<Session<B>>,
+    /// What those threads take clients from: each waits on it with a timeout of its own, so
+    /// that spare threads idle together end together.
+    queue: crossbeam_channel::Receiver<Session<B>>,
     /// Waiting threads idle now and not yet promised to a client.
     idle_waiters: AtomicUsize,
     /// Waiting threads running.
@@ -140,13 +141,13 @@ impl<B: Backend> Workers<B> {
             }
             Err(_) => 0,
         };
-        let (waiting, queue) = mpsc::channel();
+        let (waiting, queue) = crossbeam_channel::unbounded();
         let pool = Arc::new(Pool {
             count,
             tiers: Default::default(),
             watcher: Watcher::start()?,
             waiting,
-            queue: Arc::new(Mutex::new(queue)),
+            queue,
             idle_waiters: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
             waits,
@@ -220,7 +221,7 @@ impl<B: Backend> Pool<B> {
             tracing::warn!("cannot start a waiting thread; the client waits its turn");
         }
         // The receiving end lives as long as the pool.
-        if let Err(mpsc::SendError(mut s)) = self.waiting.send(session) {
+        if let Err(crossbeam_channel::SendError(mut s)) = self.waiting.send(session) {
             s.handle_held();
             self.place(s);
         }
@@ -399,12 +400,15 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
 
 /// A waiting thread: handles each client's held command, then hands the client back. Beyond
 /// [`WAITERS`], one idle for [`WAITER_IDLE`] that no client was promised ends.
-fn wait_for_device<B: Backend>(queue: &Mutex<mpsc::Receiver<Session<B>>>, pool: &Weak<Pool<B>>) {
+fn wait_for_device<B: Backend>(
+    queue: &crossbeam_channel::Receiver<Session<B>>,
+    pool: &Weak<Pool<B>>,
+) {
     loop {
-        let next = lock(queue).recv_timeout(WAITER_IDLE);
+        let next = queue.recv_timeout(WAITER_IDLE);
         let mut session = match next {
             Ok(s) => s,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 let Some(p) = pool.upgrade() else { return };
                 let spare = p.waiters.load(Ordering::SeqCst) > WAITERS
                     && p.idle_waiters
@@ -416,7 +420,7 @@ fn wait_for_device<B: Backend>(queue: &Mutex<mpsc::Receiver<Session<B>>>, pool: 
                 }
                 continue;
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
         };
         session.handle_held();
         match pool.upgrade() {
