@@ -12,6 +12,8 @@ use std::time::Duration;
 use mps_core::handshake::{DeviceList, Hello, Welcome};
 use mps_ipc::socket;
 
+use crate::shares::{GIB, Gpu};
+
 /// The group the plugin's own handshakes use to learn a device's memory.
 pub const PROBE_GROUP: &str = "k8s-device-plugin";
 /// The daemon's operator socket.
@@ -122,6 +124,61 @@ impl Daemon {
             self.command(&format!("shutdown_server {pid}"))?;
         }
         Ok(pids.len())
+    }
+
+    /// The GPUs the daemon serves and the memory units each offers: `memory_gib` if given,
+    /// else its memory as its server reports it, less `reserve_gib`. Waits for the daemon to
+    /// answer; stops the servers its probe started.
+    pub fn inventory(&self, memory_gib: Option<u32>, reserve_gib: u32) -> Result<Vec<Gpu>, String> {
+        let mut said = false;
+        let served = loop {
+            match self.served() {
+                Ok(s) => break s,
+                Err(e) if !said => {
+                    tracing::warn!("{e}; waiting for it");
+                    said = true;
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        };
+        if served.is_empty() {
+            return Err(format!(
+                "the mps daemon at {} serves no GPU",
+                self.pipe_dir.display()
+            ));
+        }
+        let mut gpus = Vec::new();
+        for &ordinal in &served {
+            let gib = match memory_gib {
+                Some(g) => g,
+                None => {
+                    let facts = self.facts(ordinal)?;
+                    tracing::info!(
+                        "GPU {ordinal}: {}, {} bytes of memory",
+                        facts.name,
+                        facts.total_mem
+                    );
+                    u32::try_from(facts.total_mem / GIB).unwrap_or(u32::MAX)
+                }
+            };
+            let units = gib.saturating_sub(reserve_gib);
+            if units == 0 {
+                return Err(format!(
+                    "GPU {ordinal}: {gib} GiB less --reserve-gib {reserve_gib} leaves nothing to \
+                     offer"
+                ));
+            }
+            gpus.push(Gpu {
+                ordinal,
+                memory_units: units,
+            });
+        }
+        if memory_gib.is_none() {
+            // The probe's servers would otherwise keep a device context each.
+            self.stop_probe_servers()?;
+        }
+        Ok(gpus)
     }
 
     /// Whether each of `ordinals` is fit to be handed out: the daemon answers, serves it, and

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use mps_device_plugin::daemon::Daemon;
 use mps_device_plugin::plugin::{self, Config, Node};
-use mps_device_plugin::shares::{GIB, Gpu, GroupMode, Handout};
+use mps_device_plugin::shares::{GroupMode, Handout};
 use tokio::sync::watch;
 
 /// Advertises shares of the GPUs that the node's mps daemon serves to the kubelet, as device
@@ -58,59 +58,6 @@ struct Args {
     watch_interval_ms: u64,
 }
 
-/// The GPUs the daemon serves and what each offers; waits for the daemon to answer.
-fn inventory(daemon: &Daemon, args: &Args) -> Result<Vec<Gpu>, String> {
-    let mut said = false;
-    let served = loop {
-        match daemon.served() {
-            Ok(s) => break s,
-            Err(e) if !said => {
-                tracing::warn!("{e}; waiting for it");
-                said = true;
-            }
-            Err(_) => {}
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    };
-    if served.is_empty() {
-        return Err(format!(
-            "the mps daemon at {} serves no GPU",
-            daemon.pipe_dir.display()
-        ));
-    }
-    let mut gpus = Vec::new();
-    for &ordinal in &served {
-        let gib = match args.memory_gib {
-            Some(g) => g,
-            None => {
-                let facts = daemon.facts(ordinal)?;
-                tracing::info!(
-                    "GPU {ordinal}: {}, {} bytes of memory",
-                    facts.name,
-                    facts.total_mem
-                );
-                u32::try_from(facts.total_mem / GIB).unwrap_or(u32::MAX)
-            }
-        };
-        let units = gib.saturating_sub(args.reserve_gib);
-        if units == 0 {
-            return Err(format!(
-                "GPU {ordinal}: {gib} GiB less --reserve-gib {} leaves nothing to offer",
-                args.reserve_gib
-            ));
-        }
-        gpus.push(Gpu {
-            ordinal,
-            memory_units: units,
-        });
-    }
-    if args.memory_gib.is_none() {
-        // The probe's servers would otherwise keep a device context each.
-        daemon.stop_probe_servers()?;
-    }
-    Ok(gpus)
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -149,7 +96,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let daemon = Daemon::new(&args.pipe_dir);
-    let gpus = match inventory(&daemon, &args) {
+    let gpus = match daemon.inventory(args.memory_gib, args.reserve_gib) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("mps-device-plugin: {e}");
