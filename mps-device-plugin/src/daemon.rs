@@ -232,6 +232,59 @@ pub fn servers_of_group(status: &str, group: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The servers in a `status` answer whose group begins with `prefix` and that serve no client
+/// now (standbys and failed servers aside: those go with their server, or by themselves).
+pub fn idle_servers(status: &str, prefix: &str) -> Vec<u32> {
+    let mut tables = status.split("\n\n");
+    let servers = tables.next().unwrap_or_default();
+    let clients = tables.next().unwrap_or_default();
+    let busy: std::collections::HashSet<&str> = clients
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut lines = servers.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(pid), Some(group), Some(state)) = (col("SERVER-PID"), col("GROUP"), col("STATE"))
+    else {
+        return Vec::new();
+    };
+    lines
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let idle = w.get(group)?.starts_with(prefix)
+                && *w.get(state)? == "ACTIVE"
+                && !busy.contains(w.get(pid)?);
+            idle.then(|| w[pid].parse().ok()).flatten()
+        })
+        .collect()
+}
+
+/// Which servers of `idle_now` have been idle for `grace` by `now`, given when each was first
+/// seen idle (`since`, updated: a server seen busy or gone is forgotten).
+pub fn due_for_reaping(
+    since: &mut std::collections::HashMap<u32, std::time::Instant>,
+    idle_now: &[u32],
+    now: std::time::Instant,
+    grace: Duration,
+) -> Vec<u32> {
+    since.retain(|pid, _| idle_now.contains(pid));
+    let mut due = Vec::new();
+    for &pid in idle_now {
+        let first = *since.entry(pid).or_insert(now);
+        if now.duration_since(first) >= grace {
+            due.push(pid);
+        }
+    }
+    due.sort_unstable();
+    due
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +310,33 @@ mod tests {
         assert_eq!(servers_of_group(status, PROBE_GROUP), vec![100, 102]);
         assert_eq!(servers_of_group(status, "k8s-0-mem0"), vec![101]);
         assert!(servers_of_group("garbage", PROBE_GROUP).is_empty());
+    }
+
+    #[test]
+    fn idle_servers_of_containers_groups_are_found_and_reaped_after_the_grace() {
+        let status = "SERVER-PID  UID     GROUP             ROUTED  UPTIME-S  STATE   DEVICE\n\
+                      100         1000    k8s-0-mem0        1       3         ACTIVE  0\n\
+                      101         1000    k8s-0-mem4        1       3         ACTIVE  0\n\
+                      102         1000    k8s-1-sm0         1       3         FAULT   1\n\
+                      103         1000    k8s-1-sm0         0       3         STANDBY 1\n\
+                      104         1000    batch             0       3         ACTIVE  0\n\
+                      \n\
+                      SERVER-PID  CLIENT-PID  MEM-BYTES\n\
+                      101         77          0\n";
+        assert_eq!(idle_servers(status, "k8s-"), vec![100]);
+        assert_eq!(idle_servers(status, "batch"), vec![104]);
+
+        let t0 = std::time::Instant::now();
+        let grace = Duration::from_secs(60);
+        let mut since = std::collections::HashMap::new();
+        assert!(due_for_reaping(&mut since, &[100, 101], t0, grace).is_empty());
+        // 101 got a client meanwhile: its clock starts again when it is idle again.
+        let t1 = t0 + grace;
+        assert_eq!(due_for_reaping(&mut since, &[100], t1, grace), vec![100]);
+        assert!(due_for_reaping(&mut since, &[100, 101], t1, grace) == vec![100]);
+        assert_eq!(
+            due_for_reaping(&mut since, &[101], t1 + grace, grace),
+            vec![101]
+        );
     }
 }

@@ -53,6 +53,10 @@ struct Args {
     /// How often the daemon's health is asked, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     health_interval_ms: u64,
+    /// Stop the server of a container's group once it has had no client for this many seconds
+    /// (0: never); each holds a device context. Not for --shared-group.
+    #[arg(long, default_value_t = 60)]
+    reap_idle_s: u64,
     /// How often the kubelet's socket is looked at, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     watch_interval_ms: u64,
@@ -139,12 +143,21 @@ fn main() -> ExitCode {
         let ordinals = gpus.iter().map(|g| g.ordinal).collect();
         let node = Arc::new(Node::new(gpus, handout, health));
         let poll = tokio::spawn(plugin::poll_health(
-            daemon,
+            daemon.clone(),
             ordinals,
             Duration::from_millis(args.health_interval_ms),
             health_tx,
             shutdown.clone(),
         ));
+        let reap = (args.reap_idle_s > 0 && args.shared_group.is_none()).then(|| {
+            tokio::spawn(plugin::reap_idle_servers(
+                daemon.clone(),
+                mps_device_plugin::shares::GROUP_PREFIX.into(),
+                Duration::from_secs(5),
+                Duration::from_secs(args.reap_idle_s),
+                shutdown.clone(),
+            ))
+        });
         let serve = tokio::spawn(plugin::run(config, node, shutdown));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("a SIGTERM handler can be installed");
@@ -156,6 +169,9 @@ fn main() -> ExitCode {
         let _ = shutdown_tx.send(true);
         let _ = serve.await;
         let _ = poll.await;
+        if let Some(reap) = reap {
+            let _ = reap.await;
+        }
     });
     ExitCode::SUCCESS
 }

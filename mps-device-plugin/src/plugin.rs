@@ -381,3 +381,48 @@ pub async fn poll_health(
         }
     }
 }
+
+/// Stops the servers of containers' groups (`prefix`) that have served no client for `grace`,
+/// looking every `interval`, until `shutdown` is set: each holds a device context, and the
+/// groups of departed containers are never used again but by a later container that happens
+/// to hold the same unit (which then gets a fresh server, as any first client does).
+pub async fn reap_idle_servers(
+    daemon: crate::daemon::Daemon,
+    prefix: String,
+    interval: Duration,
+    grace: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut since = std::collections::HashMap::new();
+    while !*shutdown.borrow() {
+        let (d, p) = (daemon.clone(), prefix.clone());
+        let idle = tokio::task::spawn_blocking(move || {
+            d.command("status")
+                .map(|s| crate::daemon::idle_servers(&s, &p))
+        })
+        .await;
+        if let Ok(Ok(idle)) = idle {
+            let now = std::time::Instant::now();
+            for pid in crate::daemon::due_for_reaping(&mut since, &idle, now, grace) {
+                let d = daemon.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    d.command(&format!("shutdown_server {pid}"))
+                })
+                .await;
+                match done {
+                    Ok(Ok(_)) => tracing::info!(
+                        "stopped server {pid}: its container's group has had no client for {} s",
+                        grace.as_secs()
+                    ),
+                    Ok(Err(e)) => tracing::warn!("{e}"),
+                    Err(e) => tracing::warn!("stopping server {pid}: {e}"),
+                }
+                since.remove(&pid);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+}

@@ -19,6 +19,8 @@ use crate::api::{ContainerAllocateResponse, Device, Mount};
 pub const GIB: u64 = 1 << 30;
 /// Units of SM share per GPU: one per percent.
 pub const SM_UNITS: u32 = 100;
+/// How the names of containers' own groups begin.
+pub const GROUP_PREFIX: &str = "k8s-";
 /// The kubelet's words for a device's health.
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
@@ -207,7 +209,7 @@ impl Handout {
     /// The server group of a container holding `a`.
     pub fn group(&self, a: &Allocation) -> String {
         match &self.group {
-            GroupMode::Own => format!("k8s-{}-{}{}", a.gpu, a.resource.tag(), a.units[0]),
+            GroupMode::Own => format!("{GROUP_PREFIX}{}-{}{}", a.gpu, a.resource.tag(), a.units[0]),
             GroupMode::Shared(name) => name.clone(),
         }
     }

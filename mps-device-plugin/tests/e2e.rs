@@ -25,7 +25,7 @@ use mps_device_plugin::api::{
 };
 use mps_device_plugin::daemon::{Daemon, PROBE_GROUP};
 use mps_device_plugin::plugin;
-use mps_device_plugin::shares::{GIB, HEALTHY, Resource, UNHEALTHY, device_id};
+use mps_device_plugin::shares::{GIB, GROUP_PREFIX, HEALTHY, Resource, UNHEALTHY, device_id};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -442,6 +442,24 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
     }
     a.finish();
     b.finish();
+
+    // The containers gone, their groups' servers are stopped (here with no grace).
+    let (stop_reap, reap_stop) = watch::channel(false);
+    let reap = tokio::spawn(plugin::reap_idle_servers(
+        d.clone(),
+        GROUP_PREFIX.into(),
+        Duration::from_millis(50),
+        Duration::ZERO,
+        reap_stop,
+    ));
+    within("the idle servers to be stopped", async {
+        while d.command("get_server_list").unwrap() != "" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let _ = stop_reap.send(true);
+    within("the reaper to stop", reap).await.unwrap();
 
     // The daemon goes: every unit unhealthy; a daemon back: healthy again.
     daemon.quit();
