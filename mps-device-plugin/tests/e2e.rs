@@ -71,15 +71,21 @@ struct TestDaemon {
 impl TestDaemon {
     fn start(dir: &Path, control: &Path, server: &Path) -> TestDaemon {
         let child = Command::new(control)
-            .args([
-                "-f",
-                "--backend",
-                "sim",
-                "--sim-devices",
-                "2",
-                "--sim-memory",
-                "2GiB",
-            ])
+            .arg("-f")
+            .args(
+                if std::env::var("MPS_TEST_BACKEND").as_deref() == Ok("cuda") {
+                    &["--backend", "cuda"][..]
+                } else {
+                    &[
+                        "--backend",
+                        "sim",
+                        "--sim-devices",
+                        "2",
+                        "--sim-memory",
+                        "2GiB",
+                    ][..]
+                },
+            )
             // PyTorch's stream pools need more streams than a client's default.
             .args(["--server-arg=--max-streams", "--server-arg=255"])
             .arg("--server")
@@ -254,6 +260,41 @@ fn server_row(status: &str, pid: &str) -> (String, String) {
     (w[2].to_string(), w[6].to_string())
 }
 
+/// The plugin binary, stopped (SIGTERM) by [`Plugin::stop`], killed on drop; its log is
+/// shown when a test fails.
+struct Plugin(Child, PathBuf);
+
+impl Plugin {
+    /// Stops the plugin as the kubelet's node would (SIGTERM): it exits cleanly and takes its
+    /// sockets away.
+    fn stop(mut self, kubelet_dir: &Path) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "the plugin exited with {status}");
+        for r in Resource::ALL {
+            assert!(
+                !kubelet_dir.join(r.socket()).exists(),
+                "{} left behind",
+                r.socket()
+            );
+        }
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "the plugin's log:\n{}",
+                std::fs::read_to_string(&self.1).unwrap_or_default()
+            );
+        }
+    }
+}
+
 /// A Python that imports torch: `$MPS_TEST_TORCH_PYTHON`, else `python3` if it can.
 fn torch_python() -> Option<String> {
     let given = std::env::var("MPS_TEST_TORCH_PYTHON").ok();
@@ -284,9 +325,11 @@ fn container_role() {
     let e = c.mem_alloc(2 << 20).expect_err("past the limit");
     assert_eq!(e.status, mps_client::Status::QuotaExceeded, "{e}");
     let sm = c.sm_info().unwrap();
+    // The share is SMs taken away, not a number reported: fewer SMs than the device has.
+    assert!(sm.share_percent < 100 && sm.sms < sm.device_sms, "{sm:?}");
     println!(
-        "limit {limit} held, refused past it; SM share {}%",
-        sm.share_percent
+        "limit {limit} held, refused past it; SM share {}%: {} of {} SMs",
+        sm.share_percent, sm.sms, sm.device_sms
     );
     println!("ready");
     let mut line = String::new();
@@ -311,6 +354,7 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
         );
         return;
     };
+    let cuda = std::env::var("MPS_TEST_BACKEND").as_deref() == Ok("cuda");
     let dir = temp_dir("e2e");
     let pipe = dir.join("pipe");
     let kubelet_dir = dir.join("kubelet");
@@ -318,7 +362,8 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
     std::fs::create_dir_all(&kubelet_dir).unwrap();
     let daemon = TestDaemon::start(&pipe, &control, &server);
 
-    // The inventory, as the binary takes it: two GPUs of 2 GiB, and no probe server left.
+    // The inventory, as the plugin takes it: on the simulator two GPUs of 2 GiB; no probe
+    // server is left behind.
     let d = Daemon::new(&pipe);
     let gpus = {
         let d = d.clone();
@@ -327,40 +372,51 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
             .unwrap()
             .unwrap()
     };
-    assert_eq!(
-        gpus.iter()
-            .map(|g| (g.ordinal, g.memory_units))
-            .collect::<Vec<_>>(),
-        [(0, 2), (1, 2)]
-    );
+    if !cuda {
+        assert_eq!(
+            gpus.iter()
+                .map(|g| (g.ordinal, g.memory_units))
+                .collect::<Vec<_>>(),
+            [(0, 2), (1, 2)]
+        );
+    }
     let status = d.command("status").unwrap();
     assert!(!status.contains(PROBE_GROUP), "{status}");
+    // Pod A goes to the last GPU, pod B and the PyTorch pod to the first.
+    let (ga, gb) = (gpus.last().unwrap().ordinal, gpus[0].ordinal);
 
     // mps's CUDA library, for the unmodified program: a directory with libcuda.so.1 in it.
+    let built_lib = built("libmpscuda.so", "MPS_CUDA_LIBRARY");
     let lib = dir.join("lib");
-    std::fs::create_dir_all(&lib).unwrap();
-    let built_lib = target_dir().join("libmpscuda.so");
-    for name in ["libcuda.so.1", "libcuda.so"] {
-        std::os::unix::fs::symlink(&built_lib, lib.join(name)).unwrap();
+    if let Some(built_lib) = &built_lib {
+        std::fs::create_dir_all(&lib).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(built_lib, lib.join(name)).unwrap();
+        }
     }
 
+    // The plugin itself, as the DaemonSet runs it, against the fake kubelet.
     let mut kubelet = FakeKubelet::start(&kubelet_dir);
-    let (health_tx, health_rx) = watch::channel(Vec::new());
-    let (stop_poll, poll_stop) = watch::channel(false);
-    let poll = tokio::spawn(plugin::poll_health(
-        d.clone(),
-        gpus.iter().map(|g| g.ordinal).collect(),
-        Duration::from_millis(50),
-        health_tx.clone(),
-        poll_stop,
-    ));
-    let plugin = TestPlugin::start_with(
-        &kubelet_dir,
-        gpus,
-        handout(&pipe, Some(&lib)),
-        health_tx,
-        health_rx,
+    let plugin_log = dir.join("plugin.log");
+    let mut plugin = Command::new(
+        std::env::var_os("MPS_PLUGIN_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_mps-device-plugin").into()),
     );
+    plugin
+        .arg("--pipe-dir")
+        .arg(&pipe)
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .args(["--health-interval-ms", "50", "--watch-interval-ms", "20"])
+        .args(["--reap-idle-s", "0"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&plugin_log).unwrap());
+    match &built_lib {
+        Some(_) => plugin.arg("--cuda-lib-dir").arg(&lib),
+        None => plugin.arg("--no-cuda-library"),
+    };
+    let plugin = Plugin(plugin.spawn().unwrap(), plugin_log);
     let regs = kubelet.both_registrations().await;
     let mut mem = kubelet.connect(&regs[0].endpoint).await;
     let mut sm = kubelet.connect(&regs[1].endpoint).await;
@@ -369,12 +425,16 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
     while !l.devices.iter().all(|d| d.health == HEALTHY) {
         l = next_list(&mut watch_mem).await;
     }
+    assert_eq!(
+        l.devices.len(),
+        gpus.iter().map(|g| g.memory_units as usize).sum::<usize>()
+    );
 
-    // Two pods: A asks for 1 GiB and 30% of GPU 1, B for 1 GiB and 50% of GPU 0.
-    let a_mem = allocate(&mut mem, Resource::Memory, 1, 0..1).await;
-    let a_sm = allocate(&mut sm, Resource::Sm, 1, 0..30).await;
-    let b_sm = allocate(&mut sm, Resource::Sm, 0, 0..50).await;
-    let b_mem = allocate(&mut mem, Resource::Memory, 0, 1..2).await;
+    // Two pods: A asks for 1 GiB and 30% of its GPU, B for 1 GiB and 50% of its own.
+    let a_mem = allocate(&mut mem, Resource::Memory, ga, 0..1).await;
+    let a_sm = allocate(&mut sm, Resource::Sm, ga, 0..30).await;
+    let b_sm = allocate(&mut sm, Resource::Sm, gb, 0..50).await;
+    let b_mem = allocate(&mut mem, Resource::Memory, gb, 1..2).await;
     // The kubelet's order of a container's resources is its own: A's memory first, B's SMs.
     let a_env = container_env(&[&a_mem, &a_sm]);
     let b_env = container_env(&[&b_sm, &b_mem]);
@@ -398,8 +458,9 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
         b.said
     );
 
+    eprintln!("pod A: {}\npod B: {}", a.said.join(" "), b.said.join(" "));
     let status = d.command("status").unwrap();
-    for (p, env, share, device) in [(&a, &a_env, "30", "1"), (&b, &b_env, "50", "0")] {
+    for (p, env, share, device) in [(&a, &a_env, "30", ga), (&b, &b_env, "50", gb)] {
         let row = client_row(&status, p.child.id());
         assert_eq!(row["MEM-LIMIT"], GIB.to_string(), "{status}");
         assert_eq!(row["SHARE%"], share, "{status}");
@@ -414,15 +475,19 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
         client_row(&status, b.child.id())["SERVER-PID"]
     );
 
-    // An unmodified PyTorch program as a third container: 1 GiB and 20% of GPU 0.
-    match torch_python() {
+    // An unmodified PyTorch program as a third container: 1 GiB and 20% of B's GPU; on a GPU
+    // it runs kernels too.
+    match torch_python().filter(|_| built_lib.is_some()) {
         Some(python) => {
-            let t_mem = allocate(&mut mem, Resource::Memory, 0, 0..1).await;
-            let t_sm = allocate(&mut sm, Resource::Sm, 0, 50..70).await;
+            let t_mem = allocate(&mut mem, Resource::Memory, gb, 0..1).await;
+            let t_sm = allocate(&mut sm, Resource::Sm, gb, 50..70).await;
             let env = container_env(&[&t_sm, &t_mem]);
             let mut cmd = Command::new(python);
             cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/container.py"))
                 .arg("1");
+            if cuda {
+                cmd.arg("--compute");
+            }
             let t = spawn_ready(cmd, &env);
             assert!(
                 t.said.iter().any(|l| l.contains("refused past it")),
@@ -437,7 +502,8 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
         }
         None => skip(
             &format!("{test} (its PyTorch container)"),
-            "no Python with torch (scripts/torch-env installs one; MPS_TEST_TORCH_PYTHON names it)",
+            "no Python with torch (scripts/torch-env installs one; MPS_TEST_TORCH_PYTHON names \
+             it), or no libmpscuda.so built",
         ),
     }
     a.finish();
@@ -472,9 +538,7 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
     while !l.devices.iter().all(|d| d.health == HEALTHY) {
         l = next_list(&mut watch_mem).await;
     }
-    plugin.stop().await;
-    let _ = stop_poll.send(true);
-    within("the health poll to stop", poll).await.unwrap();
+    plugin.stop(&kubelet_dir);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
