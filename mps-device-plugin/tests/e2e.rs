@@ -54,6 +54,14 @@ fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// This crate's directory: `$MPS_ROOT/mps-device-plugin` for a test executable run on another
+/// machine in a copy of the tree.
+fn crate_dir() -> PathBuf {
+    std::env::var_os("MPS_ROOT")
+        .map(|r| PathBuf::from(r).join("mps-device-plugin"))
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
 /// A binary of this build: `$var` if set, else `target/<profile>/<name>`, if it exists.
 fn built(name: &str, var: &str) -> Option<PathBuf> {
     let path = std::env::var_os(var)
@@ -483,8 +491,7 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
             let t_sm = allocate(&mut sm, Resource::Sm, gb, 50..70).await;
             let env = container_env(&[&t_sm, &t_mem]);
             let mut cmd = Command::new(python);
-            cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/container.py"))
-                .arg("1");
+            cmd.arg(crate_dir().join("tests/py/container.py")).arg("1");
             if cuda {
                 cmd.arg("--compute");
             }
