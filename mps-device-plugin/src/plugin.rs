@@ -27,6 +27,8 @@ use crate::shares::{self, Gpu, Handout, Resource};
 
 /// The API version the plugin speaks.
 pub const API_VERSION: &str = "v1beta1";
+/// How long a server's connections are given to end when it stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The kubelet's registration socket, in its device plugin directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 
@@ -272,8 +274,12 @@ pub async fn run(config: Config, node: Arc<Node>, mut shutdown: watch::Receiver<
             }
         }
         let _ = stop_tx.send(true);
-        for task in servers {
-            let _ = task.await;
+        for mut task in servers {
+            // A server ends once its connections have: a kubelet that keeps one open is not
+            // waited for long.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+                task.abort();
+            }
         }
         for path in &ours {
             // Only a socket that is still ours: a new kubelet may have cleaned the directory.
