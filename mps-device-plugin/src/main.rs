@@ -30,6 +30,11 @@ struct Args {
     /// Where containers see that directory (their LD_LIBRARY_PATH).
     #[arg(long, default_value = "/opt/mps/lib")]
     container_cuda_lib_dir: PathBuf,
+    /// Directories (`:`-separated) that containers' LD_LIBRARY_PATH lists after mps's
+    /// library: the plugin's value replaces an image's own, so name here what your images'
+    /// LD_LIBRARY_PATH holds.
+    #[arg(long, value_name = "DIRS")]
+    library_path_after: Option<String>,
     /// Give containers no CUDA library (programs linked with libmpsclient need none).
     #[arg(long)]
     no_cuda_library: bool,
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
         container_pipe_dir: args.container_pipe_dir.clone(),
         cuda_lib_dir,
         container_cuda_lib_dir: args.container_cuda_lib_dir.clone(),
+        library_path_after: args.library_path_after.clone(),
         group,
     };
     let config = Config {

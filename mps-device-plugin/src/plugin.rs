@@ -277,7 +277,10 @@ pub async fn run(config: Config, node: Arc<Node>, mut shutdown: watch::Receiver<
         for mut task in servers {
             // A server ends once its connections have: a kubelet that keeps one open is not
             // waited for long.
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
                 task.abort();
             }
         }

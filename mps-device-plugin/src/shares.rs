@@ -138,6 +138,9 @@ pub struct Handout {
     pub cuda_lib_dir: Option<PathBuf>,
     /// Where the container sees that directory (its `LD_LIBRARY_PATH`).
     pub container_cuda_lib_dir: PathBuf,
+    /// Directories the container's `LD_LIBRARY_PATH` lists after the library's (it replaces
+    /// the image's own), `:`-separated.
+    pub library_path_after: Option<String>,
     pub group: GroupMode,
 }
 
@@ -234,7 +237,11 @@ impl Handout {
             read_only: true,
         }];
         if let Some(lib) = &self.cuda_lib_dir {
-            envs.insert("LD_LIBRARY_PATH".into(), path(&self.container_cuda_lib_dir));
+            let mut search = path(&self.container_cuda_lib_dir);
+            if let Some(after) = self.library_path_after.as_deref().filter(|a| !a.is_empty()) {
+                search = format!("{search}:{after}");
+            }
+            envs.insert("LD_LIBRARY_PATH".into(), search);
             mounts.push(Mount {
                 container_path: path(&self.container_cuda_lib_dir),
                 host_path: path(lib),
@@ -332,6 +339,7 @@ mod tests {
             container_pipe_dir: "/run/mps".into(),
             cuda_lib_dir: Some("/usr/lib/mps".into()),
             container_cuda_lib_dir: "/opt/mps/lib".into(),
+            library_path_after: None,
             group: GroupMode::Own,
         }
     }
@@ -436,6 +444,15 @@ mod tests {
         assert_eq!(r.envs["MPS_GROUP"], "pods");
         assert!(!r.envs.contains_key("LD_LIBRARY_PATH"));
         assert_eq!(r.mounts.len(), 1);
+        // The image's own directories after the library's.
+        let h = Handout {
+            library_path_after: Some("/usr/local/cuda/lib64".into()),
+            ..handout()
+        };
+        assert_eq!(
+            h.respond(&a).envs["LD_LIBRARY_PATH"],
+            "/opt/mps/lib:/usr/local/cuda/lib64"
+        );
     }
 
     #[test]

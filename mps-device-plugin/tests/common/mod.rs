@@ -222,6 +222,7 @@ pub fn handout(pipe_dir: &Path, cuda_lib_dir: Option<&Path>) -> Handout {
         container_pipe_dir: "/run/mps".into(),
         cuda_lib_dir: cuda_lib_dir.map(Path::to_path_buf),
         container_cuda_lib_dir: "/opt/mps/lib".into(),
+        library_path_after: None,
         group: GroupMode::Own,
     }
 }
