@@ -438,10 +438,12 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
         gpus.iter().map(|g| g.memory_units as usize).sum::<usize>()
     );
 
-    // Two pods: A asks for 1 GiB and 30% of its GPU, B for 1 GiB and 50% of its own.
+    // Two pods: A asks for 1 GiB and 30% of its GPU, B for 1 GiB and 50% of its own. The
+    // units are those a kubelet could hand out: no unit twice, on one GPU or two.
+    let one = ga == gb;
     let a_mem = allocate(&mut mem, Resource::Memory, ga, 0..1).await;
     let a_sm = allocate(&mut sm, Resource::Sm, ga, 0..30).await;
-    let b_sm = allocate(&mut sm, Resource::Sm, gb, 0..50).await;
+    let b_sm = allocate(&mut sm, Resource::Sm, gb, if one { 30..80 } else { 0..50 }).await;
     let b_mem = allocate(&mut mem, Resource::Memory, gb, 1..2).await;
     // The kubelet's order of a container's resources is its own: A's memory first, B's SMs.
     let a_env = container_env(&[&a_mem, &a_sm]);
@@ -487,8 +489,9 @@ async fn containers_get_the_limits_their_pods_asked_for_and_health_follows_the_d
     // it runs kernels too.
     match torch_python().filter(|_| built_lib.is_some()) {
         Some(python) => {
-            let t_mem = allocate(&mut mem, Resource::Memory, gb, 0..1).await;
-            let t_sm = allocate(&mut sm, Resource::Sm, gb, 50..70).await;
+            let t_unit = if one { 2 } else { 0 };
+            let t_mem = allocate(&mut mem, Resource::Memory, gb, t_unit..t_unit + 1).await;
+            let t_sm = allocate(&mut sm, Resource::Sm, gb, 80..100).await;
             let env = container_env(&[&t_sm, &t_mem]);
             let mut cmd = Command::new(python);
             cmd.arg(crate_dir().join("tests/py/container.py")).arg("1");
