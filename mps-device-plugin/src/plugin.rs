@@ -201,11 +201,12 @@ pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Erro
         .await
 }
 
-/// Identity of a socket file (device and inode), to tell a re-created one apart.
-fn identity(path: &Path) -> Option<(u64, u64)> {
+/// Identity of a socket file, to tell a re-created one apart: its device and inode, and its
+/// change time, since a file system may give a new file the inode of one just removed.
+fn identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// Serves every resource and registers it with the kubelet, again whenever the kubelet
