@@ -74,8 +74,13 @@ async fn a_restarted_kubelet_gets_both_resources_registered_again() {
     let mut kubelet = FakeKubelet::start(&dir);
     let plugin = TestPlugin::start(&dir, two_gpus(), handout(&dir, None));
     kubelet.both_registrations().await;
-    for round in 0..2 {
-        kubelet.restart().await;
+    for round in 0..3 {
+        // The last restart leaves the plugin's sockets: the new kubelet.sock alone tells.
+        if round < 2 {
+            kubelet.restart().await;
+        } else {
+            kubelet.restart_keeping_plugin_sockets().await;
+        }
         let regs = kubelet.both_registrations().await;
         assert_eq!(
             regs[0].resource_name, "mps-rs.github.io/gpu-memory",

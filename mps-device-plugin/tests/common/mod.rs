@@ -115,6 +115,15 @@ impl FakeKubelet {
         self.listen();
     }
 
+    /// A kubelet restart that leaves the plugins' sockets in place: only `kubelet.sock` is
+    /// new.
+    pub async fn restart_keeping_plugin_sockets(&mut self) {
+        self.stop.take().unwrap().send(()).unwrap();
+        self.task.take().unwrap().await.unwrap();
+        std::fs::remove_file(self.dir.join(KUBELET_SOCKET)).unwrap();
+        self.listen();
+    }
+
     /// The next registration.
     pub async fn next_registration(&mut self) -> RegisterRequest {
         within("a registration", self.registrations.recv())
