@@ -74,6 +74,41 @@ fn the_client_pod_needs_only_the_pipe_directory() {
     assert!(pod.contains("path: /run/mps"));
 }
 
+/// The client Deployment asks the device plugin for both shares and sets up nothing that the
+/// plugin hands out (no mount, no MPS_ variable); the plugin runs beside the daemon.
+#[test]
+fn the_client_deployment_asks_for_both_shares_and_leaves_the_rest_to_the_plugin() {
+    let read = |path: &str| {
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let deployment = read("deploy/kubernetes/example-client-deployment.yaml");
+    for resource in ["mps-rs.github.io/gpu-memory:", "mps-rs.github.io/gpu-sm:"] {
+        assert!(
+            deployment.contains(resource),
+            "the Deployment does not ask for {resource}"
+        );
+    }
+    for handed_out in [
+        "hostPath",
+        "volumeMounts",
+        "MPS_",
+        "LD_LIBRARY_PATH",
+        "nvidia.com/gpu",
+    ] {
+        assert!(
+            !deployment.contains(handed_out),
+            "the Deployment sets {handed_out}: the plugin hands that out"
+        );
+    }
+    let daemonset = read("deploy/kubernetes/mps-daemonset.yaml");
+    assert!(daemonset.contains("mps-device-plugin"));
+    assert!(daemonset.contains("path: /var/lib/kubelet/device-plugins"));
+}
+
 /// A man page's text with roff's escapes of `-` undone.
 fn man_page(name: &str) -> String {
     std::fs::read_to_string(root().join("docs/man").join(name))
