@@ -720,6 +720,17 @@ fn client_priorities_hold() {
 
 /// Starts this test binary as a client of `d`'s with `env`, in the role that reports its SMs
 /// and then holds them; returns it with the line it printed.
+/// Waits until this process has no client on server `pid` (a dropped client's session ends a
+/// moment after its process let it go).
+fn wait_until_gone(d: &TestDaemon, pid: &str) {
+    let me = std::process::id().to_string();
+    wait_for_value(
+        "this process's client gone from the server",
+        || d.ctl_ok(&["get_client_list", pid]).lines().any(|l| l == me),
+        false,
+    );
+}
+
 fn sm_client(d: &TestDaemon, test: &str, env: &[(&str, &str)]) -> (Child, String) {
     spawn_until(d.role(test, "client", env), |l| {
         l.starts_with("sms=") || l.starts_with("refused=")
@@ -883,16 +894,7 @@ fn sm_shares_and_reservations_hold() {
     release(refused);
     assert_eq!(sms_of(&c), "16/16");
     drop(c);
-    let me = std::process::id().to_string();
-    wait_for_value(
-        "this process's client gone from the server",
-        || {
-            d.ctl_ok(&["get_client_list", &pid])
-                .lines()
-                .any(|l| l == me)
-        },
-        false,
-    );
+    wait_until_gone(&d, &pid);
 
     // A reservation takes SMs from everyone else; a share caps a client within the rest.
     let (reserver, said) = spawn(&[("MPS_SM_RESERVE", "25")]);
@@ -919,15 +921,7 @@ fn sm_shares_and_reservations_hold() {
     assert!(said.contains("it was told"), "{said}");
     release(refused);
     drop(c);
-    wait_for_value(
-        "this process's client gone from the server",
-        || {
-            d.ctl_ok(&["get_client_list", &pid])
-                .lines()
-                .any(|l| l == me)
-        },
-        false,
-    );
+    wait_until_gone(&d, &pid);
     let (second, said) = spawn(&[("MPS_SM_RESERVE", "30")]);
     assert_eq!(said, "sms=5/16", "30% of 16 SMs rounds up");
     let c = d.client();
@@ -1086,16 +1080,7 @@ fn sm_partitions_hold_on_the_gpu() {
     // is made before this process's client comes back, since a reservation may not take a
     // client below the SMs it was told of.
     drop(c);
-    let me = std::process::id().to_string();
-    wait_for_value(
-        "this process's client gone from the server",
-        || {
-            d.ctl_ok(&["get_client_list", &pid])
-                .lines()
-                .any(|l| l == me)
-        },
-        false,
-    );
+    wait_until_gone(&d, &pid);
     let (reserver, said) = spawn_until(d.role(TEST, "client", &[("MPS_SM_RESERVE", "25")]), |l| {
         l.starts_with("sms=")
     });
