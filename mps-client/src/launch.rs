@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use mps_core::limits::check_clusters;
-use mps_core::protocol::{self, Cluster, Dim3, ParamInfo, Request};
+use mps_core::protocol::{self, Cluster, Dim3, LaunchSpec, ParamInfo, Request};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result};
 
@@ -136,7 +136,15 @@ impl Client {
         }
         // SAFETY: each slice is exactly its parameter's size.
         let gather = unsafe { Gather::new(&kernel, Values::Slices(args)) };
-        self.post_launch(&kernel, grid, block, shared_mem, None, stream, gather)
+        let spec = LaunchSpec {
+            function: &*kernel,
+            grid,
+            block,
+            shared_mem,
+            cluster: None,
+            params: gather,
+        };
+        self.post_launch(spec, stream)
     }
 
     /// Launches with parameters as cuLaunchKernel takes them: `params[i]` points at the value of
@@ -218,24 +226,23 @@ impl Client {
         // SAFETY: the caller guarantees one readable pointer per parameter, each for that
         // parameter's size; none is NULL (checked above).
         let gather = unsafe { Gather::new(kernel, Values::Pointers(params)) };
-        self.post_launch(kernel, grid, block, shared_mem, cluster, stream, gather)
+        let spec = LaunchSpec {
+            function: kernel,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            params: gather,
+        };
+        self.post_launch(spec, stream)
     }
 
     /// Puts a launch in the ring: one hold of the submission lock, the parameters gathered
     /// straight into the slots.
-    #[allow(clippy::too_many_arguments)]
-    fn post_launch(
-        &self,
-        kernel: &Kernel,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        cluster: Option<Cluster>,
-        stream: Stream,
-        gather: Gather<'_>,
-    ) -> Result<()> {
+    fn post_launch(&self, spec: LaunchSpec<&Kernel, Gather<'_>>, stream: Stream) -> Result<()> {
         self.check()?;
-        if let Some(c) = cluster {
+        let (grid, block) = (spec.grid, spec.block);
+        if let Some(c) = spec.cluster {
             // Checked here as well as by the server, so that the launch itself fails, as with
             // CUDA, not the next synchronising call.
             check_clusters(grid, &c, self.device_info().cc)?;
@@ -250,28 +257,11 @@ impl Client {
                 )));
             }
         }
-        let opcode = if cluster.is_some() {
-            protocol::Opcode::LaunchCluster
-        } else {
-            protocol::Opcode::Launch
-        };
         self.submit(
             stream,
             0,
-            opcode,
-            |seq| {
-                Slots::launch(
-                    kernel.handle,
-                    grid,
-                    block,
-                    shared_mem,
-                    cluster,
-                    gather,
-                    seq,
-                    stream.0,
-                    0,
-                )
-            },
+            spec.opcode(),
+            |seq| Slots::launch(spec.map(|k| k.handle, |g| g), seq, stream.0, 0),
             |_, _, _| {},
         )
         .map(drop)
@@ -404,7 +394,7 @@ mod tests {
             .flat_map(|s| bytemuck::bytes_of(s).to_vec())
             .collect();
         match Request::decode(&all[0], &payload).unwrap() {
-            Request::Launch { params, .. } => params.to_vec(),
+            Request::Launch { spec } => spec.params.to_vec(),
             other => panic!("decoded {other:?}"),
         }
     }
@@ -432,14 +422,40 @@ mod tests {
         // SAFETY: each pointer is readable for its parameter's size, for the whole test.
         let raw = unsafe { Gather::new(&kernel, Values::Pointers(values.as_ptr())) };
         let grid = Dim3 { x: 2, y: 1, z: 1 };
-        let slots = Slots::launch(7, grid, grid, 0, None, raw, 3, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 7,
+                grid,
+                block: grid,
+                shared_mem: 0,
+                cluster: None,
+                params: raw,
+            },
+            3,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(slots.len(), 3, "118 bytes take two payload slots");
         assert_eq!(decoded_params(&slots), expected);
 
         let args: [&[u8]; 4] = [&ptr, &n, &big, &tail];
         // SAFETY: each slice is its parameter's size.
         let slices = unsafe { Gather::new(&kernel, Values::Slices(&args)) };
-        let slots = Slots::launch(7, grid, grid, 0, None, slices, 3, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 7,
+                grid,
+                block: grid,
+                shared_mem: 0,
+                cluster: None,
+                params: slices,
+            },
+            3,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(decoded_params(&slots), expected);
     }
 
@@ -449,7 +465,20 @@ mod tests {
         // SAFETY: there are no parameters to read.
         let g = unsafe { Gather::new(&kernel, Values::Pointers(std::ptr::null())) };
         let one = Dim3 { x: 1, y: 1, z: 1 };
-        let slots = Slots::launch(1, one, one, 0, None, g, 1, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 1,
+                grid: one,
+                block: one,
+                shared_mem: 0,
+                cluster: None,
+                params: g,
+            },
+            1,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(slots.len(), 1);
         assert!(decoded_params(&slots).is_empty());
     }

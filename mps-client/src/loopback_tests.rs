@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mps_core::handshake::BackendKind;
 use mps_core::protocol::{
-    Command, Completion, CompletionKind, Dim3, ParamInfo, Request, SLOT_BYTES, flags,
+    Command, Completion, CompletionKind, Dim3, LaunchSpec, ParamInfo, Request, SLOT_BYTES, flags,
 };
 use mps_core::{Error, Status};
 use mps_ipc::channel::{Channel, Layout, ShmRing};
@@ -128,11 +128,14 @@ fn a_launch_is_one_command_in_the_ring_with_its_parameters_in_place() {
     assert_eq!(payload.len(), 2 * SLOT_BYTES);
     match Request::decode(&cmd, &payload).unwrap() {
         Request::Launch {
-            function,
-            grid,
-            block,
-            params,
-            ..
+            spec:
+                LaunchSpec {
+                    function,
+                    grid,
+                    block,
+                    params,
+                    ..
+                },
         } => {
             assert_eq!((function, grid, block), (7, Dim3 { x: 4, y: 2, z: 1 }, ONE));
             assert_eq!(params, packed.as_slice());

@@ -310,7 +310,7 @@ fn a_client_cannot_touch_another_clients_objects() {
     );
 
     // On the wire, past the library's own checks: every command naming the owner's objects.
-    use mps_core::protocol::{HostRef, Request};
+    use mps_core::protocol::{HostRef, LaunchSpec, Request};
     let mut raw = RawClient::connect(&server);
     let attempts: Vec<(Request<'_>, u64)> = vec![
         (Request::MemFree { ptr: p.0 }, 0),
@@ -376,12 +376,14 @@ fn a_client_cannot_touch_another_clients_objects() {
         ),
         (
             Request::Launch {
-                function: fill.0,
-                grid: grid(1),
-                block: grid(1),
-                shared_mem: 0,
-                cluster: None,
-                params: &[0; 24],
+                spec: LaunchSpec {
+                    function: fill.0,
+                    grid: grid(1),
+                    block: grid(1),
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &[0; 24],
+                },
             },
             0,
         ),

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
-    BackendKind, CONTEXT_LIMITS, Cluster, DeviceAttribute, Dim3, FUNC_ATTRIBUTES, OccupancyQuery,
+    BackendKind, CONTEXT_LIMITS, DeviceAttribute, FUNC_ATTRIBUTES, LaunchSpec, OccupancyQuery,
     ParamInfo,
 };
 use mps_core::{Error, Result};
@@ -158,26 +158,17 @@ pub trait FaultSink: Send + Sync + std::fmt::Debug {
     fn has_faulted(&self) -> bool;
 }
 
+/// A launch as a backend runs it: the backend's kernel, the parameters borrowed from the
+/// session's copy of the command or owned.
+pub type Launch<'a, B> = LaunchSpec<Arc<<B as Backend>::Function>, Cow<'a, [u8]>>;
+
 /// One unit of stream-ordered work. A launch's parameters are borrowed from the session's private
 /// copy of the command (a backend that submits synchronously hands them to the driver from
 /// there); a backend that runs work after `submit` returns keeps it with [`Op::into_owned`].
 #[derive(Debug)]
 pub enum Op<'a, B: Backend> {
     /// A kernel launch with its packed parameters.
-    Launch {
-        /// The kernel.
-        function: Arc<B::Function>,
-        /// Grid.
-        grid: Dim3,
-        /// Block.
-        block: Dim3,
-        /// Dynamic shared memory bytes.
-        shared_mem: u32,
-        /// The clusters the blocks are grouped in, if any (checked against the grid).
-        cluster: Option<Cluster>,
-        /// Packed parameter buffer, laid out by the function's parameter info.
-        params: Cow<'a, [u8]>,
-    },
+    Launch(Launch<'a, B>),
     /// Host to device.
     CopyHtoD {
         /// Device address.
@@ -226,21 +217,7 @@ impl<B: Backend> Op<'_, B> {
     /// The same work owning everything it refers to (copies a launch's borrowed parameters).
     pub fn into_owned(self) -> Op<'static, B> {
         match self {
-            Op::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params,
-            } => Op::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params: Cow::Owned(params.into_owned()),
-            },
+            Op::Launch(l) => Op::Launch(l.map(|f| f, |p| Cow::Owned(p.into_owned()))),
             Op::CopyHtoD { dst, src } => Op::CopyHtoD { dst, src },
             Op::CopyDtoH { dst, src } => Op::CopyDtoH { dst, src },
             Op::CopyDtoD { dst, src, len } => Op::CopyDtoD { dst, src, len },

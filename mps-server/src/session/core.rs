@@ -279,38 +279,24 @@ impl<B: Backend> SessionCore<B> {
             self.check_capture(cmd, &req)?;
         }
         match req {
-            Request::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params,
-            } => {
-                let f = self.functions.get(function)?;
+            Request::Launch { spec } => {
+                let f = self.functions.get(spec.function)?;
                 let info = self.backend.info();
-                check_geometry(grid, block, shared_mem, &info.limits)?;
-                if let Some(c) = &cluster {
-                    check_clusters(grid, c, info.cc)?;
+                check_geometry(spec.grid, spec.block, spec.shared_mem, &info.limits)?;
+                if let Some(c) = &spec.cluster {
+                    check_clusters(spec.grid, c, info.cc)?;
                 }
-                if params.len() != f.param_bytes {
+                if spec.params.len() != f.param_bytes {
                     return Err(Error::invalid_value(format!(
                         "kernel takes {} bytes of parameters, the launch carries {}",
                         f.param_bytes,
-                        params.len()
+                        spec.params.len()
                     )));
                 }
                 self.stats.launched();
                 // The parameters stay where the shell copied the command to; a backend that
                 // runs the launch later copies them (`Op::into_owned`).
-                let op = Op::Launch {
-                    function: f.function.clone(),
-                    grid,
-                    block,
-                    shared_mem,
-                    cluster,
-                    params: Cow::Borrowed(params),
-                };
+                let op = Op::Launch(spec.map(|_| f.function.clone(), Cow::Borrowed));
                 self.enqueue(cmd, op)
             }
             Request::Mark => self.enqueue(cmd, Op::Nop),

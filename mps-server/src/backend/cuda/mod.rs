@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
-use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
+use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, LaunchSpec, OccupancyQuery, ParamInfo};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -378,14 +378,14 @@ impl Backend for CudaBackend {
         // The graph must keep alive what its nodes refer to (kernels, host buffers).
         let keep = capturing.then(|| op_keep(&op));
         match op {
-            Op::Launch {
+            Op::Launch(LaunchSpec {
                 function,
                 grid,
                 block,
                 shared_mem,
                 cluster,
                 params,
-            } => {
+            }) => {
                 let default = self.info.limits.max_shared_mem_per_block;
                 if shared_mem.saturating_add(function.static_shared) > default {
                     self.opt_in(&function)?;
@@ -638,21 +638,10 @@ fn op_keep(op: &Op<'_, CudaBackend>) -> Option<Op<'static, CudaBackend>> {
         HostBytes::Owned(_) => None,
     };
     match op {
-        Op::Launch {
-            function,
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            ..
-        } => Some(Op::Launch {
-            function: function.clone(),
-            grid: *grid,
-            block: *block,
-            shared_mem: *shared_mem,
-            cluster: *cluster,
-            params: std::borrow::Cow::Borrowed(&[]),
-        }),
+        Op::Launch(l) => Some(Op::Launch(
+            l.as_ref()
+                .map(Arc::clone, |_| std::borrow::Cow::Borrowed(&[][..])),
+        )),
         Op::CopyHtoD { dst, src } => shared(src).map(|src| Op::CopyHtoD { dst: *dst, src }),
         Op::CopyDtoH { dst, src } => shared(dst).map(|dst| Op::CopyDtoH { dst, src: *src }),
         _ => None,

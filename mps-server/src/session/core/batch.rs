@@ -53,11 +53,14 @@
 //!   launch of an executable graph after its previous ones, which across streams would order
 //!   work the client left unordered).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use mps_core::Result;
-use mps_core::protocol::{Command, Completion, CompletionKind, Dim3, HostRef, Request, flags};
+use mps_core::protocol::{
+    Command, Completion, CompletionKind, HostRef, LaunchSpec, Request, flags,
+};
 
 use super::{Answer, DONE, SessionCore};
 use crate::backend::{Backend, HostBytes, Op};
@@ -65,13 +68,8 @@ use crate::backend::{Backend, HostBytes, Op};
 /// One command of a run, as a shape compares it: everything that its graph node fixes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Desc {
-    Launch {
-        function: u64,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        params: Box<[u8]>,
-    },
+    /// A launch, never in clusters.
+    Launch(LaunchSpec<u64, Box<[u8]>>),
     CopyHtoD {
         dst: u64,
         host: u64,
@@ -102,23 +100,8 @@ impl Desc {
     fn of(req: &Request<'_>) -> Option<Desc> {
         Some(match *req {
             // A launch in clusters goes on its own, ending any run.
-            Request::Launch {
-                cluster: Some(_), ..
-            } => return None,
-            Request::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster: None,
-                params,
-            } => Desc::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                params: params.into(),
-            },
+            Request::Launch { spec } if spec.cluster.is_some() => return None,
+            Request::Launch { spec } => Desc::Launch(spec.map(|f| f, Box::from)),
             Request::CopyHtoD {
                 dst,
                 src: HostRef::Buffer { handle, offset },
@@ -158,7 +141,7 @@ impl Desc {
     /// Bytes the server holds for it.
     fn bytes(&self) -> u64 {
         let params = match self {
-            Desc::Launch { params, .. } => params.len(),
+            Desc::Launch(l) => l.params.len(),
             _ => 0,
         };
         (std::mem::size_of::<Desc>() + params) as u64
@@ -318,8 +301,7 @@ impl<B: Backend> Batching<B> {
 
     /// Forgets the shapes that launch any of `functions`.
     pub(super) fn forget_functions(&mut self, functions: &[u64]) {
-        let launches =
-            |d: &Desc| matches!(d, Desc::Launch { function, .. } if functions.contains(function));
+        let launches = |d: &Desc| matches!(d, Desc::Launch(l) if functions.contains(&l.function));
         self.forget(|s| s.key.iter().any(launches));
     }
 
@@ -468,21 +450,7 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
         HostBytes::Owned(b) => HostBytes::Owned(b.clone()),
     };
     match op {
-        Op::Launch {
-            function,
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            params,
-        } => Op::Launch {
-            function: function.clone(),
-            grid: *grid,
-            block: *block,
-            shared_mem: *shared_mem,
-            cluster: *cluster,
-            params: std::borrow::Cow::Borrowed(params),
-        },
+        Op::Launch(l) => Op::Launch(l.as_ref().map(Arc::clone, |p| Cow::Borrowed(&**p))),
         Op::CopyHtoD { dst, src } => Op::CopyHtoD {
             dst: *dst,
             src: host(src),

@@ -90,12 +90,14 @@ fn a_replay_runs_on_the_clients_sm_share() {
     params[8..].copy_from_slice(&counter.to_le_bytes());
     c.ok(&Request::StreamBeginCapture { stream: s }, 0);
     let four_blocks = Request::Launch {
-        function: spin,
-        grid: Dim3 { x: 4, y: 1, z: 1 },
-        block: one(),
-        shared_mem: 0,
-        cluster: None,
-        params: &params,
+        spec: LaunchSpec {
+            function: spin,
+            grid: Dim3 { x: 4, y: 1, z: 1 },
+            block: one(),
+            shared_mem: 0,
+            cluster: None,
+            params: &params,
+        },
     };
     c.ok(&four_blocks, s);
     let graph = c.ok(&Request::StreamEndCapture { stream: s }, 0)[0];

@@ -71,7 +71,7 @@ fn malformed_commands_are_refused_before_anything_runs() {
     }
     .encode(1, 0, flags::REPLY);
     module.args[2] = 2;
-    cases.push((module, vec![], "'last'"));
+    cases.push((module, vec![], "last is 2, not 0 or 1"));
     let (mut priority, _) = Request::SetPriority { level: 1 }.encode(1, 0, flags::REPLY);
     priority.args[0] = 2;
     cases.push((priority, vec![], "neither 0"));
@@ -295,16 +295,18 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         (launch(e, &params), s, Handle, "names an event"),
         (
             Request::Launch {
-                function: f,
-                grid: one(),
-                block: Dim3 {
-                    x: 2048,
-                    y: 1,
-                    z: 1,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: one(),
+                    block: Dim3 {
+                        x: 2048,
+                        y: 1,
+                        z: 1,
+                    },
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &params,
                 },
-                shared_mem: 0,
-                cluster: None,
-                params: &params,
             },
             s,
             Value,
@@ -312,12 +314,14 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 0, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: None,
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 0, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &params,
+                },
             },
             s,
             Value,
@@ -325,15 +329,17 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 3, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 2, y: 1, z: 1 },
-                    non_portable: false,
-                }),
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 3, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 2, y: 1, z: 1 },
+                        non_portable: false,
+                    }),
+                    params: &params,
+                },
             },
             s,
             Value,
@@ -341,15 +347,17 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 16, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 16, y: 1, z: 1 },
-                    non_portable: false,
-                }),
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 16, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 16, y: 1, z: 1 },
+                        non_portable: false,
+                    }),
+                    params: &params,
+                },
             },
             s,
             Value,
