@@ -759,6 +759,7 @@ mod tests {
     fn every_request_round_trips() {
         let params = [7u8; 100];
         let name = b"saxpy_f32";
+        let mut seen = Vec::new();
         for req in [
             Request::MemAlloc { size: 1 << 40 },
             Request::MemFree { ptr: 0x1234 },
@@ -927,7 +928,12 @@ mod tests {
             Request::GraphExecDestroy { exec: 13 },
             Request::GraphLaunch { exec: 13 },
         ] {
+            seen.push(req.opcode());
             roundtrip(req);
+        }
+        // A command added to the table is added here too.
+        for op in Opcode::ALL {
+            assert!(seen.contains(&op), "no request of {op:?} round-trips");
         }
     }
 
@@ -940,7 +946,8 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let cmd = Command {
-                opcode: (x % 36) as u16,
+                // Every opcode the table declares, and one unknown value on each side.
+                opcode: (x % (Opcode::ALL.len() as u64 + 2)) as u16,
                 flags: ((x >> 8) % 8) as u16,
                 extra_slots: if i % 2 == 0 {
                     0
