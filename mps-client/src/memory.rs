@@ -26,6 +26,15 @@ impl Client {
         Ok((v[0], v[1]))
     }
 
+    /// The allocation of this client that holds `ptr`: its base and size in bytes (as
+    /// `cuMemGetAddressRange`); `NOT_FOUND` where `ptr` lies in none.
+    pub fn mem_get_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, u64)> {
+        let v = self
+            .call(&Request::MemGetAddressRange { ptr: ptr.0 })?
+            .values;
+        Ok((DevicePtr(v[0]), v[1]))
+    }
+
     /// The SMs this client's kernels run on now (the server may change them as other clients
     /// come and go, or as the operator changes the share).
     pub fn sm_info(&self) -> Result<SmInfo> {

@@ -201,6 +201,9 @@ crate::command_table::commands! {
         /// The device address and size of a module's global variable `name`: replies
         /// `[address, size, 0, 0]`.
         ModuleGlobal = 38 => "module_global" [payload] { module: u64 = 0, name: &'a [u8] = 1 },
+        /// The allocation of this client that holds the device address `ptr`
+        /// (`cuMemGetAddressRange`'s): replies `[base, size, 0, 0]`.
+        MemGetAddressRange = 40 => "mem_get_address_range" [] { ptr: u64 = 0 },
     }
 }
 
@@ -764,6 +767,7 @@ mod tests {
             Request::MemAlloc { size: 1 << 40 },
             Request::MemFree { ptr: 0x1234 },
             Request::MemGetInfo,
+            Request::MemGetAddressRange { ptr: 0x1234 },
             Request::ContextLimits,
             Request::ModuleGlobal {
                 module: 3,
@@ -935,6 +939,23 @@ mod tests {
         for op in Opcode::ALL {
             assert!(seen.contains(&op), "no request of {op:?} round-trips");
         }
+    }
+
+    #[test]
+    fn an_address_range_query_is_its_pointer_in_the_first_word() {
+        let req = Request::MemGetAddressRange { ptr: 0xdead_0000 };
+        let (cmd, payload) = req.encode(3, 0, flags::REPLY);
+        assert_eq!(
+            (cmd.opcode, cmd.args, cmd.extra_slots, payload.len()),
+            (40, [0xdead_0000, 0, 0, 0, 0], 0, 0)
+        );
+        assert_eq!(Request::decode(&cmd, &[]).unwrap(), req);
+        let op = Opcode::MemGetAddressRange;
+        assert!(!op.is_stream_ordered() && !op.takes_payload() && !op.may_wait());
+        let mut marked = cmd;
+        marked.flags |= flags::MARK;
+        let e = Request::decode(&marked, &[]).unwrap_err();
+        assert!(e.message.contains("cannot carry MARK"), "{e}");
     }
 
     #[test]

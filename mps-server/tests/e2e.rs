@@ -826,6 +826,32 @@ fn bad_input_gets_a_clear_status_and_message() {
 }
 
 #[test]
+fn an_address_inside_an_allocation_finds_its_base_and_size() {
+    let server = TestServer::start();
+    let c = server.client();
+    let a = c.mem_alloc(1000).unwrap();
+    let b = c.mem_alloc(64).unwrap();
+    for offset in [0, 1, 999] {
+        let at = DevicePtr(a.0 + offset);
+        assert_eq!(c.mem_get_address_range(at).unwrap(), (a, 1000), "{offset}");
+    }
+    assert_eq!(c.mem_get_address_range(b).unwrap(), (b, 64));
+    // Past the end, freed, or another client's: none of this client's allocations.
+    let other = server.client();
+    let theirs = other.mem_alloc(128).unwrap();
+    c.mem_free(b).unwrap();
+    for (ptr, what) in [
+        (a.0 + 1000, "past the end"),
+        (b.0, "freed"),
+        (theirs.0, "another's"),
+    ] {
+        let e = c.mem_get_address_range(DevicePtr(ptr)).unwrap_err();
+        assert_eq!(e.status, Status::NotFound, "{what}: {e}");
+        assert!(e.message.contains("in no allocation"), "{what}: {e}");
+    }
+}
+
+#[test]
 fn a_client_of_another_protocol_version_is_refused() {
     use mps_core::protocol::{Hello, MAGIC, Welcome, get_str};
     let server = TestServer::start();

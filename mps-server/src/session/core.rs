@@ -18,7 +18,7 @@ use mps_core::protocol::{
     self, ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
     HostRef, Opcode, Request, flags,
 };
-use mps_core::{Error, Result};
+use mps_core::{Error, Result, Status};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
 
@@ -365,6 +365,13 @@ impl<B: Backend> SessionCore<B> {
                     0,
                 ]))
             }
+            Request::MemGetAddressRange { ptr } => match self.allocations.find(ptr) {
+                Some((base, size)) => Ok(Answer::Values([base, size, 0, 0])),
+                None => Err(Error::new(
+                    Status::NotFound,
+                    format!("{ptr:#x} lies in no allocation of this client"),
+                )),
+            },
             Request::SetPriority { level } => {
                 // A client may only lower what the server set.
                 let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);
