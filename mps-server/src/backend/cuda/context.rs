@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys::{self, CUcontext};
 use mps_core::{Error, Result};
 
-use super::driver::{DriverError, check};
 use crate::backend::FaultSink;
+use mps_driver::{DriverError, check};
 
 thread_local! {
     /// Whether the context is current on this thread.

@@ -7,8 +7,8 @@ use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute_enum as A, CUfuncti
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3};
 
-use super::driver::{DriverError, all_attributes, attribute, check, check_on, uuid};
 use crate::backend::DeviceInfo;
+use mps_driver::{DriverError, all_attributes, attribute, check, check_on, uuid};
 
 /// Describes device `dev`; `units` splits its SM count into the partition units.
 pub(super) fn describe(

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
-use super::driver::{check_on, released};
 use super::partition::Partition;
 use super::stream::CudaStream;
 use crate::backend::Op;
+use mps_driver::{check_on, released};
 
 /// What a graph's nodes refer to: kernels (and so their modules), host buffers, and the SM
 /// partition they were captured in.

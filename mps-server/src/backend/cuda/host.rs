@@ -11,7 +11,7 @@ use mps_core::{Error, Result};
 use mps_ipc::segment::Segment;
 
 use super::context::Context;
-use super::driver::{check_on, released};
+use mps_driver::{check_on, released};
 
 /// The registered segments: host base address → (length, device address).
 #[derive(Default)]

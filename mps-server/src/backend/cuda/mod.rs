@@ -21,12 +21,11 @@
 //!   its new partition at their next submission after a change (`stream`).
 //! - GPU busy time is sampled by the health thread (`health`).
 //!
-//! Every driver result goes through one layer ([`driver`]), which keeps the driver's code and
-//! name and maps it to an mps status.
+//! Every driver result goes through one layer (the `mps-driver` crate, which the benchmark's
+//! native workers share), which keeps the driver's code and name and maps it to an mps status.
 
 mod context;
 mod device;
-pub mod driver;
 mod graph;
 mod health;
 mod host;
@@ -48,10 +47,10 @@ use mps_ipc::segment::Segment;
 use super::{Backend, ClientContext, DeviceInfo, HostBytes, Op, Publish};
 use crate::sm::Assignment;
 use context::Context;
-use driver::{check, check_on, released};
 pub use graph::{CudaGraph, CudaGraphExec};
 use health::LiveStreams;
 use host::Registrations;
+use mps_driver::{self as driver, check, check_on, released};
 use objects::ModuleInner;
 pub use objects::{CudaEvent, CudaFunction, CudaModule};
 use partition::Partitions;

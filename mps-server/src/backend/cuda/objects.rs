@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use cudarc::driver::sys::{self, CUevent, CUfunction, CUmodule};
 
-use super::driver::released;
+use mps_driver::released;
 
 /// A loaded module, unloaded when its last kernel is gone.
 pub(super) struct ModuleInner {

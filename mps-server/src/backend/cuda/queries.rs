@@ -7,7 +7,7 @@ use cudarc::driver::sys::{
 };
 use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery};
 
-use super::driver::{DriverError, check_on};
+use mps_driver::{DriverError, check_on};
 
 const LIMITS: [CUlimit; CONTEXT_LIMITS] = [
     CUlimit::CU_LIMIT_STACK_SIZE,

@@ -10,9 +10,9 @@ use cudarc::driver::sys::{self, CUstream};
 use mps_core::Result;
 
 use super::CudaBackend;
-use super::driver::{check_on, released};
 use super::partition::Partition;
 use crate::backend::{ClientContext, Publish, SmSlot};
+use mps_driver::{check_on, released};
 
 /// A stream: a CUDA stream in the client's current partition (or the primary context).
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! The CUDA driver's results as mps errors.
+//! The CUDA driver as mps uses it: its results as mps errors, and the device's description.
 //!
 //! Every driver call whose failure matters goes through [`check`] (or [`check_on`], which names
 //! the object only when the call failed, so that a successful call formats nothing). A failure
@@ -7,12 +7,12 @@
 //! [`is_sticky`] says which failures end the context. Releases whose failure leaves nothing to do
 //! go through [`released`].
 //!
-//! The module is public so that other programs that drive CUDA themselves (the benchmark's
+//! The server's CUDA backend and other programs that drive CUDA themselves (the benchmark's
 //! native workers) report failures the same way:
 //!
 //! ```no_run
 //! use cudarc::driver::sys;
-//! use mps_server::backend::cuda::driver::{self, DriverError, check, check_on};
+//! use mps_driver::{self as driver, DriverError, check, check_on};
 //!
 //! fn first_device() -> Result<sys::CUdevice, DriverError> {
 //!     driver::init()?;
