@@ -1,8 +1,6 @@
 //! What the server reports of its device, read from the driver: name, memory, SMs, compute
 //! capability, launch limits, every attribute the driver answers and the UUID.
 
-use std::ffi::CStr;
-
 use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute_enum as A, CUfunction};
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3};
@@ -15,27 +13,12 @@ pub(super) fn describe(
     dev: CUdevice,
     units: impl FnOnce(u32) -> Vec<u32>,
 ) -> Result<DeviceInfo, DriverError> {
-    let mut name = [0 as std::ffi::c_char; 128];
-    let mut total = 0usize;
-    // SAFETY: both calls write into the locals above, the name at most 127 bytes and a NUL.
-    unsafe {
-        check(
-            sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
-            "cuDeviceGetName",
-        )?;
-        check(
-            sys::cuDeviceTotalMem_v2(&mut total, dev),
-            "cuDeviceTotalMem",
-        )?;
-    }
-    // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer.
-    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
+    let name = mps_driver::name(dev)?;
+    let total = mps_driver::total_mem(dev)?;
     let sms = unsigned(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     Ok(DeviceInfo {
         name,
-        total_mem: total as u64,
+        total_mem: total,
         sm_count: sms,
         sm_units: units(sms),
         cc: (

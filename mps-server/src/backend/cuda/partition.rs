@@ -26,10 +26,10 @@ impl Drop for Partition {
     fn drop(&mut self) {
         // SAFETY: created by cuGreenCtxCreate; the last owner is gone, and every stream made in
         // it was synchronised and destroyed before it let go (see `CudaStream`).
-        released(
+        released(check(
             unsafe { sys::cuGreenCtxDestroy(self.green) },
             "cuGreenCtxDestroy",
-        );
+        ));
     }
 }
 
