@@ -15,6 +15,7 @@ use mps_core::{Error, Result};
 
 use crate::connection::Client;
 use crate::handles::{Function, Module, Stream};
+use crate::kernels::Kernel;
 use crate::submission::unknown;
 use crate::transport::lock;
 
@@ -24,9 +25,9 @@ impl Client {
         if image.is_empty() {
             return Err(Error::invalid_value("module image is empty"));
         }
-        self.check()?;
-        let _g = lock(&self.staging);
-        let (staging, staging_len) = self.channel.staging();
+        self.transport.check()?;
+        let _g = lock(&self.host.staging);
+        let (staging, staging_len) = self.transport.channel.staging();
         let mut module = 0;
         let chunks = image.len().div_ceil(staging_len);
         for (i, chunk) in image.chunks(staging_len).enumerate() {
@@ -37,14 +38,15 @@ impl Client {
                 len: chunk.len() as u64,
                 last: i + 1 == chunks,
             };
-            module = self.call(&req)?.values[0];
+            module = self.transport.call(&req)?.values[0];
         }
         Ok(Module(module))
     }
 
     /// Unloads a module; its functions become invalid.
     pub fn module_unload(&self, module: Module) -> Result<()> {
-        self.call(&Request::ModuleUnload { module: module.0 })?;
+        self.transport
+            .call(&Request::ModuleUnload { module: module.0 })?;
         // The server dropped the module's functions; forget their layouts lazily (a stale
         // handle fails on the server with INVALID_HANDLE).
         Ok(())
@@ -58,14 +60,14 @@ impl Client {
                 protocol::MAX_NAME_BYTES
             )));
         }
-        let reply = self.call(&Request::GetFunction {
+        let reply = self.transport.call(&Request::GetFunction {
             module: module.0,
             name: name.as_bytes(),
         })?;
         let [handle, count, ..] = reply.values;
         let mut params = Vec::with_capacity(count as usize);
         while (params.len() as u64) < count {
-            let c = self.call(&Request::ParamInfo {
+            let c = self.transport.call(&Request::ParamInfo {
                 function: handle,
                 first: params.len() as u32,
             })?;
@@ -76,11 +78,7 @@ impl Client {
             }
             params.extend_from_slice(page);
         }
-        let kernel = Kernel::new(handle, params)?;
-        self.functions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle, Arc::new(kernel));
+        self.kernels.insert(Kernel::new(handle, params)?);
         Ok(Function(handle))
     }
 
@@ -98,11 +96,8 @@ impl Client {
 
     /// The parameter layout of `function`.
     fn kernel(&self, function: Function) -> Result<Arc<Kernel>> {
-        self.functions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&function.0)
-            .cloned()
+        self.kernels
+            .get(function.0)
             .ok_or_else(|| unknown("function", function.0))
     }
 
@@ -240,7 +235,7 @@ impl Client {
     /// Puts a launch in the ring: one hold of the submission lock, the parameters gathered
     /// straight into the slots.
     fn post_launch(&self, spec: LaunchSpec<&Kernel, Gather<'_>>, stream: Stream) -> Result<()> {
-        self.check()?;
+        self.transport.check()?;
         let (grid, block) = (spec.grid, spec.block);
         if let Some(c) = spec.cluster {
             // Checked here as well as by the server, so that the launch itself fails, as with
@@ -257,52 +252,21 @@ impl Client {
                 )));
             }
         }
-        self.submit(
-            stream,
-            0,
-            spec.opcode(),
-            |seq| Slots::launch(spec.map(|k| k.handle, |g| g), seq, stream.0, 0),
-            |_, _, _| {},
-        )
-        .map(drop)
+        self.transport
+            .submit(
+                stream,
+                0,
+                spec.opcode(),
+                |seq| Slots::launch(spec.map(|k| k.handle, |g| g), seq, stream.0, 0),
+                |_, _, _| {},
+            )
+            .map(drop)
     }
 }
 
 /// A function's parameter layout as this client learned it ([`Client::kernel_layout`]).
 #[derive(Clone, Debug)]
 pub struct KernelLayout(Arc<Kernel>);
-
-/// A kernel's parameter layout, as the server reported it.
-#[derive(Debug)]
-pub(crate) struct Kernel {
-    handle: u64,
-    params: Box<[ParamInfo]>,
-    /// Bytes of the packed parameter buffer: the end of the last parameter.
-    bytes: usize,
-}
-
-impl Kernel {
-    /// Checks that the parameters follow one another without overlapping (as a compiler lays
-    /// them out), which [`Gather`] relies on to find the ones a slot holds.
-    pub(crate) fn new(handle: u64, params: Vec<ParamInfo>) -> Result<Kernel> {
-        let mut end = 0u64;
-        for (i, p) in params.iter().enumerate() {
-            if (p.offset as u64) < end {
-                return Err(Error::internal(format!(
-                    "the server reported parameter {i} of kernel {handle:#x} at offset {}, \
-                     inside the parameter before it",
-                    p.offset
-                )));
-            }
-            end = p.offset as u64 + p.size as u64;
-        }
-        Ok(Kernel {
-            handle,
-            params: params.into_boxed_slice(),
-            bytes: end as usize,
-        })
-    }
-}
 
 /// Where a launch's parameter values are.
 #[derive(Clone, Copy, Debug)]

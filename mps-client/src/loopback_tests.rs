@@ -3,7 +3,6 @@
 //! progress words, as a server does, with no process or socket traffic in between.
 
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use mps_ipc::ring::{Consumer, Producer};
 
 use crate::connection::Client;
 use crate::handles::{DeviceInfo, DevicePtr, Function, Stream};
-use crate::launch::Kernel;
+use crate::kernels::Kernel;
 
 /// The server's side of the channel.
 struct Server {
@@ -83,11 +82,7 @@ fn pair() -> (Client, Server) {
             size: 100,
         },
     ];
-    client
-        .functions
-        .write()
-        .unwrap()
-        .insert(7, Arc::new(Kernel::new(7, params).unwrap()));
+    client.kernels.insert(Kernel::new(7, params).unwrap());
     let server = Server {
         commands: channel.submit_consumer(),
         completions: channel.complete_producer(),
