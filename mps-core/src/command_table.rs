@@ -32,47 +32,49 @@ pub(crate) struct Source<'p> {
     pub(crate) seq: u64,
     /// Its opcode.
     pub(crate) opcode: Opcode,
-    /// The field being decoded.
-    pub(crate) field: &'static str,
     /// The bytes of its continuation slots.
     pub(crate) payload: &'p [u8],
 }
 
 impl<'p> Source<'p> {
-    /// An invalid-value error that names the command and the field.
-    pub(crate) fn error(&self, what: impl std::fmt::Display) -> Error {
+    /// An invalid-value error that names the command and `field`.
+    #[cold]
+    pub(crate) fn error(&self, field: &str, what: impl std::fmt::Display) -> Error {
         Error::invalid_value(format!(
-            "command {} ({}): {} {what}",
+            "command {} ({}): {field} {what}",
             self.seq,
             self.opcode.name(),
-            self.field
         ))
     }
 
     /// The error of a word that does not fit its field.
-    pub(crate) fn out_of_range(&self, value: u64, bits: u32) -> Error {
-        Error::invalid_value(format!(
-            "command {} ({}): {} out of range ({value} does not fit in {bits} bits)",
-            self.seq,
-            self.opcode.name(),
-            self.field
-        ))
+    #[cold]
+    pub(crate) fn out_of_range(&self, field: &str, value: u64, bits: u32) -> Error {
+        self.error(
+            field,
+            format_args!("out of range ({value} does not fit in {bits} bits)"),
+        )
     }
 
     /// The first `len` payload bytes, which must be at most `max` and fill exactly the slots
-    /// the command claims.
-    pub(crate) fn payload(&self, len: u64, max: usize) -> Result<&'p [u8]> {
+    /// the command claims; `what` names them in an error.
+    #[inline]
+    pub(crate) fn payload(&self, what: &str, len: u64, max: usize) -> Result<&'p [u8]> {
         if len > max as u64 || len as usize > self.payload.len() {
-            return Err(self.error(format_args!(
-                "of {len} bytes is longer than {max} bytes or than its payload"
-            )));
+            return Err(self.error(
+                what,
+                format_args!("of {len} bytes is longer than {max} bytes or than its payload"),
+            ));
         }
         let len = len as usize;
         if self.payload.len() != len.div_ceil(SLOT_BYTES) * SLOT_BYTES {
-            return Err(self.error(format_args!(
-                "of {len} bytes comes with {} payload slots",
-                self.payload.len() / SLOT_BYTES
-            )));
+            return Err(self.error(
+                what,
+                format_args!(
+                    "of {len} bytes comes with {} payload slots",
+                    self.payload.len() / SLOT_BYTES
+                ),
+            ));
         }
         Ok(&self.payload[..len])
     }
@@ -83,69 +85,87 @@ pub(crate) trait Arg<'p>: Sized {
     /// Writes the field into `args`, which start at its first word; a field with payload bytes
     /// points `payload` at them.
     fn put<'s>(&'s self, args: &mut [u64], payload: &mut &'s [u8]);
-    /// Reads the field from `args`, which start at its first word; anything a well-behaved
-    /// client never writes is an error.
-    fn take(args: &[u64], from: &Source<'p>) -> Result<Self>;
+    /// Reads the field `field` from `args`, which start at its first word; anything a
+    /// well-behaved client never writes is an error.
+    fn take(args: &[u64], from: &Source<'p>, field: &'static str) -> Result<Self>;
+    /// The opcode a request with this field travels under, of `declared` and the entry's
+    /// second opcode (a launch in clusters has its own).
+    #[inline]
+    fn opcode(&self, declared: Opcode) -> Opcode {
+        declared
+    }
 }
 
 impl Arg<'_> for u64 {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         args[0] = *self;
     }
-    fn take(args: &[u64], _: &Source<'_>) -> Result<u64> {
+    #[inline]
+    fn take(args: &[u64], _: &Source<'_>, _: &'static str) -> Result<u64> {
         Ok(args[0])
     }
 }
 
 impl Arg<'_> for u32 {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         args[0] = u64::from(*self);
     }
-    fn take(args: &[u64], from: &Source<'_>) -> Result<u32> {
-        u32::try_from(args[0]).map_err(|_| from.out_of_range(args[0], 32))
+    #[inline]
+    fn take(args: &[u64], from: &Source<'_>, field: &'static str) -> Result<u32> {
+        u32::try_from(args[0]).map_err(|_| from.out_of_range(field, args[0], 32))
     }
 }
 
 /// Travels as its 32 bits.
 impl Arg<'_> for i32 {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         args[0] = u64::from(*self as u32);
     }
-    fn take(args: &[u64], from: &Source<'_>) -> Result<i32> {
-        u32::take(args, from).map(|v| v as i32)
+    #[inline]
+    fn take(args: &[u64], from: &Source<'_>, field: &'static str) -> Result<i32> {
+        u32::take(args, from, field).map(|v| v as i32)
     }
 }
 
 impl Arg<'_> for u8 {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         args[0] = u64::from(*self);
     }
-    fn take(args: &[u64], from: &Source<'_>) -> Result<u8> {
-        u8::try_from(args[0]).map_err(|_| from.out_of_range(args[0], 8))
+    #[inline]
+    fn take(args: &[u64], from: &Source<'_>, field: &'static str) -> Result<u8> {
+        u8::try_from(args[0]).map_err(|_| from.out_of_range(field, args[0], 8))
     }
 }
 
 impl Arg<'_> for bool {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         args[0] = u64::from(*self);
     }
-    fn take(args: &[u64], from: &Source<'_>) -> Result<bool> {
+    #[inline]
+    fn take(args: &[u64], from: &Source<'_>, field: &'static str) -> Result<bool> {
         match args[0] {
             0 => Ok(false),
             1 => Ok(true),
-            n => Err(from.error(format_args!("is {n}, not 0 or 1"))),
+            n => Err(from.error(field, format_args!("is {n}, not 0 or 1"))),
         }
     }
 }
 
 /// A name (of a kernel, of a global): its length in the word, its bytes in the payload.
 impl<'p> Arg<'p> for &'p [u8] {
+    #[inline]
     fn put<'s>(&'s self, args: &mut [u64], payload: &mut &'s [u8]) {
         args[0] = self.len() as u64;
         *payload = self;
     }
-    fn take(args: &[u64], from: &Source<'p>) -> Result<&'p [u8]> {
-        from.payload(args[0], crate::protocol::MAX_NAME_BYTES)
+    #[inline]
+    fn take(args: &[u64], from: &Source<'p>, field: &'static str) -> Result<&'p [u8]> {
+        from.payload(field, args[0], crate::protocol::MAX_NAME_BYTES)
     }
 }
 
@@ -161,8 +181,7 @@ macro_rules! commands {
                 $variant:ident = $value:literal => $label:literal [$($flag:ident)*]
                 $({ $($field:ident : $fty:ty = $word:literal $(if $check:path)?),+ $(,)? })?
                 $(where $whole:path)?
-                $(| $(#[doc = $adoc:literal])* $alias:ident = $avalue:literal => $alabel:literal
-                    by $choose:path)?
+                $(| $(#[doc = $adoc:literal])* $alias:ident = $avalue:literal => $alabel:literal)?
                 ,
             )+
         }
@@ -228,10 +247,11 @@ macro_rules! commands {
             $rvis fn opcode(&self) -> $opcode {
                 match self {
                     $(
-                        $request::$variant $({ $($field: _),+ })? => {
-                            $crate::command_table::commands!(
-                                @pick $opcode::$variant $(, $choose(self))?
-                            )
+                        $request::$variant $({ $($field),+ })? => {
+                            #[allow(unused_mut)]
+                            let mut op = $opcode::$variant;
+                            $($( op = $crate::command_table::Arg::opcode($field, op); )+)?
+                            op
                         }
                     )+
                 }
@@ -243,15 +263,21 @@ macro_rules! commands {
                 use $crate::command_table::Arg as _;
                 let mut args = [0u64; 5];
                 let mut payload: &[u8] = &[];
-                match self {
+                let opcode = match self {
                     $(
                         $request::$variant $({ $($field),+ })? => {
-                            $($( $field.put(&mut args[$word..], &mut payload); )+)?
+                            #[allow(unused_mut)]
+                            let mut op = $opcode::$variant;
+                            $($(
+                                $field.put(&mut args[$word..], &mut payload);
+                                op = $crate::command_table::Arg::opcode($field, op);
+                            )+)?
+                            op
                         }
                     )+
-                }
+                };
                 let cmd = Command {
-                    opcode: self.opcode() as u16,
+                    opcode: opcode as u16,
                     flags,
                     extra_slots: payload.len().div_ceil(SLOT_BYTES) as u16,
                     reserved: 0,
@@ -269,23 +295,22 @@ macro_rules! commands {
                 let op = $crate::command_table::check_header(cmd, payload.len())?;
                 #[allow(unused_variables)]
                 let a = &cmd.args;
-                #[allow(unused_mut, unused_variables)]
-                let mut from = $crate::command_table::Source {
+                #[allow(unused_variables)]
+                let from = $crate::command_table::Source {
                     seq: cmd.seq,
                     opcode: op,
-                    field: "",
                     payload,
                 };
                 let req = match op {
                     $(
                         $opcode::$variant $(| $opcode::$alias)? => {
                             $($(
-                                from.field = stringify!($field);
                                 let $field = <$fty as $crate::command_table::Arg>::take(
                                     &a[$word..],
                                     &from,
+                                    stringify!($field),
                                 )?;
-                                $( $check(&from, &$field)?; )?
+                                $( $check(&from, stringify!($field), &$field)?; )?
                             )+)?
                             let req = $request::$variant $({ $($field),+ })?;
                             $( $whole(&req)?; )?
@@ -304,8 +329,6 @@ macro_rules! commands {
         $crate::command_table::commands!(@has $want $($rest)*)
     };
     (@has $want:ident) => { false };
-    (@pick $declared:expr) => { $declared };
-    (@pick $declared:expr, $chosen:expr) => { $chosen };
 }
 
 pub(crate) use commands;
@@ -313,6 +336,7 @@ pub(crate) use commands;
 /// The checks every command's header passes before its fields are read: a known opcode, no
 /// undefined flag or reserved bits, `MARK` only on stream-ordered work, a payload only where
 /// the opcode takes one, and `payload_len` bytes for the slots the command claims.
+#[inline]
 pub(crate) fn check_header(cmd: &crate::protocol::Command, payload_len: usize) -> Result<Opcode> {
     use crate::protocol::flags;
     let op = Opcode::from_u16(cmd.opcode).ok_or_else(|| {

@@ -136,7 +136,7 @@ crate::command_table::commands! {
         /// `LaunchCluster`: the session checks the clusters against the grid and the device).
         Launch = 14 => "launch" [ordered payload] { spec: LaunchSpec<u64, &'a [u8]> = 0 }
             | /// Launch a kernel in clusters of blocks.
-            LaunchCluster = 39 => "launch_cluster" by launch_opcode,
+            LaunchCluster = 39 => "launch_cluster",
         /// Create a stream.
         StreamCreate = 15 => "stream_create" [] { priority: i32 = 0 },
         /// Destroy a stream.
@@ -273,6 +273,7 @@ pub enum HostRef {
 /// A host reference travels as two words: the buffer's handle (0: the staging area) and the
 /// offset.
 impl Arg<'_> for HostRef {
+    #[inline]
     fn put(&self, args: &mut [u64], _: &mut &[u8]) {
         (args[0], args[1]) = match *self {
             HostRef::Staging { offset } => (0, offset),
@@ -280,7 +281,8 @@ impl Arg<'_> for HostRef {
         };
     }
 
-    fn take(args: &[u64], _: &Source<'_>) -> Result<HostRef> {
+    #[inline]
+    fn take(args: &[u64], _: &Source<'_>, _: &'static str) -> Result<HostRef> {
         Ok(match (args[0], args[1]) {
             (0, offset) => HostRef::Staging { offset },
             (handle, offset) => HostRef::Buffer { handle, offset },
@@ -415,6 +417,7 @@ impl<F, P> LaunchSpec<F, P> {
 /// block.y, block.z and the parameters' length, which CUDA's limits keep below 2^16 (block.y
 /// and block.z) and the protocol below 2^13 (the length); such a launch is a `LaunchCluster`.
 impl<'p> Arg<'p> for LaunchSpec<u64, &'p [u8]> {
+    #[inline]
     fn put<'s>(&'s self, args: &mut [u64], payload: &mut &'s [u8]) {
         let LaunchSpec {
             function,
@@ -448,7 +451,8 @@ impl<'p> Arg<'p> for LaunchSpec<u64, &'p [u8]> {
         *payload = params;
     }
 
-    fn take(a: &[u64], from: &Source<'p>) -> Result<Self> {
+    #[inline]
+    fn take(a: &[u64], from: &Source<'p>, _: &'static str) -> Result<Self> {
         let (gx, gy) = unpack(a[1]);
         let (gz, bx) = unpack(a[2]);
         let field = |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
@@ -474,10 +478,6 @@ impl<'p> Arg<'p> for LaunchSpec<u64, &'p [u8]> {
             let (by, bz) = (field(a[3], 0, 16), field(a[3], 16, 16));
             (by, bz, a[4] as u32, field(a[4], 32, 16), Some(cluster))
         };
-        let params = Source {
-            field: "kernel parameters",
-            ..*from
-        };
         Ok(LaunchSpec {
             function: a[0],
             grid: Dim3 {
@@ -492,16 +492,13 @@ impl<'p> Arg<'p> for LaunchSpec<u64, &'p [u8]> {
             },
             shared_mem,
             cluster,
-            params: params.payload(plen as u64, MAX_PARAM_BYTES)?,
+            params: from.payload("kernel parameters", plen as u64, MAX_PARAM_BYTES)?,
         })
     }
-}
 
-/// A launch's opcode.
-fn launch_opcode(req: &Request<'_>) -> Opcode {
-    match req {
-        Request::Launch { spec } => spec.opcode(),
-        _ => Opcode::Launch,
+    #[inline]
+    fn opcode(&self, _: Opcode) -> Opcode {
+        LaunchSpec::opcode(self)
     }
 }
 
@@ -534,7 +531,7 @@ impl Arg<'_> for OccupancyQuery {
         args[..4].copy_from_slice(&words);
     }
 
-    fn take(a: &[u64], from: &Source<'_>) -> Result<OccupancyQuery> {
+    fn take(a: &[u64], from: &Source<'_>, _: &'static str) -> Result<OccupancyQuery> {
         let (kind, smem) = unpack(a[0]);
         let unused = |used: usize| a[used..4].iter().any(|v| *v != 0);
         let q = match kind {
@@ -583,10 +580,10 @@ impl Arg<'_> for OccupancyQuery {
 }
 
 /// A memset's element is 1 or 4 bytes.
-fn memset_element(from: &Source<'_>, elem_size: &u8) -> Result<()> {
+fn memset_element(from: &Source<'_>, field: &str, elem_size: &u8) -> Result<()> {
     match elem_size {
         1 | 4 => Ok(()),
-        n => Err(from.error(format_args!("{n} is neither 1 nor 4"))),
+        n => Err(from.error(field, format_args!("{n} is neither 1 nor 4"))),
     }
 }
 
@@ -603,20 +600,21 @@ fn memset_value_fits(req: &Request<'_>) -> Result<()> {
 }
 
 /// A client priority is [`PRIORITY_NORMAL`] or [`PRIORITY_BELOW_NORMAL`].
-fn priority_level(from: &Source<'_>, level: &u32) -> Result<()> {
+fn priority_level(from: &Source<'_>, field: &str, level: &u32) -> Result<()> {
     match *level {
         PRIORITY_NORMAL | PRIORITY_BELOW_NORMAL => Ok(()),
-        n => Err(from.error(format_args!(
-            "{n} is neither 0 (normal) nor 1 (below normal)"
-        ))),
+        n => Err(from.error(
+            field,
+            format_args!("{n} is neither 0 (normal) nor 1 (below normal)"),
+        )),
     }
 }
 
 /// A percentage of the device's SMs: 1 to 100.
-fn sm_percent(from: &Source<'_>, percent: &u32) -> Result<()> {
+fn sm_percent(from: &Source<'_>, field: &str, percent: &u32) -> Result<()> {
     match percent {
         1..=100 => Ok(()),
-        v => Err(from.error(format_args!("of {v}% (it must be 1 to 100)"))),
+        v => Err(from.error(field, format_args!("of {v}% (it must be 1 to 100)"))),
     }
 }
 
