@@ -5,7 +5,7 @@
 //! area in two halves, one being filled or drained while the other's copy runs.
 
 use mps_core::handshake::HostBufferFd;
-use mps_core::protocol::{HostRef, Request, flags};
+use mps_core::protocol::{DeviceCopy, Fill, HostRef, Request, flags};
 use mps_core::{Error, Result};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
@@ -276,11 +276,12 @@ impl Client {
         if len == 0 {
             return Err(Error::invalid_value("copy of 0 bytes"));
         }
-        let req = Request::CopyDtoD {
+        let copy = DeviceCopy {
             dst: dst.0,
             src: src.0,
             len,
         };
+        let req = Request::CopyDtoD { copy };
         self.transport.enqueue(&req, stream).map(drop)
     }
 
@@ -305,12 +306,13 @@ impl Client {
         if count == 0 {
             return Err(Error::invalid_value("memset of 0 elements"));
         }
-        let req = Request::Memset {
+        let fill = Fill {
             dst: dst.0,
             value,
             elem_size,
             count,
         };
+        let req = Request::Memset { fill };
         self.transport.enqueue(&req, stream).map(drop)
     }
 }

@@ -12,11 +12,11 @@
 //!
 //! ```text
 //! /// What it does and what it replies.
-//! Name = opcode => "name" [ordered payload waits] { field: Type = word if check, .. } where whole,
+//! Name = opcode => "name" [ordered payload waits] { field: Type = word if check, .. },
 //! ```
 //!
-//! where the flags, the fields, the per-field `if` checks and the whole-request `where` check
-//! are each optional. `ordered`: the command runs in stream order (and may carry `MARK`);
+//! where the flags, the fields and the per-field `if` checks are each optional (a check that
+//! needs several words belongs to a type of them: a fill's value must fit its element). `ordered`: the command runs in stream order (and may carry `MARK`);
 //! `payload`: it may carry continuation slots; `waits`: handling it may wait for the device (see
 //! the server's session workers). An entry may end with `| Other = opcode => "other" by f`:
 //! a second opcode for the same request, which `f(&request)` chooses when encoding (a launch in
@@ -180,7 +180,6 @@ macro_rules! commands {
                 $(#[doc = $doc:literal])*
                 $variant:ident = $value:literal => $label:literal [$($flag:ident)*]
                 $({ $($field:ident : $fty:ty = $word:literal $(if $check:path)?),+ $(,)? })?
-                $(where $whole:path)?
                 $(| $(#[doc = $adoc:literal])* $alias:ident = $avalue:literal => $alabel:literal)?
                 ,
             )+
@@ -312,9 +311,7 @@ macro_rules! commands {
                                 )?;
                                 $( $check(&from, stringify!($field), &$field)?; )?
                             )+)?
-                            let req = $request::$variant $({ $($field),+ })?;
-                            $( $whole(&req)?; )?
-                            req
+                            $request::$variant $({ $($field),+ })?
                         }
                     )+
                 };

@@ -111,14 +111,9 @@ crate::command_table::commands! {
         /// Copy device to host.
         CopyDtoH = 7 => "copy_dtoh" [ordered] { dst: HostRef = 0, src: u64 = 2, len: u64 = 3 },
         /// Copy device to device.
-        CopyDtoD = 8 => "copy_dtod" [ordered] { dst: u64 = 0, src: u64 = 1, len: u64 = 2 },
-        /// Fill device memory: `count` elements of `elem_size` (1 or 4) bytes set to `value`.
-        Memset = 9 => "memset" [ordered] {
-            dst: u64 = 0,
-            value: u32 = 1,
-            elem_size: u8 = 2 if memset_element,
-            count: u64 = 3,
-        } where memset_value_fits,
+        CopyDtoD = 8 => "copy_dtod" [ordered] { copy: DeviceCopy = 0 },
+        /// Fill device memory.
+        Memset = 9 => "memset" [ordered] { fill: Fill = 0 },
         /// A chunk of a module image: `len` bytes in the staging area at `staging_offset`;
         /// `last` loads the image gathered so far and replies with the module handle.
         ModuleData = 10 => "module_data" [waits] {
@@ -579,23 +574,87 @@ impl Arg<'_> for OccupancyQuery {
     }
 }
 
-/// A memset's element is 1 or 4 bytes.
-fn memset_element(from: &Source<'_>, field: &str, elem_size: &u8) -> Result<()> {
-    match elem_size {
-        1 | 4 => Ok(()),
-        n => Err(from.error(field, format_args!("{n} is neither 1 nor 4"))),
+/// A copy between two ranges of device memory, as the request, the backend's work and a batched
+/// run's shape all see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// Destination address.
+    pub dst: u64,
+    /// Source address.
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Three words: destination, source, length.
+impl Arg<'_> for DeviceCopy {
+    #[inline]
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        args[..3].copy_from_slice(&[self.dst, self.src, self.len]);
+    }
+
+    #[inline]
+    fn take(a: &[u64], _: &Source<'_>, _: &'static str) -> Result<DeviceCopy> {
+        Ok(DeviceCopy {
+            dst: a[0],
+            src: a[1],
+            len: a[2],
+        })
     }
 }
 
-/// A memset's value fits its element.
-fn memset_value_fits(req: &Request<'_>) -> Result<()> {
-    match *req {
-        Request::Memset {
-            value, elem_size, ..
-        } if elem_size == 1 && value > 0xff => Err(Error::invalid_value(format!(
-            "memset value {value:#x} does not fit its {elem_size}-byte element"
-        ))),
-        _ => Ok(()),
+/// A fill of device memory: `count` elements of `elem_size` (1 or 4) bytes set to `value`, as
+/// the request, the backend's work and a batched run's shape all see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    /// Destination address.
+    pub dst: u64,
+    /// Value (the low byte for 1-byte elements).
+    pub value: u32,
+    /// 1 or 4.
+    pub elem_size: u8,
+    /// Elements.
+    pub count: u64,
+}
+
+impl Fill {
+    /// Bytes it fills, or `None` on overflow.
+    pub fn bytes(&self) -> Option<u64> {
+        self.count.checked_mul(self.elem_size as u64)
+    }
+}
+
+/// Four words: destination, value, element size, count. The element is 1 or 4 bytes, and the
+/// value fits it.
+impl Arg<'_> for Fill {
+    #[inline]
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        args[..4].copy_from_slice(&[
+            self.dst,
+            self.value as u64,
+            self.elem_size as u64,
+            self.count,
+        ]);
+    }
+
+    fn take(a: &[u64], from: &Source<'_>, _: &'static str) -> Result<Fill> {
+        let elem_size = match a[2] {
+            1 => 1,
+            4 => 4,
+            n => return Err(from.error("element size", format_args!("{n} is neither 1 nor 4"))),
+        };
+        if a[1] > u32::MAX as u64 || (elem_size == 1 && a[1] > 0xff) {
+            return Err(from.error(
+                "value",
+                format_args!("{:#x} does not fit its {elem_size}-byte element", a[1]),
+            ));
+        }
+        Ok(Fill {
+            dst: a[0],
+            value: a[1] as u32,
+            elem_size,
+            count: a[3],
+        })
     }
 }
 
@@ -829,21 +888,27 @@ mod tests {
                 len: 3,
             },
             Request::CopyDtoD {
-                dst: 1,
-                src: 2,
-                len: 3,
+                copy: DeviceCopy {
+                    dst: 1,
+                    src: 2,
+                    len: 3,
+                },
             },
             Request::Memset {
-                dst: 8,
-                value: 0xdeadbeef,
-                elem_size: 4,
-                count: 10,
+                fill: Fill {
+                    dst: 8,
+                    value: 0xdeadbeef,
+                    elem_size: 4,
+                    count: 10,
+                },
             },
             Request::Memset {
-                dst: 8,
-                value: 0xab,
-                elem_size: 1,
-                count: 10,
+                fill: Fill {
+                    dst: 8,
+                    value: 0xab,
+                    elem_size: 1,
+                    count: 10,
+                },
             },
             Request::ModuleData {
                 staging_offset: 0,
@@ -1041,13 +1106,13 @@ mod tests {
             "too many payload slots"
         );
 
-        let (mut cmd, _) = Request::Memset {
+        let fill = Fill {
             dst: 0,
             value: 0,
             elem_size: 1,
             count: 1,
-        }
-        .encode(1, 0, 0);
+        };
+        let (mut cmd, _) = Request::Memset { fill }.encode(1, 0, 0);
         cmd.args[1] = 0x100;
         assert!(Request::decode(&cmd, &[]).is_err(), "byte memset of 0x100");
         cmd.args[1] = 0;

@@ -310,7 +310,7 @@ fn a_client_cannot_touch_another_clients_objects() {
     );
 
     // On the wire, past the library's own checks: every command naming the owner's objects.
-    use mps_core::protocol::{HostRef, LaunchSpec, Request};
+    use mps_core::protocol::{DeviceCopy, Fill, HostRef, LaunchSpec, Request};
     let mut raw = RawClient::connect(&server);
     let attempts: Vec<(Request<'_>, u64)> = vec![
         (Request::MemFree { ptr: p.0 }, 0),
@@ -332,18 +332,22 @@ fn a_client_cannot_touch_another_clients_objects() {
         ),
         (
             Request::CopyDtoD {
-                dst: p.0,
-                src: p.0,
-                len: 4,
+                copy: DeviceCopy {
+                    dst: p.0,
+                    src: p.0,
+                    len: 4,
+                },
             },
             0,
         ),
         (
             Request::Memset {
-                dst: p.0,
-                value: 1,
-                elem_size: 4,
-                count: 1,
+                fill: Fill {
+                    dst: p.0,
+                    value: 1,
+                    elem_size: 4,
+                    count: 1,
+                },
             },
             0,
         ),

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
-    BackendKind, CONTEXT_LIMITS, DeviceAttribute, FUNC_ATTRIBUTES, LaunchSpec, OccupancyQuery,
-    ParamInfo,
+    BackendKind, CONTEXT_LIMITS, DeviceAttribute, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec,
+    OccupancyQuery, ParamInfo,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -184,25 +184,9 @@ pub enum Op<'a, B: Backend> {
         src: u64,
     },
     /// Device to device.
-    CopyDtoD {
-        /// Destination address.
-        dst: u64,
-        /// Source address.
-        src: u64,
-        /// Bytes.
-        len: u64,
-    },
-    /// Fill `count` elements of `elem_size` bytes with `value`.
-    Memset {
-        /// Destination address.
-        dst: u64,
-        /// Value (low byte for 1-byte elements).
-        value: u32,
-        /// 1 or 4.
-        elem_size: u8,
-        /// Elements.
-        count: u64,
-    },
+    CopyDtoD(DeviceCopy),
+    /// Fill device memory.
+    Memset(Fill),
     /// Record an event.
     Record(Arc<B::Event>),
     /// Wait for the latest record of an event made before this wait.
@@ -220,18 +204,8 @@ impl<B: Backend> Op<'_, B> {
             Op::Launch(l) => Op::Launch(l.map(|f| f, |p| Cow::Owned(p.into_owned()))),
             Op::CopyHtoD { dst, src } => Op::CopyHtoD { dst, src },
             Op::CopyDtoH { dst, src } => Op::CopyDtoH { dst, src },
-            Op::CopyDtoD { dst, src, len } => Op::CopyDtoD { dst, src, len },
-            Op::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => Op::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            },
+            Op::CopyDtoD(c) => Op::CopyDtoD(c),
+            Op::Memset(f) => Op::Memset(f),
             Op::Record(e) => Op::Record(e),
             Op::Wait(e) => Op::Wait(e),
             Op::GraphLaunch(g) => Op::GraphLaunch(g),

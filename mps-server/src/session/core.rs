@@ -313,29 +313,18 @@ impl<B: Backend> SessionCore<B> {
                 self.stats.copied(len);
                 self.enqueue(cmd, Op::CopyDtoH { dst, src })
             }
-            Request::CopyDtoD { dst, src, len } => {
-                self.check_device(src, len, "copy source")?;
-                self.check_device(dst, len, "copy destination")?;
-                self.stats.copied(len);
-                self.enqueue(cmd, Op::CopyDtoD { dst, src, len })
+            Request::CopyDtoD { copy } => {
+                self.check_device(copy.src, copy.len, "copy source")?;
+                self.check_device(copy.dst, copy.len, "copy destination")?;
+                self.stats.copied(copy.len);
+                self.enqueue(cmd, Op::CopyDtoD(copy))
             }
-            Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => {
-                let len = count.checked_mul(elem_size as u64).ok_or_else(|| {
-                    Error::invalid_value(format!("memset of {count} elements overflows"))
+            Request::Memset { fill } => {
+                let len = fill.bytes().ok_or_else(|| {
+                    Error::invalid_value(format!("memset of {} elements overflows", fill.count))
                 })?;
-                self.check_device(dst, len, "memset destination")?;
-                let op = Op::Memset {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                };
-                self.enqueue(cmd, op)
+                self.check_device(fill.dst, len, "memset destination")?;
+                self.enqueue(cmd, Op::Memset(fill))
             }
             Request::EventRecord { event } => {
                 let e = self.events.get(event)?.clone();

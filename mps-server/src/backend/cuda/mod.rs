@@ -40,7 +40,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
-use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, LaunchSpec, OccupancyQuery, ParamInfo};
+use mps_core::protocol::{
+    CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery, ParamInfo,
+};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -467,19 +469,19 @@ impl Backend for CudaBackend {
                     format!("{len} bytes from {src:#x}, client {}", stream.client)
                 }))?;
             }
-            Op::CopyDtoD { dst, src, len } => {
+            Op::CopyDtoD(DeviceCopy { dst, src, len }) => {
                 // SAFETY: both device ranges were validated against the client's allocations.
                 let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s) };
                 self.ctx.check(check_on(r, "cuMemcpyDtoDAsync", || {
                     format!("{len} bytes {src:#x} to {dst:#x}, client {}", stream.client)
                 }))?;
             }
-            Op::Memset {
+            Op::Memset(Fill {
                 dst,
                 value,
                 elem_size,
                 count,
-            } => {
+            }) => {
                 // SAFETY: the device range was validated against the client's allocations.
                 let r = unsafe {
                     if elem_size == 1 {

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
-    BackendKind, CONTEXT_LIMITS, FUNC_ATTRIBUTES, LaunchSpec, OccupancyQuery, ParamInfo,
+    BackendKind, CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery,
+    ParamInfo,
 };
 use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
@@ -384,19 +385,19 @@ impl Worker {
                 unsafe { std::ptr::copy_nonoverlapping(s, d, len) };
                 Ok(())
             }
-            Op::CopyDtoD { dst, src, len } => {
+            Op::CopyDtoD(DeviceCopy { dst, src, len }) => {
                 let s = self.device(*src, *len, "copy source")?;
                 let d = self.device(*dst, *len, "copy destination")?;
                 // SAFETY: both ranges lie in device memory; `copy` allows overlap.
                 unsafe { std::ptr::copy(s, d, *len as usize) };
                 Ok(())
             }
-            Op::Memset {
+            Op::Memset(Fill {
                 dst,
                 value,
                 elem_size,
                 count,
-            } => {
+            }) => {
                 let len = count.checked_mul(*elem_size as u64).ok_or_else(|| {
                     Error::invalid_value(format!("memset of {count} elements overflows"))
                 })?;

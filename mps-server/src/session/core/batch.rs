@@ -59,7 +59,7 @@ use std::sync::atomic::Ordering;
 
 use mps_core::Result;
 use mps_core::protocol::{
-    Command, Completion, CompletionKind, HostRef, LaunchSpec, Request, flags,
+    Command, Completion, CompletionKind, DeviceCopy, Fill, HostRef, LaunchSpec, Request, flags,
 };
 
 use super::{Answer, DONE, SessionCore};
@@ -82,17 +82,8 @@ pub(super) enum Desc {
         offset: u64,
         len: u64,
     },
-    CopyDtoD {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    Memset {
-        dst: u64,
-        value: u32,
-        elem_size: u8,
-        count: u64,
-    },
+    CopyDtoD(DeviceCopy),
+    Memset(Fill),
 }
 
 impl Desc {
@@ -122,18 +113,8 @@ impl Desc {
                 offset,
                 len,
             },
-            Request::CopyDtoD { dst, src, len } => Desc::CopyDtoD { dst, src, len },
-            Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => Desc::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            },
+            Request::CopyDtoD { copy } => Desc::CopyDtoD(copy),
+            Request::Memset { fill } => Desc::Memset(fill),
             _ => return None,
         })
     }
@@ -459,22 +440,8 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
             dst: host(dst),
             src: *src,
         },
-        Op::CopyDtoD { dst, src, len } => Op::CopyDtoD {
-            dst: *dst,
-            src: *src,
-            len: *len,
-        },
-        Op::Memset {
-            dst,
-            value,
-            elem_size,
-            count,
-        } => Op::Memset {
-            dst: *dst,
-            value: *value,
-            elem_size: *elem_size,
-            count: *count,
-        },
+        Op::CopyDtoD(c) => Op::CopyDtoD(*c),
+        Op::Memset(f) => Op::Memset(*f),
         Op::Record(e) => Op::Record(e.clone()),
         Op::Wait(e) => Op::Wait(e.clone()),
         Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),

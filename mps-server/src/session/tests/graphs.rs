@@ -17,20 +17,24 @@ fn a_captured_stream_runs_nothing_and_each_launch_replays_it() {
     // acc = 0, one = 1.0 (run before the capture).
     c.ok(
         &Request::Memset {
-            dst: acc,
-            value: 0,
-            elem_size: 4,
-            count: n,
+            fill: Fill {
+                dst: acc,
+                value: 0,
+                elem_size: 4,
+                count: n,
+            },
         },
         s,
     );
     let one_bits = 1.0f32.to_bits();
     c.ok(
         &Request::Memset {
-            dst: one_f,
-            value: one_bits,
-            elem_size: 4,
-            count: n,
+            fill: Fill {
+                dst: one_f,
+                value: one_bits,
+                elem_size: 4,
+                count: n,
+            },
         },
         s,
     );
@@ -178,10 +182,12 @@ fn what_a_capture_cannot_hold_is_refused_by_name_and_spoils_it() {
     // Other streams run as usual.
     c.ok(
         &Request::Memset {
-            dst: p,
-            value: 1,
-            elem_size: 1,
-            count: 4,
+            fill: Fill {
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 4,
+            },
         },
         other,
     );
@@ -202,10 +208,12 @@ fn what_a_capture_cannot_hold_is_refused_by_name_and_spoils_it() {
     // The stream runs work again, and memory can be freed.
     c.ok(
         &Request::Memset {
-            dst: p,
-            value: 1,
-            elem_size: 1,
-            count: 4,
+            fill: Fill {
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 4,
+            },
         },
         s,
     );
@@ -322,10 +330,12 @@ fn graphs_and_captured_commands_are_bounded() {
     let mut c = server.client(limits);
     let p = c.alloc(16);
     let fill = Request::Memset {
-        dst: p,
-        value: 0,
-        elem_size: 1,
-        count: 16,
+        fill: Fill {
+            dst: p,
+            value: 0,
+            elem_size: 1,
+            count: 16,
+        },
     };
     c.ok(&Request::StreamBeginCapture { stream: 0 }, 0);
     c.ok(&fill, 0);

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use mps_core::alloc::AllocTable;
 use mps_core::protocol::{
-    self, Command, Dim3, HostRef, LaunchSpec, MAX_STREAMS, Opcode, ParamInfo, Request, SLOT_BYTES,
-    flags,
+    self, Command, DeviceCopy, Dim3, Fill, HostRef, LaunchSpec, MAX_STREAMS, Opcode, ParamInfo,
+    Request, SLOT_BYTES, flags,
 };
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};

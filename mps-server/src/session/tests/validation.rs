@@ -53,10 +53,12 @@ fn malformed_commands_are_refused_before_anything_runs() {
     long_params.args[4] = 200 << 32;
     cases.push((long_params, vec![0; SLOT_BYTES], "longer than"));
     let (mut memset, _) = Request::Memset {
-        dst: 0,
-        value: 0,
-        elem_size: 4,
-        count: 1,
+        fill: Fill {
+            dst: 0,
+            value: 0,
+            elem_size: 4,
+            count: 1,
+        },
     }
     .encode(1, 0, flags::REPLY);
     memset.args[2] = 3;
@@ -189,9 +191,11 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::CopyDtoD {
-                dst: p,
-                src: p + 128,
-                len: 256,
+                copy: DeviceCopy {
+                    dst: p,
+                    src: p + 128,
+                    len: 256,
+                },
             },
             s,
             Handle,
@@ -199,9 +203,11 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::CopyDtoD {
-                dst: p,
-                src: p,
-                len: u64::MAX,
+                copy: DeviceCopy {
+                    dst: p,
+                    src: p,
+                    len: u64::MAX,
+                },
             },
             s,
             Handle,
@@ -209,10 +215,12 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Memset {
-                dst: p,
-                value: 0,
-                elem_size: 4,
-                count: u64::MAX,
+                fill: Fill {
+                    dst: p,
+                    value: 0,
+                    elem_size: 4,
+                    count: u64::MAX,
+                },
             },
             s,
             Value,
@@ -220,10 +228,12 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Memset {
-                dst: p,
-                value: 0,
-                elem_size: 4,
-                count: 65,
+                fill: Fill {
+                    dst: p,
+                    value: 0,
+                    elem_size: 4,
+                    count: 65,
+                },
             },
             s,
             Handle,
