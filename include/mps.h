@@ -407,8 +407,9 @@ mps_status mps_function_get_param_info(struct mps_client *client,
 
 /*
  Launches `function` asynchronously in `stream`; `params[i]` points at the value of
- parameter `i`, as for cuLaunchKernel. The server checks the geometry against its device's
- limits: a bad one, like any failure of queued work, is reported by the next call.
+ parameter `i`, as for cuLaunchKernel. A geometry past the device's limits fails here with
+ `MPS_ERROR_INVALID_VALUE`, as with CUDA; any failure of the queued work is reported by the
+ next call that waits.
 
  # Safety
  `params` is NULL (for a kernel without parameters) or holds one readable pointer per

@@ -9,6 +9,7 @@ use mps_core::handshake::{DEFAULT_GROUP, Hello, Welcome};
 use mps_core::protocol::{self, Request};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, Layout};
+use mps_ipc::env::setting;
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
@@ -162,22 +163,20 @@ impl Client {
     /// Lowers (never raises) what the server granted, as the environment asks (see `connect`).
     fn apply_environment(&self) -> Result<()> {
         crate::transport::check_wait_variables()?;
-        if let Some(spec) = var("MPS_PINNED_DEVICE_MEM_LIMIT") {
-            let limit =
-                mps_core::units::parse_device_limit(&spec, self.report.ordinal).map_err(|e| {
-                    Error::invalid_value(format!("MPS_PINNED_DEVICE_MEM_LIMIT: {}", e.message))
-                })?;
+        if let Some((spec, name)) = setting("MPS_PINNED_DEVICE_MEM_LIMIT") {
+            let limit = mps_core::units::parse_device_limit(&spec, self.report.ordinal)
+                .map_err(|e| Error::invalid_value(format!("{name}: {}", e.message)))?;
             if let Some(bytes) = limit {
                 self.transport.call(&Request::SetMemLimit { bytes })?;
             }
         }
-        if let Some(level) = var("MPS_CLIENT_PRIORITY") {
+        if let Some((level, name)) = setting("MPS_CLIENT_PRIORITY") {
             let level = match level.trim() {
                 "0" => protocol::PRIORITY_NORMAL,
                 "1" => protocol::PRIORITY_BELOW_NORMAL,
                 other => {
                     return Err(Error::invalid_value(format!(
-                        "MPS_CLIENT_PRIORITY is {other:?}; it must be 0 (normal) or 1 (below normal)"
+                        "{name} is {other:?}; it must be 0 (normal) or 1 (below normal)"
                     )));
                 }
             };
@@ -220,16 +219,11 @@ fn group() -> Result<String> {
     Ok(group)
 }
 
-/// Environment variable `name`, unless unset or blank.
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
-}
-
 /// Reads a percentage (1 to 100) for visible device `device` from environment variable `name`:
 /// one for every device ("25") or `device=percent` entries ("0=25,1=50"); unset, empty or
 /// without an entry for the device is None.
-fn percent_var(name: &str, device: u32) -> Result<Option<u32>> {
-    let Some(spec) = var(name) else {
+fn percent_var(name: &'static str, device: u32) -> Result<Option<u32>> {
+    let Some((spec, name)) = setting(name) else {
         return Ok(None);
     };
     let bad = |v: &str| {

@@ -3,12 +3,13 @@
 //!
 //! A launch is the hot path. Its parameters are read once, from the caller's memory straight
 //! into the submission ring's slots (a [`Gather`] hands them to [`Slots`] slot by slot), under
-//! one hold of the submission lock; nothing is allocated. The geometry is not checked here: the
-//! server checks it against its device's limits.
+//! one hold of the submission lock; nothing is allocated. The geometry is checked here against
+//! the limits the device's compute capability implies, so that a bad one fails in the launch
+//! call, as with CUDA; the server checks it again against its device, since a client may lie.
 
 use std::sync::Arc;
 
-use mps_core::limits::check_clusters;
+use mps_core::limits::{DeviceLimits, check_clusters, check_geometry};
 use mps_core::protocol::{self, Cluster, Dim3, LaunchSpec, ParamInfo, Request};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result};
@@ -237,6 +238,12 @@ impl Client {
     fn post_launch(&self, spec: LaunchSpec<&Kernel, Gather<'_>>, stream: Stream) -> Result<()> {
         self.transport.check()?;
         let (grid, block) = (spec.grid, spec.block);
+        check_geometry(
+            grid,
+            block,
+            spec.shared_mem,
+            &DeviceLimits::of_compute_capability(self.device_info().cc),
+        )?;
         if let Some(c) = spec.cluster {
             // Checked here as well as by the server, so that the launch itself fails, as with
             // CUDA, not the next synchronising call.

@@ -141,24 +141,65 @@ fn a_launch_is_one_command_in_the_ring_with_its_parameters_in_place() {
 }
 
 #[test]
-fn the_geometry_is_the_servers_to_check_and_its_error_names_the_command() {
+fn a_bad_geometry_fails_in_the_launch_call_and_nothing_is_submitted() {
     let (client, mut server) = pair();
-    launch(&client, Dim3 { x: 0, y: 1, z: 1 });
-    let (cmd, _) = server.next();
-    server.complete(Completion::error(
-        cmd.seq,
-        CompletionKind::Reply,
-        &Error::invalid_value("launch geometry grid (0, 1, 1) has a zero extent"),
-    ));
-    let e = client.stream_query(Stream::DEFAULT).unwrap_err();
-    assert_eq!(e.status, Status::InvalidValue);
-    assert_eq!(
-        e.message,
-        "command #1 failed: launch geometry grid (0, 1, 1) has a zero extent"
+    let ptr = 0u64.to_le_bytes();
+    let n = 0u32.to_le_bytes();
+    let big = [0u8; 100];
+    let values = [ptr.as_ptr(), n.as_ptr(), big.as_ptr()];
+    let cases = [
+        (Dim3 { x: 0, y: 1, z: 1 }, ONE, 0, "zero extent"),
+        (
+            ONE,
+            Dim3 {
+                x: 2048,
+                y: 1,
+                z: 1,
+            },
+            0,
+            "threads per block",
+        ),
+        (
+            ONE,
+            Dim3 { x: 1, y: 1, z: 65 },
+            0,
+            "exceeds the device's limits",
+        ),
+        (
+            Dim3 {
+                x: 1,
+                y: 65536,
+                z: 1,
+            },
+            ONE,
+            0,
+            "exceeds the device's limits",
+        ),
+        (ONE, ONE, 228 << 10, "shared memory"),
+    ];
+    for (grid, block, shared, what) in cases {
+        // SAFETY: one pointer per parameter, each readable for its size.
+        let e = unsafe {
+            client.launch_raw(
+                Function(7),
+                grid,
+                block,
+                shared,
+                Stream::DEFAULT,
+                values.as_ptr(),
+            )
+        }
+        .unwrap_err();
+        assert_eq!(e.status, Status::InvalidValue, "{e}");
+        assert!(e.message.contains(what), "{e}");
+    }
+    assert!(
+        server.commands.pop().unwrap().is_none(),
+        "nothing submitted"
     );
-    // Reported once: the client carries on.
+    // The client carries on.
     launch(&client, ONE);
-    assert_eq!(server.next().0.seq, 2);
+    assert_eq!(server.next().0.seq, 1);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, ShmRing};
 use mps_ipc::doorbell::Wake;
-use mps_ipc::ring::{Consumer, Producer};
+use mps_ipc::ring::{Consumer, Producer, RingMemory};
 
 use crate::completions::Completions;
 use crate::handles::Stream;
@@ -167,12 +167,24 @@ impl Transport {
         Ok(())
     }
 
-    /// Feeds every completion in the ring to the core.
+    /// Feeds every completion in the ring to the core. A drain that took half a ring's worth
+    /// or more rings the submission doorbell: the ring may have been full, and the server, which
+    /// takes no command while it has no room for its answer, then sleeps until it hears from us
+    /// (a server that ran out of room left the ring all but full, and a drain empties it).
     fn drain(&self, r: &mut Receiver) -> Result<()> {
+        let mut taken = 0u32;
         loop {
             match r.consumer.pop() {
-                Ok(Some(c)) => r.core.accept(c),
-                Ok(None) => return Ok(()),
+                Ok(Some(c)) => {
+                    r.core.accept(c);
+                    taken = taken.saturating_add(1);
+                }
+                Ok(None) => {
+                    if taken >= r.consumer.memory().capacity() / 2 {
+                        self.channel.submit_bell().ring();
+                    }
+                    return Ok(());
+                }
                 Err(e) => {
                     return Err(self.lose(e));
                 }

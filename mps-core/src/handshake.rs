@@ -112,6 +112,9 @@ const _: () = assert!(std::mem::offset_of!(Hello, device) == HELLO_PREFIX);
 /// is a [`DeviceList`].
 pub const HELLO_COUNT_DEVICES: u32 = 1;
 
+/// Every bit of [`Hello::flags`] this protocol version defines.
+pub const HELLO_FLAGS: u32 = HELLO_COUNT_DEVICES;
+
 impl Hello {
     /// The hello of a client of this protocol version asking for `group` on device 0.
     pub fn new(group: &str) -> Result<Hello> {
@@ -178,9 +181,27 @@ impl Hello {
         Ok(group)
     }
 
-    /// Checks the whole hello: version, then group; returns the group.
+    /// Refuses flag bits this protocol version does not define (a later client's, or junk),
+    /// rather than ignore what the client meant by them.
+    pub fn check_flags(&self) -> Result<()> {
+        let unknown = self.flags & !HELLO_FLAGS;
+        if unknown != 0 {
+            return Err(Error::new(
+                Status::ProtocolMismatch,
+                format!(
+                    "the hello sets flag bits {unknown:#x}, which protocol version \
+                     {PROTOCOL_VERSION} does not define; use a libmpsclient of the server's \
+                     release"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the whole hello: version, flags, then group; returns the group.
     pub fn check(&self) -> Result<String> {
         self.check_version()?;
+        self.check_flags()?;
         self.group()
     }
 }

@@ -46,6 +46,33 @@ impl DeviceLimits {
         max_shared_mem_per_block_optin: 227 << 10,
         warp_size: 32,
     };
+
+    /// What a client knows of its device's launch limits from the compute capability the
+    /// server reported at connect, so that a launch past them fails in the launch call itself,
+    /// as with CUDA: the thread, block and grid limits every device CUDA 13 supports shares
+    /// (those of [`DeviceLimits::SM_90`]) and, for the capabilities the Programming Guide's
+    /// table gives (7.0, 7.5, 8.0, 8.6, 8.9, 9.0), the shared memory an opted-in kernel may
+    /// use. For another capability no shared-memory limit is known here, and the server's own
+    /// check is the one that refuses.
+    pub fn of_compute_capability(cc: (u32, u32)) -> DeviceLimits {
+        let optin_kib = match cc {
+            (7, 0) => 96,
+            (7, 5) => 64,
+            (8, 0) => 163,
+            (8, 6) | (8, 9) => 99,
+            (9, 0) => 227,
+            _ => {
+                return DeviceLimits {
+                    max_shared_mem_per_block_optin: u32::MAX,
+                    ..DeviceLimits::SM_90
+                };
+            }
+        };
+        DeviceLimits {
+            max_shared_mem_per_block_optin: optin_kib << 10,
+            ..DeviceLimits::SM_90
+        }
+    }
 }
 
 /// Checks a launch geometry against `limits`: no zero extent, the grid and the block within the
@@ -155,6 +182,23 @@ fn cluster_size(grid: Dim3, cluster: &Cluster, cc: (u32, u32)) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_clients_limits_follow_the_compute_capability_and_leave_unknown_shared_memory_to_the_server()
+     {
+        assert_eq!(
+            DeviceLimits::of_compute_capability((9, 0)),
+            DeviceLimits::SM_90
+        );
+        let ampere = DeviceLimits::of_compute_capability((8, 0));
+        assert_eq!(ampere.max_shared_mem_per_block_optin, 163 << 10);
+        assert_eq!(ampere.max_threads_per_block, 1024);
+        let unknown = DeviceLimits::of_compute_capability((42, 0));
+        assert_eq!(unknown.max_shared_mem_per_block_optin, u32::MAX);
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        assert!(check_geometry(one, one, 1 << 30, &unknown).is_ok());
+        assert!(check_geometry(one, Dim3 { x: 2048, ..one }, 0, &unknown).is_err());
+    }
+
     use super::*;
     use crate::status::Status;
 

@@ -17,7 +17,8 @@ pub(crate) const STREAM_PER_THREAD: usize = 0x2;
 /// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronise with the legacy default stream.
 pub(crate) const STREAM_NON_BLOCKING: u32 = 0x1;
 
-/// `CU_EVENT_DISABLE_TIMING` and `CU_EVENT_INTERPROCESS`.
+/// `CU_EVENT_BLOCKING_SYNC`, `CU_EVENT_DISABLE_TIMING` and `CU_EVENT_INTERPROCESS`.
+pub(crate) const EVENT_BLOCKING_SYNC: u32 = 0x1;
 pub(crate) const EVENT_DISABLE_TIMING: u32 = 0x2;
 pub(crate) const EVENT_INTERPROCESS: u32 = 0x4;
 
@@ -46,3 +47,53 @@ pub(crate) const MODULE_LAZY_LOADING: i32 = 0x2;
 
 /// The CUDA version whose driver ABI this library implements (13.0).
 pub(crate) const DRIVER_VERSION: i32 = 13000;
+
+/// `CUlaunchAttributeID`: the ids of `cuLaunchKernelEx`'s attributes, as the integers they are
+/// in C (a program may pass an id cudarc's enum lacks, so the id is never read as the enum).
+pub(crate) mod launch_attribute {
+    use cudarc::driver::sys::CUlaunchAttributeID as L;
+
+    pub(crate) const IGNORE: u32 = L::CU_LAUNCH_ATTRIBUTE_IGNORE as u32;
+    pub(crate) const ACCESS_POLICY_WINDOW: u32 = L::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW as u32;
+    pub(crate) const COOPERATIVE: u32 = L::CU_LAUNCH_ATTRIBUTE_COOPERATIVE as u32;
+    pub(crate) const SYNCHRONIZATION_POLICY: u32 =
+        L::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY as u32;
+    pub(crate) const CLUSTER_DIMENSION: u32 = L::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION as u32;
+    pub(crate) const CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 =
+        L::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE as u32;
+    pub(crate) const PROGRAMMATIC_STREAM_SERIALIZATION: u32 =
+        L::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION as u32;
+    pub(crate) const PRIORITY: u32 = L::CU_LAUNCH_ATTRIBUTE_PRIORITY as u32;
+    pub(crate) const MEM_SYNC_DOMAIN_MAP: u32 = L::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP as u32;
+    pub(crate) const MEM_SYNC_DOMAIN: u32 = L::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN as u32;
+    pub(crate) const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 =
+        L::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT as u32;
+}
+
+/// `CUfunction_attribute`: the kernel attributes this library keeps or checks, as indices of
+/// a function's attribute array (the server's order, which is CUDA's).
+pub(crate) mod function_attribute {
+    use cudarc::driver::sys::CUfunction_attribute as F;
+
+    pub(crate) const SHARED_SIZE_BYTES: usize = F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES as usize;
+    pub(crate) const MAX_DYNAMIC_SHARED_SIZE_BYTES: usize =
+        F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as usize;
+    pub(crate) const PREFERRED_SHARED_MEMORY_CARVEOUT: usize =
+        F::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT as usize;
+    pub(crate) const NON_PORTABLE_CLUSTER_SIZE_ALLOWED: usize =
+        F::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED as usize;
+    pub(crate) const CLUSTER_SCHEDULING_POLICY_PREFERENCE: usize =
+        F::CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE as usize;
+}
+
+/// `CUdevice_attribute`s this library asks for itself, as the integers `cuDeviceGetAttribute`
+/// takes.
+pub(crate) mod device_attribute {
+    use cudarc::driver::sys::CUdevice_attribute as D;
+
+    pub(crate) const PCI_DOMAIN_ID: i32 = D::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID as i32;
+    pub(crate) const PCI_BUS_ID: i32 = D::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID as i32;
+    pub(crate) const PCI_DEVICE_ID: i32 = D::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID as i32;
+    pub(crate) const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 =
+        D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as i32;
+}

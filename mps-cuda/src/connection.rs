@@ -13,8 +13,7 @@ use mps_core::protocol::{Cluster, Dim3, ParamInfo};
 use crate::abi::CUresult;
 use crate::{errors, log};
 
-/// What a call into the server gives: its value, or the CUDA result of its failure.
-pub(crate) type Res<T> = Result<T, CUresult>;
+pub(crate) use crate::ffi::Res;
 
 pub(crate) fn fail(e: Error) -> CUresult {
     log::failure(&e.message);
@@ -27,6 +26,11 @@ pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) total_mem: u64,
     pub(crate) sm_count: u32,
+    /// The SMs this process's kernels run on (its share or reservation): what the program is
+    /// told the device's multiprocessor count is, as NVIDIA's MPS tells its clients, since
+    /// libraries size kernels by that count and some of cuDNN's fail or never finish on fewer
+    /// SMs than it says. The server keeps every client at least the SMs it was told.
+    pub(crate) client_sms: u32,
     pub(crate) cc: (u32, u32),
 }
 
@@ -53,11 +57,15 @@ impl Connection {
     pub(crate) fn connect(ordinal: u32) -> Result<Connection, (String, CUresult)> {
         let client = Client::connect_device(None, ordinal)
             .map_err(|e| (e.message, errors::from_error(e.status, e.cuda_result)))?;
+        let sms = client
+            .sm_info()
+            .map_err(|e| (e.message, errors::from_error(e.status, e.cuda_result)))?;
         let d = client.device_info();
         let device = Device {
             name: d.name.clone(),
             total_mem: d.total_mem,
             sm_count: d.sm_count,
+            client_sms: sms.sms,
             cc: d.cc,
         };
         Ok(Connection {

@@ -11,59 +11,13 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use crate::abi::{CTX_FLAGS, CUcontext, CUctxCreateParams, CUdevice, CUresult};
-use crate::connection::{Connection, Res, Stream};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::memo::{Memo, through};
-use crate::stream::LegacyOrder;
-
-/// One context.
-#[derive(Debug)]
-pub(crate) struct Context {
-    pub(crate) handle: usize,
-    pub(crate) primary: bool,
-    /// The device it was made on: where everything made in it lives.
-    pub(crate) device: CUdevice,
-    pub(crate) state: Mutex<ContextState>,
-}
-
-#[derive(Debug)]
-pub(crate) struct ContextState {
-    /// A created context until destroyed; the primary context while retained.
-    pub(crate) active: bool,
-    pub(crate) retains: u32,
-    pub(crate) flags: u32,
-    /// The context's legacy default stream: the client's default stream for the primary
-    /// context, a stream of its own for a created one.
-    pub(crate) legacy: Stream,
-    /// How work in the legacy default stream and the blocking streams is ordered.
-    pub(crate) order: LegacyOrder,
-}
-
-impl Context {
-    pub(crate) fn primary(handle: usize, device: CUdevice) -> Context {
-        Context {
-            handle,
-            primary: true,
-            device,
-            state: Mutex::new(ContextState {
-                active: false,
-                retains: 0,
-                flags: 0,
-                legacy: Stream::DEFAULT,
-                order: LegacyOrder::default(),
-            }),
-        }
-    }
-
-    pub(crate) fn legacy_stream(&self) -> Stream {
-        lock(&self.state).legacy
-    }
-
-    /// The connection to its device's server.
-    pub(crate) fn conn(&self) -> Res<&'static Connection> {
-        connection(self.device)
-    }
-}
+use crate::capture;
+use crate::connection::Res;
+use crate::driver::{self, Stage, connection, driver};
+use crate::ffi::{check, exports, lock, put};
+use crate::memo::{self, Memo, through};
+use crate::objects::{Context, ContextState};
+use crate::order::LegacyOrder;
 
 thread_local! {
     /// The calling thread's context stack, top last.
@@ -129,15 +83,21 @@ pub(crate) fn primary_of(dev: CUdevice) -> Res<&'static Arc<Context>> {
 }
 
 /// Frees everything context `ctx` owns, after its work is done; the first failure is returned
-/// once everything has been tried.
+/// once everything has been tried. What the areas above keep for it (the runtime's storage,
+/// modules) they free in their release hooks ([`driver::on_release`]).
 fn release_resources(ctx: &Context) -> Res<()> {
     // The runtime's per-context state goes first, while the context still works.
-    crate::export::drop_context_storage(ctx.handle);
+    let mut early = Ok(());
+    driver::run_release_hooks(ctx, Stage::Early, |r| {
+        if early.is_ok() {
+            early = r;
+        }
+    });
     let d = driver()?;
     let conn = ctx.conn()?;
     // A capturing stream cannot be waited for or destroyed: its capture ends first.
-    let ended = crate::graph::end_captures_of(ctx.handle);
-    let mut first = ended.and(conn.synchronize());
+    let ended = capture::end_captures_of(ctx.handle);
+    let mut first = early.and(ended).and(conn.synchronize());
     let mut keep = |r: Res<()>| {
         if first.is_ok() {
             first = r;
@@ -150,9 +110,7 @@ fn release_resources(ctx: &Context) -> Res<()> {
     for e in d.events.remove_where(|e| e.ctx == h) {
         keep(conn.event_destroy(e.event));
     }
-    for m in d.modules.remove_where(|m| m.ctx == Some(h)) {
-        keep(crate::module::unload_everywhere(&m));
-    }
+    driver::run_release_hooks(ctx, Stage::Late, &mut keep);
     let mine: Vec<(CUdevice, u64)> = {
         let mut a = lock(&d.allocations);
         let mine: Vec<(CUdevice, u64)> = a
@@ -212,124 +170,6 @@ fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> Res<()> {
     unsafe { put(pctx, to_cucontext(handle)) }
 }
 
-/// Creates a context and makes it current.
-///
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut CUcontext,
-    flags: u32,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuCtxCreate_v2", || create(pctx, flags, dev))
-}
-
-/// `cuCtxCreate_v3`: execution-affinity parameters are not supported (none may be given).
-///
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v3(
-    pctx: *mut CUcontext,
-    _params: *mut std::ffi::c_void,
-    num_params: i32,
-    flags: u32,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuCtxCreate_v3", || {
-        if num_params != 0 {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        create(pctx, flags, dev)
-    })
-}
-
-/// `cuCtxCreate_v4` (CUDA 13's cuCtxCreate): creation parameters (affinity, CIG) are not
-/// supported; NULL or empty ones are.
-///
-/// # Safety
-/// `pctx` must be NULL or writable; `params` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v4(
-    pctx: *mut CUcontext,
-    params: *mut CUctxCreateParams,
-    flags: u32,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuCtxCreate_v4", || {
-        // SAFETY: the caller guarantees a non-null `params` is readable.
-        if let Some(p) = unsafe { params.as_ref() }
-            && (p.numExecAffinityParams != 0 || !p.cigParams.is_null())
-        {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        create(pctx, flags, dev)
-    })
-}
-
-/// Destroys a created context (its work done first); it is popped from the calling thread.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    entry("cuCtxDestroy_v2", || {
-        let c = context(handle_of(ctx))?;
-        if c.primary {
-            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
-        }
-        let result = release_resources(&c);
-        let legacy = {
-            let mut st = lock(&c.state);
-            st.active = false;
-            st.legacy
-        };
-        driver()?.contexts.remove(c.handle);
-        STACK.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.last() == Some(&c.handle) {
-                s.pop();
-            }
-        });
-        result.and(c.conn()?.stream_destroy(legacy))
-    })
-}
-
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
-    entry("cuCtxGetCurrent", || {
-        driver()?;
-        let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
-        // SAFETY: the caller guarantees a non-null `pctx` is writable.
-        unsafe { put(pctx, to_cucontext(top)) }
-    })
-}
-
-/// Replaces the top of the calling thread's stack (NULL pops it). The primary context may be
-/// made current before it is retained, as NVIDIA's driver allows and cudart does (it takes the
-/// handle from its interface table, sets it, then retains it). Making a context of another
-/// device current is how a program switches devices (`cudaSetDevice`).
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
-    entry("cuCtxSetCurrent", || {
-        if ctx.is_null() {
-            driver()?;
-            STACK.with(|s| s.borrow_mut().pop());
-            return Ok(());
-        }
-        let c = match driver()?.contexts.get(handle_of(ctx)) {
-            Some(p) if p.primary => p,
-            _ => context(handle_of(ctx))?,
-        };
-        STACK.with(|s| {
-            let mut s = s.borrow_mut();
-            s.pop();
-            s.push(c.handle);
-        });
-        Ok(())
-    })
-}
-
 fn push(ctx: CUcontext) -> Res<()> {
     let c = context(handle_of(ctx))?;
     STACK.with(|s| s.borrow_mut().push(c.handle));
@@ -348,152 +188,7 @@ fn pop(pctx: *mut CUcontext) -> Res<()> {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    entry("cuCtxPushCurrent_v2", || push(ctx))
-}
-
-/// The unversioned name, with the same arguments, which libraries also take by `dlsym`.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
-    entry("cuCtxPushCurrent", || push(ctx))
-}
-
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    entry("cuCtxPopCurrent_v2", || pop(pctx))
-}
-
-/// The unversioned name (see `cuCtxPushCurrent`).
-///
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
-    entry("cuCtxPopCurrent", || pop(pctx))
-}
-
-/// # Safety
-/// `device` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
-    entry("cuCtxGetDevice", || {
-        let dev = current()?.device;
-        // SAFETY: the caller guarantees a non-null `device` is writable.
-        unsafe { put(device, dev) }
-    })
-}
-
-/// CUDA 13's form: the device of `ctx`, or of the current context where it is NULL.
-///
-/// # Safety
-/// `device` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
-    entry("cuCtxGetDevice_v2", || {
-        let dev = given_or_current(ctx)?.device;
-        // SAFETY: the caller guarantees a non-null `device` is writable.
-        unsafe { put(device, dev) }
-    })
-}
-
-/// The driver API version a context was made with: 3020 (CUDA 3.2's, the `_v2` ABI) for every
-/// context, the version NVIDIA's driver reports for contexts of the current API. cudart asks it
-/// when a thread first uses a context.
-///
-/// # Safety
-/// `version` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32) -> CUresult {
-    entry("cuCtxGetApiVersion", || {
-        given_or_current(ctx)?;
-        // SAFETY: the caller guarantees a non-null `version` is writable.
-        unsafe { put(version, 3020) }
-    })
-}
-
-/// # Safety
-/// `flags` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
-    entry("cuCtxGetFlags", || {
-        let f = lock(&current()?.state).flags;
-        // SAFETY: the caller guarantees a non-null `flags` is writable.
-        unsafe { put(flags, f) }
-    })
-}
-
-/// Waits for all work of the process on the context's device (every context of a device is a
-/// view of its server's one context).
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", || {
-        let ctx = current()?;
-        let conn = ctx.conn()?;
-        crate::graph::refuse_context_wait(ctx.handle, conn)?;
-        conn.synchronize()
-    })
-}
-
-/// CUDA 13's form, naming the context (NULL: the current one).
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
-    entry("cuCtxSynchronize_v2", || {
-        let ctx = given_or_current(ctx)?;
-        let conn = ctx.conn()?;
-        crate::graph::refuse_context_wait(ctx.handle, conn)?;
-        conn.synchronize()
-    })
-}
-
-// ----- peer access -----
-
-/// Refused as CUDA refuses it where `cuDeviceCanAccessPeer` says 0, which it always does
-/// through mps: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` (after the checks of the arguments).
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: u32) -> CUresult {
-    entry("cuCtxEnablePeerAccess", || {
-        current()?;
-        context(handle_of(peer))?;
-        check(flags == 0)?;
-        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
-    })
-}
-
-/// Peer access is never enabled: `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, as CUDA says for a peer
-/// not enabled.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
-    entry("cuCtxDisablePeerAccess", || {
-        current()?;
-        context(handle_of(peer))?;
-        Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
-    })
-}
-
 // ----- the primary context -----
-
-/// # Safety
-/// `pctx` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxRetain", || {
-        let p = primary_of(dev)?;
-        check(!pctx.is_null())?;
-        // The device is connected here, if it is not yet, so that an unreachable server fails
-        // the retain as a context that cannot be made fails it in CUDA.
-        p.conn()?;
-        {
-            let mut st = lock(&p.state);
-            st.retains += 1;
-            st.active = true;
-        }
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { put(pctx, to_cucontext(p.handle)) }
-    })
-}
 
 fn primary_release(dev: CUdevice) -> Res<()> {
     let p = primary_of(dev)?;
@@ -508,20 +203,10 @@ fn primary_release(dev: CUdevice) -> Res<()> {
     if last {
         let r = release_resources(p);
         lock(&p.state).active = false;
-        crate::memo::handles_changed();
+        memo::handles_changed();
         return r;
     }
     Ok(())
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxRelease", || primary_release(dev))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxRelease_v2", || primary_release(dev))
 }
 
 fn primary_reset(dev: CUdevice) -> Res<()> {
@@ -532,25 +217,241 @@ fn primary_reset(dev: CUdevice) -> Res<()> {
     release_resources(p)
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxReset", || primary_reset(dev))
+fn primary_set_flags(dev: CUdevice, flags: u32) -> Res<()> {
+    let p = primary_of(dev)?;
+    check(flags & !CTX_FLAGS == 0)?;
+    lock(&p.state).flags = flags;
+    Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxReset_v2", || primary_reset(dev))
-}
+// ----- the exports -----
 
-/// # Safety
-/// `flags` and `active` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
-    dev: CUdevice,
-    flags: *mut u32,
-    active: *mut i32,
-) -> CUresult {
-    entry("cuDevicePrimaryCtxGetState", || {
+exports! {
+    /// Creates a context and makes it current.
+    ///
+    /// # Safety
+    /// `pctx` must be NULL or writable.
+    pub unsafe fn cuCtxCreate_v2(
+        pctx: *mut CUcontext,
+        flags: u32,
+        dev: CUdevice,
+    ) ["cuCtxCreate" 3020] =
+        create(pctx, flags, dev);
+
+    /// `cuCtxCreate_v3`: execution-affinity parameters are not supported (none may be given).
+    ///
+    /// # Safety
+    /// `pctx` must be NULL or writable.
+    pub unsafe fn cuCtxCreate_v3(
+        pctx: *mut CUcontext,
+        _params: *mut std::ffi::c_void,
+        num_params: i32,
+        flags: u32,
+        dev: CUdevice,
+    ) ["cuCtxCreate" 11040] = {
+        if num_params != 0 {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        create(pctx, flags, dev)
+    };
+
+    /// `cuCtxCreate_v4` (CUDA 13's cuCtxCreate): creation parameters (affinity, CIG) are not
+    /// supported; NULL or empty ones are.
+    ///
+    /// # Safety
+    /// `pctx` must be NULL or writable; `params` NULL or readable.
+    pub unsafe fn cuCtxCreate_v4(
+        pctx: *mut CUcontext,
+        params: *mut CUctxCreateParams,
+        flags: u32,
+        dev: CUdevice,
+    ) ["cuCtxCreate" 12050] = {
+        // SAFETY: the caller guarantees a non-null `params` is readable.
+        if let Some(p) = unsafe { params.as_ref() }
+            && (p.numExecAffinityParams != 0 || !p.cigParams.is_null())
+        {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        create(pctx, flags, dev)
+    };
+
+    /// Destroys a created context (its work done first); it is popped from the calling thread.
+    pub fn cuCtxDestroy_v2(ctx: CUcontext) ["cuCtxDestroy" 4000] = {
+        let c = context(handle_of(ctx))?;
+        if c.primary {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let result = release_resources(&c);
+        let legacy = {
+            let mut st = lock(&c.state);
+            st.active = false;
+            st.legacy
+        };
+        driver()?.contexts.remove(c.handle);
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.last() == Some(&c.handle) {
+                s.pop();
+            }
+        });
+        result.and(c.conn()?.stream_destroy(legacy))
+    };
+
+    /// # Safety
+    /// `pctx` must be NULL or writable.
+    pub unsafe fn cuCtxGetCurrent(pctx: *mut CUcontext) ["cuCtxGetCurrent" 4000] = {
+        driver()?;
+        let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
+        // SAFETY: the caller guarantees a non-null `pctx` is writable.
+        unsafe { put(pctx, to_cucontext(top)) }
+    };
+
+    /// Replaces the top of the calling thread's stack (NULL pops it). The primary context may be
+    /// made current before it is retained, as NVIDIA's driver allows and cudart does (it takes the
+    /// handle from its interface table, sets it, then retains it). Making a context of another
+    /// device current is how a program switches devices (`cudaSetDevice`).
+    pub fn cuCtxSetCurrent(ctx: CUcontext) ["cuCtxSetCurrent" 4000] = {
+        if ctx.is_null() {
+            driver()?;
+            STACK.with(|s| s.borrow_mut().pop());
+            return Ok(());
+        }
+        let c = match driver()?.contexts.get(handle_of(ctx)) {
+            Some(p) if p.primary => p,
+            _ => context(handle_of(ctx))?,
+        };
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            s.pop();
+            s.push(c.handle);
+        });
+        Ok(())
+    };
+
+    /// Its unversioned name, with the same arguments, is exported too: libraries also take it by
+    /// `dlsym` (`cuGetProcAddress` hands out only the `_v2`).
+    pub fn cuCtxPushCurrent_v2(ctx: CUcontext) ["cuCtxPushCurrent" 4000]
+        alias cuCtxPushCurrent [] = push(ctx);
+
+    /// Its unversioned name is exported too (see `cuCtxPushCurrent_v2`).
+    ///
+    /// # Safety
+    /// `pctx` must be NULL or writable.
+    pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) ["cuCtxPopCurrent" 4000]
+        alias cuCtxPopCurrent [] = pop(pctx);
+
+    /// # Safety
+    /// `device` must be NULL or writable.
+    pub unsafe fn cuCtxGetDevice(device: *mut CUdevice) ["cuCtxGetDevice" 2000] = {
+        let dev = current()?.device;
+        // SAFETY: the caller guarantees a non-null `device` is writable.
+        unsafe { put(device, dev) }
+    };
+
+    /// CUDA 13's form: the device of `ctx`, or of the current context where it is NULL.
+    ///
+    /// # Safety
+    /// `device` must be NULL or writable.
+    pub unsafe fn cuCtxGetDevice_v2(
+        device: *mut CUdevice,
+        ctx: CUcontext,
+    ) ["cuCtxGetDevice" 13000] = {
+        let dev = given_or_current(ctx)?.device;
+        // SAFETY: the caller guarantees a non-null `device` is writable.
+        unsafe { put(device, dev) }
+    };
+
+    /// The driver API version a context was made with: 3020 (CUDA 3.2's, the `_v2` ABI) for every
+    /// context, the version NVIDIA's driver reports for contexts of the current API. cudart asks it
+    /// when a thread first uses a context.
+    ///
+    /// # Safety
+    /// `version` must be NULL or writable.
+    pub unsafe fn cuCtxGetApiVersion(
+        ctx: CUcontext,
+        version: *mut u32,
+    ) ["cuCtxGetApiVersion" 3020] = {
+        given_or_current(ctx)?;
+        // SAFETY: the caller guarantees a non-null `version` is writable.
+        unsafe { put(version, 3020) }
+    };
+
+    /// # Safety
+    /// `flags` must be NULL or writable.
+    pub unsafe fn cuCtxGetFlags(flags: *mut u32) ["cuCtxGetFlags" 7000] = {
+        let f = lock(&current()?.state).flags;
+        // SAFETY: the caller guarantees a non-null `flags` is writable.
+        unsafe { put(flags, f) }
+    };
+
+    /// Waits for all work of the process on the context's device (every context of a device is a
+    /// view of its server's one context).
+    pub fn cuCtxSynchronize() ["cuCtxSynchronize" 2000] = {
+        let ctx = current()?;
+        let conn = ctx.conn()?;
+        capture::refuse_context_wait(ctx.handle, conn)?;
+        conn.synchronize()
+    };
+
+    /// CUDA 13's form, naming the context (NULL: the current one).
+    pub fn cuCtxSynchronize_v2(ctx: CUcontext) ["cuCtxSynchronize" 13000] = {
+        let ctx = given_or_current(ctx)?;
+        let conn = ctx.conn()?;
+        capture::refuse_context_wait(ctx.handle, conn)?;
+        conn.synchronize()
+    };
+
+    /// Refused as CUDA refuses it where `cuDeviceCanAccessPeer` says 0, which it always does
+    /// through mps: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` (after the checks of the arguments).
+    pub fn cuCtxEnablePeerAccess(peer: CUcontext, flags: u32) ["cuCtxEnablePeerAccess" 4000] = {
+        current()?;
+        context(handle_of(peer))?;
+        check(flags == 0)?;
+        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    };
+
+    /// Peer access is never enabled: `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, as CUDA says for a peer
+    /// not enabled.
+    pub fn cuCtxDisablePeerAccess(peer: CUcontext) ["cuCtxDisablePeerAccess" 4000] = {
+        current()?;
+        context(handle_of(peer))?;
+        Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+    };
+
+    /// # Safety
+    /// `pctx` must be NULL or writable.
+    pub unsafe fn cuDevicePrimaryCtxRetain(
+        pctx: *mut CUcontext,
+        dev: CUdevice,
+    ) ["cuDevicePrimaryCtxRetain" 7000] = {
+        let p = primary_of(dev)?;
+        check(!pctx.is_null())?;
+        // The device is connected here, if it is not yet, so that an unreachable server fails
+        // the retain as a context that cannot be made fails it in CUDA.
+        p.conn()?;
+        {
+            let mut st = lock(&p.state);
+            st.retains += 1;
+            st.active = true;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(pctx, to_cucontext(p.handle)) }
+    };
+
+    pub fn cuDevicePrimaryCtxRelease(dev: CUdevice) ["cuDevicePrimaryCtxRelease" 7000]
+        alias cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease" 11000] =
+        primary_release(dev);
+
+    pub fn cuDevicePrimaryCtxReset(dev: CUdevice) ["cuDevicePrimaryCtxReset" 7000]
+        alias cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset" 11000] = primary_reset(dev);
+
+    /// # Safety
+    /// `flags` and `active` must be NULL or writable.
+    pub unsafe fn cuDevicePrimaryCtxGetState(
+        dev: CUdevice,
+        flags: *mut u32,
+        active: *mut i32,
+    ) ["cuDevicePrimaryCtxGetState" 7000] = {
         let p = primary_of(dev)?;
         check(!flags.is_null() && !active.is_null())?;
         let (f, a) = {
@@ -562,26 +463,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
             put(flags, f)?;
             put(active, a as i32)
         }
-    })
-}
+    };
 
-fn primary_set_flags(dev: CUdevice, flags: u32) -> Res<()> {
-    let p = primary_of(dev)?;
-    check(flags & !CTX_FLAGS == 0)?;
-    lock(&p.state).flags = flags;
-    Ok(())
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32) -> CUresult {
-    entry("cuDevicePrimaryCtxSetFlags", || {
-        primary_set_flags(dev, flags)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) -> CUresult {
-    entry("cuDevicePrimaryCtxSetFlags_v2", || {
-        primary_set_flags(dev, flags)
-    })
+    pub fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32) ["cuDevicePrimaryCtxSetFlags" 7000]
+        alias cuDevicePrimaryCtxSetFlags_v2 ["cuDevicePrimaryCtxSetFlags" 11000] =
+        primary_set_flags(dev, flags);
 }

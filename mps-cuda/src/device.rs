@@ -16,71 +16,13 @@ use mps_core::Status;
 
 use crate::abi::{CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::connection::{Connection, Device, Res, fail};
-use crate::driver::{self, check, connection, driver, entry, put};
+use crate::driver::{self, connection, driver};
+use crate::ffi::{check, exports, put};
 use crate::log;
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuInit(flags: u32) -> CUresult {
-    entry("cuInit", || {
-        check(flags == 0)?;
-        driver::init()
-    })
-}
-
-/// # Safety
-/// `version` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDriverGetVersion(version: *mut i32) -> CUresult {
-    // SAFETY: the caller guarantees a non-null `version` is writable.
-    entry("cuDriverGetVersion", || unsafe {
-        put(version, DRIVER_VERSION)
-    })
-}
 
 /// Device `dev` as its server described it (connecting to it on first use).
 pub(crate) fn device(dev: CUdevice) -> Res<&'static Device> {
     Ok(connection(dev)?.device())
-}
-
-/// # Safety
-/// `dev` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: i32) -> CUresult {
-    entry("cuDeviceGet", || {
-        driver()?.device(ordinal)?;
-        // SAFETY: the caller guarantees a non-null `dev` is writable.
-        unsafe { put(dev, ordinal) }
-    })
-}
-
-/// The devices the daemon serves, as `CUDA_VISIBLE_DEVICES` shows them (counted at `cuInit`).
-///
-/// # Safety
-/// `count` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetCount(count: *mut i32) -> CUresult {
-    entry("cuDeviceGetCount", || {
-        let n = driver()?.devices.len() as i32;
-        // SAFETY: the caller guarantees a non-null `count` is writable.
-        unsafe { put(count, n) }
-    })
-}
-
-/// # Safety
-/// `name` must be NULL or writable for `len` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) -> CUresult {
-    entry("cuDeviceGetName", || {
-        let d = device(dev)?;
-        check(!name.is_null() && len > 0)?;
-        let n = d.name.len().min(len as usize - 1);
-        // SAFETY: the caller guarantees `name` is writable for `len` > n bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(d.name.as_ptr(), name.cast(), n);
-            name.add(n).write(0);
-        }
-        Ok(())
-    })
 }
 
 /// The device's UUID: the server's report of it (the GPU's own, or the simulator's), else a
@@ -120,34 +62,6 @@ fn get_uuid(out: *mut CUuuid, dev: CUdevice) -> Res<()> {
     unsafe { put(out, v) }
 }
 
-/// # Safety
-/// `uuid` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
-    entry("cuDeviceGetUuid", || get_uuid(uuid, dev))
-}
-
-/// # Safety
-/// `uuid` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
-    entry("cuDeviceGetUuid_v2", || get_uuid(uuid, dev))
-}
-
-/// The device's memory as the server reported it (a client's memory limit shows in
-/// `cuMemGetInfo`, as under NVIDIA's MPS).
-///
-/// # Safety
-/// `bytes` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    entry("cuDeviceTotalMem_v2", || {
-        let d = device(dev)?;
-        // SAFETY: the caller guarantees a non-null `bytes` is writable.
-        unsafe { put(bytes, d.total_mem as usize) }
-    })
-}
-
 /// What a client of mps has, whatever the GPU: one context shared by many processes (compute
 /// mode default, MPS enabled), concurrent kernels, and none of what the library does not offer
 /// (managed memory, registering host memory, memory pools, virtual memory management,
@@ -184,6 +98,9 @@ pub(crate) fn attribute(d: &Device, attrib: i32, reported: mps_core::Result<i32>
     if let Some((_, v)) = MPS.iter().find(|(a, _)| *a as i32 == attrib) {
         return Ok(*v);
     }
+    if attrib == A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32 {
+        return Ok(d.client_sms as i32);
+    }
     match reported {
         Ok(v) => Ok(v),
         Err(e) if e.status == Status::InvalidValue => {
@@ -205,40 +122,104 @@ pub(crate) fn attribute_of(conn: &Connection, attrib: i32) -> Res<i32> {
     attribute(conn.device(), attrib, conn.reported_attribute(attrib))
 }
 
-/// # Safety
-/// `value` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetAttribute(
-    value: *mut i32,
-    attrib: i32,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuDeviceGetAttribute", || {
+// ----- the exports -----
+
+exports! {
+    pub fn cuInit(flags: u32) ["cuInit" 2000] = {
+        check(flags == 0)?;
+        driver::init()
+    };
+
+    /// # Safety
+    /// `version` must be NULL or writable.
+    pub unsafe fn cuDriverGetVersion(version: *mut i32) ["cuDriverGetVersion" 2020] =
+        // SAFETY: the caller guarantees a non-null `version` is writable.
+        unsafe { put(version, DRIVER_VERSION) };
+
+    /// # Safety
+    /// `dev` must be NULL or writable.
+    pub unsafe fn cuDeviceGet(dev: *mut CUdevice, ordinal: i32) ["cuDeviceGet" 2000] = {
+        driver()?.device(ordinal)?;
+        // SAFETY: the caller guarantees a non-null `dev` is writable.
+        unsafe { put(dev, ordinal) }
+    };
+
+    /// The devices the daemon serves, as `CUDA_VISIBLE_DEVICES` shows them (counted at `cuInit`).
+    ///
+    /// # Safety
+    /// `count` must be NULL or writable.
+    pub unsafe fn cuDeviceGetCount(count: *mut i32) ["cuDeviceGetCount" 2000] = {
+        let n = driver()?.devices.len() as i32;
+        // SAFETY: the caller guarantees a non-null `count` is writable.
+        unsafe { put(count, n) }
+    };
+
+    /// # Safety
+    /// `name` must be NULL or writable for `len` bytes.
+    pub unsafe fn cuDeviceGetName(
+        name: *mut c_char,
+        len: i32,
+        dev: CUdevice,
+    ) ["cuDeviceGetName" 2000] = {
+        let d = device(dev)?;
+        check(!name.is_null() && len > 0)?;
+        let n = d.name.len().min(len as usize - 1);
+        // SAFETY: the caller guarantees `name` is writable for `len` > n bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(d.name.as_ptr(), name.cast(), n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    };
+
+    /// # Safety
+    /// `uuid` must be NULL or writable.
+    pub unsafe fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) ["cuDeviceGetUuid" 9020]
+        alias cuDeviceGetUuid_v2 ["cuDeviceGetUuid" 11040] = get_uuid(uuid, dev);
+
+    /// The device's memory as the server reported it (a client's memory limit shows in
+    /// `cuMemGetInfo`, as under NVIDIA's MPS).
+    ///
+    /// # Safety
+    /// `bytes` must be NULL or writable.
+    pub unsafe fn cuDeviceTotalMem_v2(
+        bytes: *mut usize,
+        dev: CUdevice,
+    ) ["cuDeviceTotalMem" 3020] = {
+        let d = device(dev)?;
+        // SAFETY: the caller guarantees a non-null `bytes` is writable.
+        unsafe { put(bytes, d.total_mem as usize) }
+    };
+
+    /// # Safety
+    /// `value` must be NULL or writable.
+    pub unsafe fn cuDeviceGetAttribute(
+        value: *mut i32,
+        attrib: i32,
+        dev: CUdevice,
+    ) ["cuDeviceGetAttribute" 2000] = {
         let v = attribute_of(connection(dev)?, attrib)?;
         // SAFETY: the caller guarantees a non-null `value` is writable.
         unsafe { put(value, v) }
-    })
-}
+    };
 
-/// Whether `dev` can access `peer`'s memory: never, through mps (each device is a context in a
-/// server of its own, and no server maps another's memory); CUDA says 0 for a device and
-/// itself too.
-///
-/// # Safety
-/// `can` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceCanAccessPeer(
-    can: *mut i32,
-    dev: CUdevice,
-    peer: CUdevice,
-) -> CUresult {
-    entry("cuDeviceCanAccessPeer", || {
+    /// Whether `dev` can access `peer`'s memory: never, through mps (each device is a context in a
+    /// server of its own, and no server maps another's memory); CUDA says 0 for a device and
+    /// itself too.
+    ///
+    /// # Safety
+    /// `can` must be NULL or writable.
+    pub unsafe fn cuDeviceCanAccessPeer(
+        can: *mut i32,
+        dev: CUdevice,
+        peer: CUdevice,
+    ) ["cuDeviceCanAccessPeer" 4000] = {
         let d = driver()?;
         d.device(dev)?;
         d.device(peer)?;
         // SAFETY: the caller guarantees a non-null `can` is writable.
         unsafe { put(can, 0) }
-    })
+    };
 }
 
 #[cfg(test)]
@@ -250,6 +231,7 @@ mod tests {
             name: "NVIDIA H200".into(),
             total_mem: 150_000_000_000,
             sm_count: 132,
+            client_sms: 132,
             cc: (9, 0),
         }
     }
@@ -270,6 +252,17 @@ mod tests {
     }
 
     #[test]
+    fn the_multiprocessor_count_is_the_clients_share_as_nvidia_mps_reports_it() {
+        let d = Device {
+            client_sms: 72,
+            ..h200()
+        };
+        let sms = A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32;
+        assert_eq!(attribute(&d, sms, Ok(132)), Ok(72));
+        assert_eq!(attribute(&h200(), sms, Ok(132)), Ok(132));
+    }
+
+    #[test]
     fn an_attribute_the_server_did_not_report_is_refused_as_the_driver_refuses_it() {
         let d = h200();
         assert_eq!(
@@ -279,7 +272,7 @@ mod tests {
         // A lost server is not an unknown attribute.
         let lost = mps_core::Error::new(Status::Connection, "gone");
         assert_ne!(
-            attribute(&d, 13, Err(lost)),
+            attribute(&d, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE as i32, Err(lost)),
             Err(CUresult::CUDA_ERROR_INVALID_VALUE)
         );
     }

@@ -1,5 +1,5 @@
 //! The process's driver state: the devices `cuInit` found and their connections, the
-//! registries of handles, and the guard every exported function runs its body in.
+//! registries of handles, and what a context's release calls in the areas that keep more.
 //!
 //! A device is connected on its first use (a context made on it, a question about it), not at
 //! `cuInit`: a program that uses one device of several holds one client, on one server.
@@ -7,16 +7,14 @@
 //! it) to its connection.
 
 use std::collections::{BTreeMap, HashMap};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::abi::{CUdevice, CUresult};
 use crate::connection::{Connection, Res};
-use crate::context::Context;
+use crate::ffi::lock;
 use crate::handles::Registry;
 use crate::log;
-use crate::module::{FunctionObj, ModuleObj};
-use crate::stream::{EventObj, StreamObj};
+use crate::objects::{Context, EventObj, FunctionObj, ModuleObj, StreamObj};
 
 /// One device this process sees (`CUDA_VISIBLE_DEVICES` applied), by its CUDA ordinal.
 #[derive(Debug)]
@@ -151,46 +149,43 @@ pub(crate) fn connection(dev: CUdevice) -> Res<&'static Connection> {
     driver()?.device(dev)?.connection()
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Runs an exported function's body: its error is its result, and a panic becomes
-/// `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
-pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<()>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
-        Ok(Err(e)) => {
-            log::detail_once(format_args!("{name} {e:?}"), || format!("{name}: {e:?}"));
-            e
-        }
-        Err(_) => {
-            log::always(&format!(
-                "{name}: internal error (panic); returning CUDA_ERROR_UNKNOWN"
-            ));
-            CUresult::CUDA_ERROR_UNKNOWN
-        }
+impl Context {
+    /// The connection to its device's server.
+    pub(crate) fn conn(&self) -> Res<&'static Connection> {
+        connection(self.device)
     }
 }
 
-/// Writes `value` through the out-pointer `out`; NULL is `CUDA_ERROR_INVALID_VALUE`.
-///
-/// # Safety
-/// `out` must be NULL or valid for writing a `T`.
-pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Res<()> {
-    if out.is_null() {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-null, and the caller guarantees it is writable.
-    unsafe { out.write(value) };
-    Ok(())
+/// When a hook runs in a context's release: `Early` before anything else, while the context
+/// still works; `Late` once its work is done and its streams and events are gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Early,
+    Late,
 }
 
-/// `Err(CUDA_ERROR_INVALID_VALUE)` unless `ok`.
-pub(crate) fn check(ok: bool) -> Res<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+/// What an area of the library that keeps things of its own for a context (the runtime's
+/// context-local storage, modules) frees when the context is released; the first failure.
+pub(crate) type ReleaseHook = fn(&Context) -> Res<()>;
+
+static HOOKS: Mutex<Vec<(Stage, ReleaseHook)>> = Mutex::new(Vec::new());
+
+/// Has `hook` run at `stage` of every later release of a context. An area registers its hook
+/// once, when it first keeps something for a context (with a `Once`), so that the release
+/// needs to know no area above it.
+pub(crate) fn on_release(stage: Stage, hook: ReleaseHook) {
+    lock(&HOOKS).push((stage, hook));
+}
+
+/// Runs the hooks of `stage` for `ctx`, in the order they were registered, each result to
+/// `keep`. The hooks run outside the lock: one may call back into the library.
+pub(crate) fn run_release_hooks(ctx: &Context, stage: Stage, mut keep: impl FnMut(Res<()>)) {
+    let hooks: Vec<ReleaseHook> = lock(&HOOKS)
+        .iter()
+        .filter(|(s, _)| *s == stage)
+        .map(|(_, h)| *h)
+        .collect();
+    for hook in hooks {
+        keep(hook(ctx));
     }
 }

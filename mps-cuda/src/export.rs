@@ -8,19 +8,25 @@
 //! other slot NVIDIA fills holds a stub that fails with `CUDA_ERROR_NOT_SUPPORTED` and names
 //! itself once. docs/TRANSPARENT.md says, table by table, what each entry is and how sure that is.
 //!
-//! Past 600 lines: one table per section, each with the facts it rests on; the tests are at the
-//! end.
+//! Past 600 lines: one table per section, each with the facts it rests on; the export and the
+//! tests are at the end.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Mutex, Once};
 
+use hmac::{KeyInit, Mac, SimpleHmac};
+use md2::Md2;
+
+use crate::abi::device_attribute::{PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID};
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
 use crate::device::{attribute_of, uuid_of};
-use crate::driver::{check, connection, driver, entry, lock, put};
+use crate::driver::{self, Stage, connection, driver};
+use crate::ffi::{Res, check, entry, exports, lock, put};
 use crate::log;
+use crate::objects::Context;
 
 type AnyFn = unsafe extern "C" fn();
 
@@ -253,6 +259,8 @@ unsafe extern "C" fn cls_put(
 ) -> CUresult {
     entry("context-local storage: put", || {
         let c = storage_context(ctx)?;
+        static HOOKED: Once = Once::new();
+        HOOKED.call_once(|| driver::on_release(Stage::Early, drop_context_storage));
         lock(&STORAGE)
             .get_or_insert_with(HashMap::new)
             .insert((c, key as usize), (value as usize, dtor));
@@ -291,12 +299,15 @@ unsafe extern "C" fn cls_get(
     })
 }
 
-/// Forgets what was stored for context `handle`, calling each value's destructor (outside the
-/// lock: a destructor may call back into the library).
-pub(crate) fn drop_context_storage(handle: usize) {
+/// Context `ctx` is released: what was stored for it is forgotten, each value's destructor
+/// called (outside the lock: a destructor may call back into the library).
+fn drop_context_storage(ctx: &Context) -> Res<()> {
+    let handle = ctx.handle;
     let gone: Vec<(StorageKey, Stored)> = {
         let mut s = lock(&STORAGE);
-        let Some(map) = s.as_mut() else { return };
+        let Some(map) = s.as_mut() else {
+            return Ok(());
+        };
         let keys: Vec<_> = map.keys().filter(|(c, _)| *c == handle).copied().collect();
         keys.into_iter()
             .filter_map(|k| map.remove(&k).map(|v| (k, v)))
@@ -314,6 +325,7 @@ pub(crate) fn drop_context_storage(handle: usize) {
             };
         }
     }
+    Ok(())
 }
 
 // ----- 263e8860: context checks -----
@@ -403,7 +415,8 @@ impl Identity {
         let devices = (0..count)
             .filter_map(|dev| connection(dev).ok())
             .map(|c| {
-                let pci = [50, 33, 34].map(|a| attribute_of(c, a).unwrap_or(0));
+                let pci = [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID]
+                    .map(|a| attribute_of(c, a).unwrap_or(0));
                 (uuid_of(c), pci)
             })
             .collect();
@@ -460,60 +473,11 @@ fn digest(version: u32, unix_seconds: u64, id: &Identity) -> [u8; 16] {
     hmac_md2(&KEY, &m)
 }
 
-/// RFC 2104's HMAC over MD2 (block 16 bytes), for a key of one block.
+/// RFC 2104's HMAC over RFC 1319's MD2 (block 16 bytes), for a key of one block.
 fn hmac_md2(key: &[u8; 16], message: &[u8]) -> [u8; 16] {
-    let pad = |p: u8| key.map(|k| k ^ p);
-    let inner = md2(&[&pad(0x36)[..], message].concat());
-    md2(&[&pad(0x5c)[..], &inner[..]].concat())
-}
-
-/// RFC 1319's substitution table (from the digits of pi).
-const PI_SUBST: [u8; 256] = [
-    41, 46, 67, 201, 162, 216, 124, 1, 61, 54, 84, 161, 236, 240, 6, 19, 98, 167, 5, 243, 192, 199,
-    115, 140, 152, 147, 43, 217, 188, 76, 130, 202, 30, 155, 87, 60, 253, 212, 224, 22, 103, 66,
-    111, 24, 138, 23, 229, 18, 190, 78, 196, 214, 218, 158, 222, 73, 160, 251, 245, 142, 187, 47,
-    238, 122, 169, 104, 121, 145, 21, 178, 7, 63, 148, 194, 16, 137, 11, 34, 95, 33, 128, 127, 93,
-    154, 90, 144, 50, 39, 53, 62, 204, 231, 191, 247, 151, 3, 255, 25, 48, 179, 72, 165, 181, 209,
-    215, 94, 146, 42, 172, 86, 170, 198, 79, 184, 56, 210, 150, 164, 125, 182, 118, 252, 107, 226,
-    156, 116, 4, 241, 69, 157, 112, 89, 100, 113, 135, 32, 134, 91, 207, 101, 230, 45, 168, 2, 27,
-    96, 37, 173, 174, 176, 185, 246, 28, 70, 97, 105, 52, 64, 126, 15, 85, 71, 163, 35, 221, 81,
-    175, 58, 195, 92, 249, 206, 186, 197, 234, 38, 44, 83, 13, 110, 133, 40, 132, 9, 211, 223, 205,
-    244, 65, 129, 77, 82, 106, 220, 55, 200, 108, 193, 171, 250, 36, 225, 123, 8, 12, 189, 177, 74,
-    120, 136, 149, 139, 227, 99, 232, 109, 233, 203, 213, 254, 59, 0, 29, 57, 242, 239, 183, 14,
-    102, 88, 208, 228, 166, 119, 114, 248, 235, 117, 75, 10, 49, 68, 80, 180, 143, 237, 31, 26,
-    219, 153, 141, 51, 159, 17, 131, 20,
-];
-
-/// RFC 1319's MD2 (with its published erratum: the checksum byte is XORed in).
-fn md2(data: &[u8]) -> [u8; 16] {
-    let pad = 16 - data.len() % 16;
-    let mut m = data.to_vec();
-    m.resize(data.len() + pad, pad as u8);
-    let mut checksum = [0u8; 16];
-    let mut last = 0u8;
-    for block in m.chunks(16) {
-        for (c, b) in checksum.iter_mut().zip(block) {
-            *c ^= PI_SUBST[(b ^ last) as usize];
-            last = *c;
-        }
-    }
-    m.extend_from_slice(&checksum);
-    let mut x = [0u8; 48];
-    for block in m.chunks(16) {
-        for j in 0..16 {
-            x[16 + j] = block[j];
-            x[32 + j] = block[j] ^ x[j];
-        }
-        let mut t = 0u8;
-        for round in 0..18u8 {
-            for v in x.iter_mut() {
-                *v ^= PI_SUBST[t as usize];
-                t = *v;
-            }
-            t = t.wrapping_add(round);
-        }
-    }
-    x[..16].try_into().expect("16 bytes")
+    let mut mac = SimpleHmac::<Md2>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 // ----- 21318c60: tools' view of contexts (cuBLASLt) -----
@@ -680,14 +644,18 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
     Some(t)
 }
 
-/// Hands out the table `id` names; one this library does not serve is refused with
-/// `CUDA_ERROR_NOT_SUPPORTED`, its UUID said once (except the probe the runtime does without).
-///
-/// # Safety
-/// `out` must be NULL or writable; `id` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CUuuid) -> CUresult {
-    entry("cuGetExportTable", || {
+// ----- the exports -----
+
+exports! {
+    /// Hands out the table `id` names; one this library does not serve is refused with
+    /// `CUDA_ERROR_NOT_SUPPORTED`, its UUID said once (except the probe the runtime does without).
+    ///
+    /// # Safety
+    /// `out` must be NULL or writable; `id` NULL or readable.
+    pub unsafe fn cuGetExportTable(
+        out: *mut *const c_void,
+        id: *const CUuuid,
+    ) ["cuGetExportTable" 3000] = {
         check(!out.is_null() && !id.is_null())?;
         // SAFETY: checked non-null; the caller guarantees a readable UUID.
         let bytes = unsafe { (*id).bytes }.map(|b| b as u8);
@@ -707,7 +675,7 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
             });
         }
         Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-    })
+    };
 }
 
 #[cfg(test)]
@@ -718,11 +686,13 @@ mod tests {
         d.iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    fn md2(data: &[u8]) -> [u8; 16] {
+        use md2::Digest;
+        Md2::digest(data).into()
+    }
+
     #[test]
     fn md2_matches_rfc_1319() {
-        let mut seen = [false; 256];
-        PI_SUBST.iter().for_each(|v| seen[*v as usize] = true);
-        assert!(seen.iter().all(|s| *s), "the substitution is a permutation");
         assert_eq!(hex(&md2(b"")), "8350e5a3e24c153df2275c9f80692773");
         assert_eq!(hex(&md2(b"abc")), "da853b0d3f88d99b30283a69e6ded6bb");
         assert_eq!(
@@ -762,6 +732,9 @@ mod tests {
             "5c67cb031c184118e8d14c1faa83d38e"
         );
         let d = digest(13002, 1_700_000_000, &id);
+        // The record's digest as this library's own MD2 and HMAC gave it when its digests were
+        // measured equal to NVIDIA's.
+        assert_eq!(hex(&d), "668ed3e6ea6cefa340e4c46c3f30bc33");
         assert_ne!(d, digest(13002, 1_700_000_001, &id), "the time");
         assert_ne!(d, digest(13012, 1_700_000_000, &id), "the version");
         for change in [

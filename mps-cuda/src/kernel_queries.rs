@@ -12,52 +12,27 @@
 use mps_client::OccupancyQuery;
 use mps_core::protocol::{CONTEXT_LIMITS, Dim3, FUNC_ATTRIBUTES};
 
+use crate::abi::device_attribute::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+use crate::abi::function_attribute::{
+    CLUSTER_SCHEDULING_POLICY_PREFERENCE as CLUSTER_SCHEDULING,
+    MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SHARED,
+    NON_PORTABLE_CLUSTER_SIZE_ALLOWED as NON_PORTABLE_CLUSTER,
+    PREFERRED_SHARED_MEMORY_CARVEOUT as CARVEOUT, SHARED_SIZE_BYTES as SHARED_SIZE,
+};
+use crate::abi::launch_attribute;
 use crate::abi::{CUdevice, CUfunction, CUkernel, CUlaunchConfig, CUresult};
 use crate::connection::{Connection, Res};
 use crate::context::current;
-use crate::driver::{check, connection, entry, lock, put};
+use crate::driver::connection;
+use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::module::function_obj;
 
-/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, `_MAX_DYNAMIC_SHARED_SIZE_BYTES`,
-/// `_PREFERRED_SHARED_MEMORY_CARVEOUT`.
-const SHARED_SIZE: usize = 1;
-const MAX_DYNAMIC_SHARED: usize = 8;
-const CARVEOUT: usize = 9;
-/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, `_CLUSTER_SCHEDULING_POLICY_PREFERENCE`.
-const NON_PORTABLE_CLUSTER: usize = 14;
-const CLUSTER_SCHEDULING: usize = 15;
-/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
-const OPTIN_SHARED: i32 = 97;
-/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
-const LAUNCH_CLUSTER_DIMENSION: u32 = 4;
 /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
 const UNSUPPORTED_LIMIT: CUresult = CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
 
 fn limits() -> Res<mps_client::ContextLimits> {
     current()?.conn()?.context_limits()
-}
-
-/// # Safety
-/// `least` and `greatest` must each be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
-    least: *mut i32,
-    greatest: *mut i32,
-) -> CUresult {
-    entry("cuCtxGetStreamPriorityRange", || {
-        let l = limits()?;
-        // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
-        unsafe {
-            if !least.is_null() {
-                put(least, l.least_priority)?;
-            }
-            if !greatest.is_null() {
-                put(greatest, l.greatest_priority)?;
-            }
-        }
-        Ok(())
-    })
 }
 
 fn limit(which: u32) -> Res<u64> {
@@ -66,35 +41,6 @@ fn limit(which: u32) -> Res<u64> {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     l.limits[which as usize].ok_or(UNSUPPORTED_LIMIT)
-}
-
-/// # Safety
-/// `value` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, which: u32) -> CUresult {
-    entry("cuCtxGetLimit", || {
-        let v = limit(which)?;
-        // SAFETY: the caller guarantees a non-null `value` is writable.
-        unsafe { put(value, v as usize) }
-    })
-}
-
-/// Succeeds where the limit already has `value`; the server's context is every client's, so a
-/// change is refused, saying so once per limit.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetLimit(which: u32, value: usize) -> CUresult {
-    entry("cuCtxSetLimit", || {
-        if limit(which)? == value as u64 {
-            return Ok(());
-        }
-        log::once(&format!("cuCtxSetLimit {which}"), || {
-            format!(
-                "cuCtxSetLimit: limit {which} of the mps server's context is shared by every \
-                 client and is not changed; returning CUDA_ERROR_NOT_SUPPORTED"
-            )
-        });
-        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-    })
 }
 
 /// Runs `with` on kernel `h`'s attributes on device `dev` (fetched from its server on the first
@@ -141,7 +87,7 @@ fn set_attribute(attribute: i32, value: i32, h: usize, dev: CUdevice) -> Res<()>
     with_attributes(h, dev, |a, conn| match attribute as usize {
         MAX_DYNAMIC_SHARED => {
             let optin = conn
-                .reported_attribute(OPTIN_SHARED)
+                .reported_attribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
                 .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
             let room = optin - a[SHARED_SIZE].unwrap_or(0);
             check((0..=room).contains(&value))?;
@@ -182,52 +128,6 @@ fn current_device() -> Res<CUdevice> {
     Ok(current()?.device)
 }
 
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetAttribute(
-    out: *mut i32,
-    attribute: i32,
-    f: CUfunction,
-) -> CUresult {
-    entry("cuFuncGetAttribute", || {
-        get_attribute(out, attribute, f as usize, current_device()?)
-    })
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetAttribute(
-    out: *mut i32,
-    attribute: i32,
-    k: CUkernel,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuKernelGetAttribute", || {
-        get_attribute(out, attribute, k as usize, dev)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuFuncSetAttribute(f: CUfunction, attribute: i32, value: i32) -> CUresult {
-    entry("cuFuncSetAttribute", || {
-        set_attribute(attribute, value, f as usize, current_device()?)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuKernelSetAttribute(
-    attribute: i32,
-    value: i32,
-    k: CUkernel,
-    dev: CUdevice,
-) -> CUresult {
-    entry("cuKernelSetAttribute", || {
-        set_attribute(attribute, value, k as usize, dev)
-    })
-}
-
 /// Asks the current context's server for `query` of function `f`.
 fn occupancy(f: CUfunction, query: OccupancyQuery) -> Res<u64> {
     let obj = function_obj(f as usize)?;
@@ -245,57 +145,6 @@ fn active_blocks(out: *mut i32, f: CUfunction, block: i32, smem: usize, flags: u
     let n = occupancy(f, query)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, n as i32) }
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    out: *mut i32,
-    f: CUfunction,
-    block: i32,
-    smem: usize,
-) -> CUresult {
-    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
-        active_blocks(out, f, block, smem, 0)
-    })
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-    out: *mut i32,
-    f: CUfunction,
-    block: i32,
-    smem: usize,
-    flags: u32,
-) -> CUresult {
-    entry(
-        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-        || active_blocks(out, f, block, smem, flags),
-    )
-}
-
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
-    out: *mut usize,
-    f: CUfunction,
-    blocks: i32,
-    block: i32,
-) -> CUresult {
-    entry("cuOccupancyAvailableDynamicSMemPerBlock", || {
-        check(!out.is_null() && blocks > 0 && block > 0)?;
-        let query = OccupancyQuery::DynamicSmem {
-            blocks: blocks as u32,
-            block_size: block as u32,
-        };
-        let n = occupancy(f, query)?;
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { put(out, n as usize) }
-    })
 }
 
 /// The cluster size a launch configuration asks for (0 x 0 x 0 where it names none: the
@@ -318,7 +167,7 @@ unsafe fn cluster_of(c: &CUlaunchConfig) -> Res<Dim3> {
                 [a.add(2).read(), a.add(3).read(), a.add(4).read()],
             )
         };
-        if id == LAUNCH_CLUSTER_DIMENSION {
+        if id == launch_attribute::CLUSTER_DIMENSION {
             cluster = Dim3 {
                 x: dims[0],
                 y: dims[1],
@@ -329,16 +178,132 @@ unsafe fn cluster_of(c: &CUlaunchConfig) -> Res<Dim3> {
     Ok(cluster)
 }
 
-/// # Safety
-/// `out` must be NULL or writable; `config` NULL or readable, its attributes as for
-/// `cuLaunchKernelEx`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
-    out: *mut i32,
-    f: CUfunction,
-    config: *const CUlaunchConfig,
-) -> CUresult {
-    entry("cuOccupancyMaxActiveClusters", || {
+// ----- the exports -----
+
+exports! {
+    /// # Safety
+    /// `least` and `greatest` must each be NULL or writable.
+    pub unsafe fn cuCtxGetStreamPriorityRange(
+        least: *mut i32,
+        greatest: *mut i32,
+    ) ["cuCtxGetStreamPriorityRange" 5050] = {
+        let l = limits()?;
+        // SAFETY: the caller guarantees non-null pointers are writable; NULL ones are skipped.
+        unsafe {
+            if !least.is_null() {
+                put(least, l.least_priority)?;
+            }
+            if !greatest.is_null() {
+                put(greatest, l.greatest_priority)?;
+            }
+        }
+        Ok(())
+    };
+
+    /// # Safety
+    /// `value` must be NULL or writable.
+    pub unsafe fn cuCtxGetLimit(value: *mut usize, which: u32) ["cuCtxGetLimit" 3010] = {
+        let v = limit(which)?;
+        // SAFETY: the caller guarantees a non-null `value` is writable.
+        unsafe { put(value, v as usize) }
+    };
+
+    /// Succeeds where the limit already has `value`; the server's context is every client's, so a
+    /// change is refused, saying so once per limit.
+    pub fn cuCtxSetLimit(which: u32, value: usize) ["cuCtxSetLimit" 3010] = {
+        if limit(which)? == value as u64 {
+            return Ok(());
+        }
+        log::once(&format!("cuCtxSetLimit {which}"), || {
+            format!(
+                "cuCtxSetLimit: limit {which} of the mps server's context is shared by every \
+                 client and is not changed; returning CUDA_ERROR_NOT_SUPPORTED"
+            )
+        });
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    };
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuFuncGetAttribute(
+        out: *mut i32,
+        attribute: i32,
+        f: CUfunction,
+    ) ["cuFuncGetAttribute" 2020] =
+        get_attribute(out, attribute, f as usize, current_device()?);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuKernelGetAttribute(
+        out: *mut i32,
+        attribute: i32,
+        k: CUkernel,
+        dev: CUdevice,
+    ) ["cuKernelGetAttribute" 12000] =
+        get_attribute(out, attribute, k as usize, dev);
+
+    pub fn cuFuncSetAttribute(
+        f: CUfunction,
+        attribute: i32,
+        value: i32,
+    ) ["cuFuncSetAttribute" 9000] =
+        set_attribute(attribute, value, f as usize, current_device()?);
+
+    pub fn cuKernelSetAttribute(
+        attribute: i32,
+        value: i32,
+        k: CUkernel,
+        dev: CUdevice,
+    ) ["cuKernelSetAttribute" 12000] =
+        set_attribute(attribute, value, k as usize, dev);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        out: *mut i32,
+        f: CUfunction,
+        block: i32,
+        smem: usize,
+    ) ["cuOccupancyMaxActiveBlocksPerMultiprocessor" 6050] =
+        active_blocks(out, f, block, smem, 0);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        out: *mut i32,
+        f: CUfunction,
+        block: i32,
+        smem: usize,
+        flags: u32,
+    ) ["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" 7000] =
+        active_blocks(out, f, block, smem, flags);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
+        out: *mut usize,
+        f: CUfunction,
+        blocks: i32,
+        block: i32,
+    ) ["cuOccupancyAvailableDynamicSMemPerBlock" 10020] = {
+        check(!out.is_null() && blocks > 0 && block > 0)?;
+        let query = OccupancyQuery::DynamicSmem {
+            blocks: blocks as u32,
+            block_size: block as u32,
+        };
+        let n = occupancy(f, query)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(out, n as usize) }
+    };
+
+    /// # Safety
+    /// `out` must be NULL or writable; `config` NULL or readable, its attributes as for
+    /// `cuLaunchKernelEx`.
+    pub unsafe fn cuOccupancyMaxActiveClusters(
+        out: *mut i32,
+        f: CUfunction,
+        config: *const CUlaunchConfig,
+    ) ["cuOccupancyMaxActiveClusters" 11070] = {
         check(!out.is_null())?;
         // SAFETY: the caller guarantees a non-null `config` is readable.
         let c = unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
@@ -357,5 +322,5 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let n = occupancy(f, query)?;
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(out, n as i32) }
-    })
+    };
 }

@@ -2,8 +2,9 @@
 //!
 //! Page-locked host memory (`cuMemAllocHost`, `cuMemHostAlloc`) is the server's shared host
 //! buffers: copies from and to it are fully asynchronous. Copies from and to other (pageable)
-//! memory go through the client's staging area and return, as CUDA's do, once the source has
-//! been taken (host to device) or the data has arrived (device to host).
+//! memory go through the client's staging area. The asynchronous forms return, as CUDA's do,
+//! once the source has been taken (host to device) or the data has arrived (device to host); a
+//! synchronous host-to-device copy returns once its bytes are on the device, from any memory.
 //!
 //! Memory belongs to the device of the context that allocated it. Two devices' servers may hand
 //! out the same device address, so an allocation is known by (device, address), and a copy or
@@ -14,34 +15,30 @@
 //!
 //! The synchronous forms run in the default stream (legacy, or per-thread in the `_ptds`
 //! variants) and keep CUDA's documented host synchronisation: a copy to or from page-locked
-//! memory returns when it is done; device-to-device copies and memsets do not wait.
+//! memory returns when it is done (and from pageable memory to the device too, see `htod`);
+//! device-to-device copies and memsets do not wait.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTALLOC_FLAGS};
+use crate::capture;
 use crate::connection::{Connection, Res, Stream};
-use crate::context::{Context, context, current, handle_of};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::graph;
+use crate::context::{context, current, handle_of};
+use crate::driver::{connection, driver};
+use crate::ffi::{check, exports, lock, put};
 use crate::log;
+use crate::objects::Context;
 use crate::stream::{for_legacy_work, for_work};
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     check(!dptr.is_null() && size > 0)?;
-    graph::unsafe_call("cuMemAlloc")?;
+    capture::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.mem_alloc(size as u64)?;
     lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(dptr, p) }
-}
-
-/// # Safety
-/// `dptr` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    entry("cuMemAlloc_v2", || alloc(dptr, size))
 }
 
 /// The device of `devices` whose allocation `ptr` is (`has(device, ptr)`), the current device
@@ -65,47 +62,6 @@ pub(crate) fn device_of(
     }
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    entry("cuMemFree_v2", || {
-        // Freeing 0 does nothing and succeeds, as with NVIDIA's driver: cuBLAS frees 0 in
-        // `cublasCreate`, and refused, cublasCreate fails (measured on the H200).
-        if dptr == 0 {
-            return Ok(());
-        }
-        let here = current()?.device;
-        let d = driver()?;
-        let dev = {
-            let allocations = lock(&d.allocations);
-            let has = |dev, p| allocations.contains_key(&(dev, p));
-            device_of(d.devices.len() as CUdevice, has, dptr, here)?
-        };
-        let conn = connection(dev)?;
-        graph::free_call(conn, "cuMemFree")?;
-        conn.mem_free(dptr)?;
-        lock(&d.allocations).remove(&(dev, dptr));
-        Ok(())
-    })
-}
-
-/// Free and total device memory: under a memory limit (`MPS_PINNED_DEVICE_MEM_LIMIT`), the
-/// client's limit and what is left of it. The figure is live, so this asks the server.
-///
-/// # Safety
-/// `free` and `total` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    entry("cuMemGetInfo_v2", || {
-        check(!free.is_null() && !total.is_null())?;
-        let (f, t) = current()?.conn()?.mem_get_info()?;
-        // SAFETY: both checked non-null; the caller guarantees they are writable.
-        unsafe {
-            put(free, f as usize)?;
-            put(total, t as usize)
-        }
-    })
-}
-
 /// A failed allocation leaves NULL in `*pp`, as NVIDIA's driver does (measured: a program that
 /// reused the pointer of an earlier allocation for a refused one lost it).
 fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
@@ -121,47 +77,11 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: u32) -> Res<()> {
 
 fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     check(size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
-    graph::unsafe_call("cuMemHostAlloc")?;
+    capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
     lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
     Ok(p.cast())
-}
-
-/// # Safety
-/// `pp` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    entry("cuMemAllocHost_v2", || host_alloc(pp, size, 0))
-}
-
-/// Every flag is accepted: all contexts of the process share the buffers (PORTABLE), the
-/// server maps them for the device (DEVICEMAP; their device address is not handed out), and
-/// write-combining is a hint.
-///
-/// # Safety
-/// `pp` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: u32) -> CUresult {
-    entry("cuMemHostAlloc", || host_alloc(pp, size, flags))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
-    entry("cuMemFreeHost", || {
-        current()?;
-        let host = &driver()?.host;
-        let (_, _, dev) = *lock(host)
-            .get(&(p as usize))
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let conn = connection(dev)?;
-        graph::free_call(conn, "cuMemFreeHost")?;
-        // Forgotten only once the server freed it: a buffer it keeps (a graph copies through
-        // it) stays this library's, to be freed later and to be waited for as page-locked.
-        conn.host_free(p.cast())?;
-        lock(host).remove(&(p as usize));
-        Ok(())
-    })
 }
 
 /// Whether `[p, p + len)` lies in page-locked memory this library got from the server of
@@ -190,10 +110,14 @@ unsafe fn htod(
         return Ok(());
     }
     check(!src.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
+    capture::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
-    if sync && pinned(src as usize, n, conn)? {
+    if sync {
+        // CUDA lets a pageable copy's last DMA be in flight when the call returns, for
+        // microseconds; programs rely on that window being closed (a kernel on a non-blocking
+        // stream reads the data at once), and through mps it would be the server's round
+        // trip. So a synchronous copy returns once its bytes are on the device.
         conn.stream_synchronize(stream)?;
     }
     Ok(())
@@ -212,7 +136,7 @@ unsafe fn dtoh(
         return Ok(());
     }
     check(!dst.is_null())?;
-    graph::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
+    capture::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
     if sync && pinned(dst as usize, n, conn)? {
@@ -226,156 +150,6 @@ fn dtod(dst: u64, src: u64, n: usize, (stream, conn): (Stream, &Connection)) -> 
         return Ok(());
     }
     conn.memcpy_dtod(dst, src, n as u64, stream)
-}
-
-/// # Safety
-/// `src` must be readable for `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is htod's precondition.
-    entry("cuMemcpyHtoD_v2", || unsafe {
-        htod(dst, src, n, for_work(std::ptr::null_mut(), false)?, true)
-    })
-}
-
-/// # Safety
-/// `src` must be readable for `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2_ptds(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is htod's precondition.
-    entry("cuMemcpyHtoD_v2_ptds", || unsafe {
-        htod(dst, src, n, for_work(std::ptr::null_mut(), true)?, true)
-    })
-}
-
-/// # Safety
-/// `src` must be readable for `n` bytes (until the copy is done, for page-locked memory).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is htod's precondition.
-    entry("cuMemcpyHtoDAsync_v2", || unsafe {
-        htod(dst, src, n, for_work(h, false)?, false)
-    })
-}
-
-/// # Safety
-/// `src` must be readable for `n` bytes (until the copy is done, for page-locked memory).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is htod's precondition.
-    entry("cuMemcpyHtoDAsync_v2_ptsz", || unsafe {
-        htod(dst, src, n, for_work(h, true)?, false)
-    })
-}
-
-/// # Safety
-/// `dst` must be writable for `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    // SAFETY: the caller's guarantee is dtoh's precondition.
-    entry("cuMemcpyDtoH_v2", || unsafe {
-        dtoh(dst, src, n, for_work(std::ptr::null_mut(), false)?, true)
-    })
-}
-
-/// # Safety
-/// `dst` must be writable for `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2_ptds(
-    dst: *mut c_void,
-    src: CUdeviceptr,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is dtoh's precondition.
-    entry("cuMemcpyDtoH_v2_ptds", || unsafe {
-        dtoh(dst, src, n, for_work(std::ptr::null_mut(), true)?, true)
-    })
-}
-
-/// # Safety
-/// `dst` must be writable for `n` bytes (until the copy is done, for page-locked memory).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
-    dst: *mut c_void,
-    src: CUdeviceptr,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is dtoh's precondition.
-    entry("cuMemcpyDtoHAsync_v2", || unsafe {
-        dtoh(dst, src, n, for_work(h, false)?, false)
-    })
-}
-
-/// # Safety
-/// `dst` must be writable for `n` bytes (until the copy is done, for page-locked memory).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2_ptsz(
-    dst: *mut c_void,
-    src: CUdeviceptr,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's guarantee is dtoh's precondition.
-    entry("cuMemcpyDtoHAsync_v2_ptsz", || unsafe {
-        dtoh(dst, src, n, for_work(h, true)?, false)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry("cuMemcpyDtoD_v2", || {
-        dtod(dst, src, n, for_work(std::ptr::null_mut(), false)?)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry("cuMemcpyDtoD_v2_ptds", || {
-        dtod(dst, src, n, for_work(std::ptr::null_mut(), true)?)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemcpyDtoDAsync_v2", || {
-        dtod(dst, src, n, for_work(h, false)?)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemcpyDtoDAsync_v2_ptsz", || {
-        dtod(dst, src, n, for_work(h, true)?)
-    })
 }
 
 // ----- memsets -----
@@ -395,75 +169,6 @@ fn d32(dst: u64, value: u32, n: usize, stream: Res<(Stream, &Connection)>) -> Re
     }
     check(dst % 4 == 0)?;
     conn.memset_d32(dst, value, n as u64, stream)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresult {
-    entry("cuMemsetD8_v2", || {
-        d8(dst, value, n, for_work(std::ptr::null_mut(), false))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) -> CUresult {
-    entry("cuMemsetD8_v2_ptds", || {
-        d8(dst, value, n, for_work(std::ptr::null_mut(), true))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, h: CUstream) -> CUresult {
-    entry("cuMemsetD8Async", || d8(dst, value, n, for_work(h, false)))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8Async_ptsz(
-    dst: CUdeviceptr,
-    value: u8,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemsetD8Async_ptsz", || {
-        d8(dst, value, n, for_work(h, true))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize) -> CUresult {
-    entry("cuMemsetD32_v2", || {
-        d32(dst, value, n, for_work(std::ptr::null_mut(), false))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: u32, n: usize) -> CUresult {
-    entry("cuMemsetD32_v2_ptds", || {
-        d32(dst, value, n, for_work(std::ptr::null_mut(), true))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD32Async(
-    dst: CUdeviceptr,
-    value: u32,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemsetD32Async", || {
-        d32(dst, value, n, for_work(h, false))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD32Async_ptsz(
-    dst: CUdeviceptr,
-    value: u32,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemsetD32Async_ptsz", || {
-        d32(dst, value, n, for_work(h, true))
-    })
 }
 
 // ----- copies between devices -----
@@ -498,28 +203,30 @@ fn peer(dst: u64, to: Side<'_>, src: u64, from: Side<'_>, n: usize) -> Res<()> {
     Ok(())
 }
 
-/// `cuMemcpyPeer`: between two contexts, in their legacy default streams.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyPeer(
-    dst: CUdeviceptr,
+/// `cuMemcpyPeer`: between two contexts, in their legacy default streams; with `per_thread`
+/// (its `_ptds` variant), in the calling thread's per-thread default stream.
+fn peer_sync(
+    dst: u64,
     dst_ctx: CUcontext,
-    src: CUdeviceptr,
+    src: u64,
     src_ctx: CUcontext,
     n: usize,
-) -> CUresult {
-    entry("cuMemcpyPeer", || {
-        let (to, from) = (context(handle_of(dst_ctx))?, context(handle_of(src_ctx))?);
-        if n == 0 {
-            return Ok(());
-        }
-        let (to, from) = (for_legacy_work(to)?, for_legacy_work(from)?);
-        if to.1.ordinal() == from.1.ordinal() && to.0 != from.0 {
-            // Two contexts of one device: the copy follows the source context's work, as
-            // CUDA orders it after both contexts' (the destination's by its stream).
-            from.1.stream_synchronize(from.0)?;
-        }
-        peer(dst, to, src, from, n)
-    })
+    per_thread: bool,
+) -> Res<()> {
+    if per_thread {
+        return peer_async(dst, dst_ctx, src, src_ctx, n, std::ptr::null_mut(), true);
+    }
+    let (to, from) = (context(handle_of(dst_ctx))?, context(handle_of(src_ctx))?);
+    if n == 0 {
+        return Ok(());
+    }
+    let (to, from) = (for_legacy_work(to)?, for_legacy_work(from)?);
+    if to.1.ordinal() == from.1.ordinal() && to.0 != from.0 {
+        // Two contexts of one device: the copy follows the source context's work, as
+        // CUDA orders it after both contexts' (the destination's by its stream).
+        from.1.stream_synchronize(from.0)?;
+    }
+    peer(dst, to, src, from, n)
 }
 
 /// Where the side of a copy on context `c`'s device runs: in `stream` if that is on the same
@@ -555,7 +262,7 @@ fn peer_async(
     let (from, from_in_h) = side_of(from, stream)?;
     if to.1.ordinal() != from.1.ordinal() {
         // Staged through the host, with waits: nothing a capture could record.
-        graph::refuse_in_capture(stream.1, stream.0, "a copy between two devices")?;
+        capture::refuse_in_capture(stream.1, stream.0, "a copy between two devices")?;
     }
     if !from_in_h {
         stream.1.stream_synchronize(stream.0)?;
@@ -572,47 +279,185 @@ fn peer_async(
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyPeerAsync(
-    dst: CUdeviceptr,
-    dst_ctx: CUcontext,
-    src: CUdeviceptr,
-    src_ctx: CUcontext,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemcpyPeerAsync", || {
-        peer_async(dst, dst_ctx, src, src_ctx, n, h, false)
-    })
-}
+// ----- the exports -----
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyPeerAsync_ptsz(
-    dst: CUdeviceptr,
-    dst_ctx: CUcontext,
-    src: CUdeviceptr,
-    src_ctx: CUcontext,
-    n: usize,
-    h: CUstream,
-) -> CUresult {
-    entry("cuMemcpyPeerAsync_ptsz", || {
-        peer_async(dst, dst_ctx, src, src_ctx, n, h, true)
-    })
-}
+exports! {
+    /// # Safety
+    /// `dptr` must be NULL or writable.
+    pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) ["cuMemAlloc" 3020] =
+        alloc(dptr, size);
 
-/// `cuMemcpyPeer`'s per-thread-default-stream variant: in the calling thread's per-thread
-/// default stream.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyPeer_ptds(
-    dst: CUdeviceptr,
-    dst_ctx: CUcontext,
-    src: CUdeviceptr,
-    src_ctx: CUcontext,
-    n: usize,
-) -> CUresult {
-    entry("cuMemcpyPeer_ptds", || {
-        peer_async(dst, dst_ctx, src, src_ctx, n, std::ptr::null_mut(), true)
-    })
+    pub fn cuMemFree_v2(dptr: CUdeviceptr) ["cuMemFree" 3020] = {
+        // Freeing 0 does nothing and succeeds, as with NVIDIA's driver: cuBLAS frees 0 in
+        // `cublasCreate`, and refused, cublasCreate fails (measured on the H200).
+        if dptr == 0 {
+            return Ok(());
+        }
+        let here = current()?.device;
+        let d = driver()?;
+        let dev = {
+            let allocations = lock(&d.allocations);
+            let has = |dev, p| allocations.contains_key(&(dev, p));
+            device_of(d.devices.len() as CUdevice, has, dptr, here)?
+        };
+        let conn = connection(dev)?;
+        capture::free_call(conn, "cuMemFree")?;
+        conn.mem_free(dptr)?;
+        lock(&d.allocations).remove(&(dev, dptr));
+        Ok(())
+    };
+
+    /// Free and total device memory: under a memory limit (`MPS_PINNED_DEVICE_MEM_LIMIT`), the
+    /// client's limit and what is left of it. The figure is live, so this asks the server.
+    ///
+    /// # Safety
+    /// `free` and `total` must be NULL or writable.
+    pub unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ["cuMemGetInfo" 3020] = {
+        check(!free.is_null() && !total.is_null())?;
+        let (f, t) = current()?.conn()?.mem_get_info()?;
+        // SAFETY: both checked non-null; the caller guarantees they are writable.
+        unsafe {
+            put(free, f as usize)?;
+            put(total, t as usize)
+        }
+    };
+
+    /// # Safety
+    /// `pp` must be NULL or writable.
+    pub unsafe fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ["cuMemAllocHost" 3020] =
+        host_alloc(pp, size, 0);
+
+    /// Every flag is accepted: all contexts of the process share the buffers (PORTABLE), the
+    /// server maps them for the device (DEVICEMAP; their device address is not handed out), and
+    /// write-combining is a hint.
+    ///
+    /// # Safety
+    /// `pp` must be NULL or writable.
+    pub unsafe fn cuMemHostAlloc(
+        pp: *mut *mut c_void,
+        size: usize,
+        flags: u32,
+    ) ["cuMemHostAlloc" 2020] =
+        host_alloc(pp, size, flags);
+
+    pub fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost" 2000] = {
+        current()?;
+        let host = &driver()?.host;
+        let (_, _, dev) = *lock(host)
+            .get(&(p as usize))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let conn = connection(dev)?;
+        capture::free_call(conn, "cuMemFreeHost")?;
+        // Forgotten only once the server freed it: a buffer it keeps (a graph copies through
+        // it) stays this library's, to be freed later and to be waited for as page-locked.
+        conn.host_free(p.cast())?;
+        lock(host).remove(&(p as usize));
+        Ok(())
+    };
+
+    /// # Safety
+    /// `src` must be readable for `n` bytes.
+    pub unsafe fn cuMemcpyHtoD_v2(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        n: usize,
+    ) ["cuMemcpyHtoD" 3020]
+        per_thread cuMemcpyHtoD_v2_ptds = |per_thread|
+            // SAFETY: the caller's guarantee is htod's precondition.
+            unsafe { htod(dst, src, n, for_work(std::ptr::null_mut(), per_thread)?, true) };
+
+    /// # Safety
+    /// `src` must be readable for `n` bytes (until the copy is done, for page-locked memory).
+    pub unsafe fn cuMemcpyHtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemcpyHtoDAsync" 3020]
+        per_thread cuMemcpyHtoDAsync_v2_ptsz = |per_thread|
+            // SAFETY: the caller's guarantee is htod's precondition.
+            unsafe { htod(dst, src, n, for_work(h, per_thread)?, false) };
+
+    /// # Safety
+    /// `dst` must be writable for `n` bytes.
+    pub unsafe fn cuMemcpyDtoH_v2(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        n: usize,
+    ) ["cuMemcpyDtoH" 3020]
+        per_thread cuMemcpyDtoH_v2_ptds = |per_thread|
+            // SAFETY: the caller's guarantee is dtoh's precondition.
+            unsafe { dtoh(dst, src, n, for_work(std::ptr::null_mut(), per_thread)?, true) };
+
+    /// # Safety
+    /// `dst` must be writable for `n` bytes (until the copy is done, for page-locked memory).
+    pub unsafe fn cuMemcpyDtoHAsync_v2(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemcpyDtoHAsync" 3020]
+        per_thread cuMemcpyDtoHAsync_v2_ptsz = |per_thread|
+            // SAFETY: the caller's guarantee is dtoh's precondition.
+            unsafe { dtoh(dst, src, n, for_work(h, per_thread)?, false) };
+
+    pub fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) ["cuMemcpyDtoD" 3020]
+        per_thread cuMemcpyDtoD_v2_ptds = |per_thread|
+            dtod(dst, src, n, for_work(std::ptr::null_mut(), per_thread)?);
+
+    pub fn cuMemcpyDtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemcpyDtoDAsync" 3020]
+        per_thread cuMemcpyDtoDAsync_v2_ptsz = |per_thread|
+            dtod(dst, src, n, for_work(h, per_thread)?);
+
+    pub fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) ["cuMemsetD8" 3020]
+        per_thread cuMemsetD8_v2_ptds = |per_thread|
+            d8(dst, value, n, for_work(std::ptr::null_mut(), per_thread));
+
+    pub fn cuMemsetD8Async(
+        dst: CUdeviceptr,
+        value: u8,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemsetD8Async" 3020]
+        per_thread cuMemsetD8Async_ptsz = |per_thread| d8(dst, value, n, for_work(h, per_thread));
+
+    pub fn cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize) ["cuMemsetD32" 3020]
+        per_thread cuMemsetD32_v2_ptds = |per_thread|
+            d32(dst, value, n, for_work(std::ptr::null_mut(), per_thread));
+
+    pub fn cuMemsetD32Async(
+        dst: CUdeviceptr,
+        value: u32,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemsetD32Async" 3020]
+        per_thread cuMemsetD32Async_ptsz = |per_thread| d32(dst, value, n, for_work(h, per_thread));
+
+    pub fn cuMemcpyPeer(
+        dst: CUdeviceptr,
+        dst_ctx: CUcontext,
+        src: CUdeviceptr,
+        src_ctx: CUcontext,
+        n: usize,
+    ) ["cuMemcpyPeer" 4000]
+        per_thread cuMemcpyPeer_ptds = |per_thread|
+            peer_sync(dst, dst_ctx, src, src_ctx, n, per_thread);
+
+    pub fn cuMemcpyPeerAsync(
+        dst: CUdeviceptr,
+        dst_ctx: CUcontext,
+        src: CUdeviceptr,
+        src_ctx: CUcontext,
+        n: usize,
+        h: CUstream,
+    ) ["cuMemcpyPeerAsync" 4000]
+        per_thread cuMemcpyPeerAsync_ptsz = |per_thread|
+            peer_async(dst, dst_ctx, src, src_ctx, n, h, per_thread);
 }
 
 #[cfg(test)]

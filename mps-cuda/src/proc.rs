@@ -11,23 +11,21 @@
 //! `symbolStatus`: `cuGetProcAddress_v2` then returns `CUDA_SUCCESS`, as CUDA 12 and later
 //! document and NVIDIA's driver does (measured with driver 580), and the first form, which has
 //! no status to give, `CUDA_ERROR_NOT_FOUND`, as CUDA 11 documents.
+//!
+//! The table is not kept here: each module's `exports!` block defines its functions with the
+//! names and versions they are handed out for (`ffi::exports`), and the table is made from those
+//! lists and `unsupported`'s stubs.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 
 use crate::abi::{CUdriverProcAddressQueryResult, CUresult, PROC_PER_THREAD_DEFAULT_STREAM};
-use crate::context::*;
-use crate::device::*;
-use crate::driver::{check, entry, put};
-use crate::errors;
-use crate::export::cuGetExportTable;
-use crate::graph::*;
-use crate::kernel_queries::*;
-use crate::memory::*;
-use crate::module::*;
-use crate::stream::*;
+use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
+use crate::{
+    context, device, errors, export, graph, kernel_queries, launch, memory, module, stream,
+};
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
 /// per-thread-default-stream variant if it has one. Addresses, so the table can be shared.
@@ -38,136 +36,33 @@ struct Abi {
     per_thread: Option<usize>,
 }
 
-macro_rules! abis {
-    ($($name:literal $since:literal $f:ident $(| $pt:ident)?;)*) => {
-        fn implemented() -> Vec<(&'static str, Abi)> {
-            vec![$(($name, Abi {
-                since: $since,
-                legacy: $f as *const () as usize,
-                per_thread: None$(.or(Some($pt as *const () as usize)))?,
-            }),)*]
-        }
-    };
-}
+/// Every module's exports, as its `exports!` block lists them. A module missing here leaves its
+/// functions exported but not handed out: `tests/exports.rs` fails on that.
+const MODULES: &[&[Export]] = &[
+    context::EXPORTS,
+    device::EXPORTS,
+    export::EXPORTS,
+    graph::EXPORTS,
+    kernel_queries::EXPORTS,
+    launch::EXPORTS,
+    memory::EXPORTS,
+    module::EXPORTS,
+    stream::EXPORTS,
+    EXPORTS,
+];
 
-abis! {
-    "cuInit" 2000 cuInit;
-    "cuDriverGetVersion" 2020 cuDriverGetVersion;
-    "cuDeviceGet" 2000 cuDeviceGet;
-    "cuDeviceGetCount" 2000 cuDeviceGetCount;
-    "cuDeviceGetName" 2000 cuDeviceGetName;
-    "cuDeviceGetUuid" 9020 cuDeviceGetUuid;
-    "cuDeviceGetUuid" 11040 cuDeviceGetUuid_v2;
-    "cuDeviceTotalMem" 3020 cuDeviceTotalMem_v2;
-    "cuDeviceGetAttribute" 2000 cuDeviceGetAttribute;
-    "cuDevicePrimaryCtxRetain" 7000 cuDevicePrimaryCtxRetain;
-    "cuDevicePrimaryCtxRelease" 7000 cuDevicePrimaryCtxRelease;
-    "cuDevicePrimaryCtxRelease" 11000 cuDevicePrimaryCtxRelease_v2;
-    "cuDevicePrimaryCtxSetFlags" 7000 cuDevicePrimaryCtxSetFlags;
-    "cuDevicePrimaryCtxSetFlags" 11000 cuDevicePrimaryCtxSetFlags_v2;
-    "cuDevicePrimaryCtxGetState" 7000 cuDevicePrimaryCtxGetState;
-    "cuDevicePrimaryCtxReset" 7000 cuDevicePrimaryCtxReset;
-    "cuDevicePrimaryCtxReset" 11000 cuDevicePrimaryCtxReset_v2;
-    "cuCtxCreate" 3020 cuCtxCreate_v2;
-    "cuCtxCreate" 11040 cuCtxCreate_v3;
-    "cuCtxCreate" 12050 cuCtxCreate_v4;
-    "cuCtxDestroy" 4000 cuCtxDestroy_v2;
-    "cuCtxPushCurrent" 4000 cuCtxPushCurrent_v2;
-    "cuCtxPopCurrent" 4000 cuCtxPopCurrent_v2;
-    "cuCtxGetCurrent" 4000 cuCtxGetCurrent;
-    "cuCtxSetCurrent" 4000 cuCtxSetCurrent;
-    "cuCtxGetDevice" 2000 cuCtxGetDevice;
-    "cuCtxGetDevice" 13000 cuCtxGetDevice_v2;
-    "cuCtxGetFlags" 7000 cuCtxGetFlags;
-    "cuCtxGetApiVersion" 3020 cuCtxGetApiVersion;
-    "cuCtxSynchronize" 2000 cuCtxSynchronize;
-    "cuCtxSynchronize" 13000 cuCtxSynchronize_v2;
-    "cuCtxEnablePeerAccess" 4000 cuCtxEnablePeerAccess;
-    "cuCtxDisablePeerAccess" 4000 cuCtxDisablePeerAccess;
-    "cuDeviceCanAccessPeer" 4000 cuDeviceCanAccessPeer;
-    "cuMemAlloc" 3020 cuMemAlloc_v2;
-    "cuMemFree" 3020 cuMemFree_v2;
-    "cuMemGetInfo" 3020 cuMemGetInfo_v2;
-    "cuMemAllocHost" 3020 cuMemAllocHost_v2;
-    "cuMemHostAlloc" 2020 cuMemHostAlloc;
-    "cuMemFreeHost" 2000 cuMemFreeHost;
-    "cuMemcpyHtoD" 3020 cuMemcpyHtoD_v2 | cuMemcpyHtoD_v2_ptds;
-    "cuMemcpyDtoH" 3020 cuMemcpyDtoH_v2 | cuMemcpyDtoH_v2_ptds;
-    "cuMemcpyDtoD" 3020 cuMemcpyDtoD_v2 | cuMemcpyDtoD_v2_ptds;
-    "cuMemcpyHtoDAsync" 3020 cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync_v2_ptsz;
-    "cuMemcpyDtoHAsync" 3020 cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync_v2_ptsz;
-    "cuMemcpyDtoDAsync" 3020 cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync_v2_ptsz;
-    "cuMemcpyPeer" 4000 cuMemcpyPeer | cuMemcpyPeer_ptds;
-    "cuMemcpyPeerAsync" 4000 cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz;
-    "cuMemsetD8" 3020 cuMemsetD8_v2 | cuMemsetD8_v2_ptds;
-    "cuMemsetD32" 3020 cuMemsetD32_v2 | cuMemsetD32_v2_ptds;
-    "cuMemsetD8Async" 3020 cuMemsetD8Async | cuMemsetD8Async_ptsz;
-    "cuMemsetD32Async" 3020 cuMemsetD32Async | cuMemsetD32Async_ptsz;
-    "cuModuleLoadData" 2000 cuModuleLoadData;
-    "cuModuleLoadDataEx" 2010 cuModuleLoadDataEx;
-    "cuModuleUnload" 2000 cuModuleUnload;
-    "cuModuleGetFunction" 2000 cuModuleGetFunction;
-    "cuModuleGetLoadingMode" 11070 cuModuleGetLoadingMode;
-    "cuLibraryLoadData" 12000 cuLibraryLoadData;
-    "cuLibraryUnload" 12000 cuLibraryUnload;
-    "cuLibraryGetKernel" 12000 cuLibraryGetKernel;
-    "cuModuleGetGlobal" 3020 cuModuleGetGlobal_v2;
-    "cuLibraryGetGlobal" 12000 cuLibraryGetGlobal;
-    "cuKernelGetFunction" 12000 cuKernelGetFunction;
-    "cuFuncGetParamInfo" 12040 cuFuncGetParamInfo;
-    "cuKernelGetParamInfo" 12040 cuKernelGetParamInfo;
-    "cuCtxGetStreamPriorityRange" 5050 cuCtxGetStreamPriorityRange;
-    "cuCtxGetLimit" 3010 cuCtxGetLimit;
-    "cuCtxSetLimit" 3010 cuCtxSetLimit;
-    "cuFuncGetAttribute" 2020 cuFuncGetAttribute;
-    "cuFuncSetAttribute" 9000 cuFuncSetAttribute;
-    "cuKernelGetAttribute" 12000 cuKernelGetAttribute;
-    "cuKernelSetAttribute" 12000 cuKernelSetAttribute;
-    "cuOccupancyMaxActiveBlocksPerMultiprocessor" 6050 cuOccupancyMaxActiveBlocksPerMultiprocessor;
-    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" 7000 cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
-    "cuOccupancyAvailableDynamicSMemPerBlock" 10020 cuOccupancyAvailableDynamicSMemPerBlock;
-    "cuOccupancyMaxActiveClusters" 11070 cuOccupancyMaxActiveClusters;
-    "cuLaunchKernel" 4000 cuLaunchKernel | cuLaunchKernel_ptsz;
-    "cuLaunchKernelEx" 11060 cuLaunchKernelEx | cuLaunchKernelEx_ptsz;
-    "cuStreamCreate" 2000 cuStreamCreate;
-    "cuStreamCreateWithPriority" 5050 cuStreamCreateWithPriority;
-    "cuStreamDestroy" 4000 cuStreamDestroy_v2;
-    "cuStreamSynchronize" 2000 cuStreamSynchronize | cuStreamSynchronize_ptsz;
-    "cuStreamQuery" 2000 cuStreamQuery | cuStreamQuery_ptsz;
-    "cuStreamWaitEvent" 3020 cuStreamWaitEvent | cuStreamWaitEvent_ptsz;
-    "cuStreamGetFlags" 5050 cuStreamGetFlags | cuStreamGetFlags_ptsz;
-    "cuStreamGetPriority" 5050 cuStreamGetPriority | cuStreamGetPriority_ptsz;
-    "cuStreamBeginCapture" 10000 cuStreamBeginCapture | cuStreamBeginCapture_ptsz;
-    "cuStreamBeginCapture" 10010 cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz;
-    "cuStreamEndCapture" 10000 cuStreamEndCapture | cuStreamEndCapture_ptsz;
-    "cuStreamIsCapturing" 10000 cuStreamIsCapturing | cuStreamIsCapturing_ptsz;
-    "cuStreamGetCaptureInfo" 10010 cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz;
-    "cuStreamGetCaptureInfo" 11030 cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz;
-    "cuStreamGetCaptureInfo" 12030 cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz;
-    "cuThreadExchangeStreamCaptureMode" 10010 cuThreadExchangeStreamCaptureMode;
-    "cuGraphInstantiate" 10000 cuGraphInstantiate;
-    "cuGraphInstantiate" 11000 cuGraphInstantiate_v2;
-    "cuGraphInstantiate" 12000 cuGraphInstantiateWithFlags;
-    "cuGraphInstantiateWithFlags" 11040 cuGraphInstantiateWithFlags;
-    "cuGraphInstantiateWithParams" 12000 cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz;
-    "cuGraphUpload" 11010 cuGraphUpload | cuGraphUpload_ptsz;
-    "cuGraphLaunch" 10000 cuGraphLaunch | cuGraphLaunch_ptsz;
-    "cuGraphGetNodes" 10000 cuGraphGetNodes;
-    "cuGraphDestroy" 10000 cuGraphDestroy;
-    "cuGraphExecDestroy" 10000 cuGraphExecDestroy;
-    "cuEventCreate" 2000 cuEventCreate;
-    "cuEventRecord" 2000 cuEventRecord | cuEventRecord_ptsz;
-    "cuEventRecordWithFlags" 11010 cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz;
-    "cuEventSynchronize" 2000 cuEventSynchronize;
-    "cuEventQuery" 2000 cuEventQuery;
-    "cuEventElapsedTime" 2000 cuEventElapsedTime;
-    "cuEventElapsedTime" 12080 cuEventElapsedTime_v2;
-    "cuEventDestroy" 4000 cuEventDestroy_v2;
-    "cuGetErrorName" 6000 cuGetErrorName;
-    "cuGetErrorString" 6000 cuGetErrorString;
-    "cuGetProcAddress" 11030 cuGetProcAddress;
-    "cuGetProcAddress" 12000 cuGetProcAddress_v2;
-    "cuGetExportTable" 3000 cuGetExportTable;
+/// Each (name, ABI) an export is handed out for.
+fn implemented() -> impl Iterator<Item = (&'static str, Abi)> {
+    MODULES.iter().flat_map(|m| m.iter()).flat_map(|e| {
+        e.procs.iter().map(move |&(name, since)| {
+            let abi = Abi {
+                since,
+                legacy: e.function as usize,
+                per_thread: e.per_thread.map(|(_, f)| f as usize),
+            };
+            (name, abi)
+        })
+    })
 }
 
 /// Name → its ABIs, oldest first; an unsupported name has one stub for every version.
@@ -257,69 +152,59 @@ fn get_proc_address(
 
 type Res = Result<(), CUresult>;
 
-/// # Safety
-/// `symbol` must be NULL or a NUL-terminated string; `pfn` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: i32,
-    flags: u64,
-) -> CUresult {
-    entry("cuGetProcAddress", || {
-        get_proc_address(
-            symbol,
-            pfn,
-            version,
-            flags,
-            std::ptr::null_mut(),
-            Form::First,
-        )
-    })
-}
+// ----- the exports -----
 
-/// # Safety
-/// As `cuGetProcAddress`; `status` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: i32,
-    flags: u64,
-    status: *mut CUdriverProcAddressQueryResult,
-) -> CUresult {
-    entry("cuGetProcAddress_v2", || {
-        get_proc_address(symbol, pfn, version, flags, status, Form::WithStatus)
-    })
-}
+exports! {
+    /// # Safety
+    /// `symbol` must be NULL or a NUL-terminated string; `pfn` NULL or writable.
+    pub unsafe fn cuGetProcAddress(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        version: i32,
+        flags: u64,
+    ) ["cuGetProcAddress" 11030] =
+        get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut(), Form::First);
 
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetErrorName(error: u32, out: *mut *const c_char) -> CUresult {
-    entry("cuGetErrorName", || {
+    /// # Safety
+    /// As `cuGetProcAddress`; `status` NULL or writable.
+    pub unsafe fn cuGetProcAddress_v2(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        version: i32,
+        flags: u64,
+        status: *mut CUdriverProcAddressQueryResult,
+    ) ["cuGetProcAddress" 12000] =
+        get_proc_address(symbol, pfn, version, flags, status, Form::WithStatus);
+
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuGetErrorName(error: u32, out: *mut *const c_char) ["cuGetErrorName" 6000] = {
         let s = errors::name(error);
         // SAFETY: the caller guarantees a non-null `out` is writable.
         unsafe { put(out, s.unwrap_or(std::ptr::null())) }?;
         s.map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
-    })
-}
+    };
 
-/// # Safety
-/// `out` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetErrorString(error: u32, out: *mut *const c_char) -> CUresult {
-    entry("cuGetErrorString", || {
+    /// # Safety
+    /// `out` must be NULL or writable.
+    pub unsafe fn cuGetErrorString(
+        error: u32,
+        out: *mut *const c_char,
+    ) ["cuGetErrorString" 6000] = {
         let s = errors::description(error);
         // SAFETY: the caller guarantees a non-null `out` is writable.
         unsafe { put(out, s.unwrap_or(std::ptr::null())) }?;
         s.map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
-    })
+    };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::*;
+    use crate::graph::*;
+    use crate::launch::*;
+    use crate::memory::*;
     use CUdriverProcAddressQueryResult as Q;
 
     #[test]
@@ -430,6 +315,65 @@ mod tests {
             at("cuThreadExchangeStreamCaptureMode", 10010, 0),
             f(cuThreadExchangeStreamCaptureMode as *const () as usize)
         );
+    }
+
+    fn exports() -> impl Iterator<Item = &'static Export> {
+        MODULES.iter().flat_map(|m| m.iter())
+    }
+
+    /// Each export is what its names give at each version it lists, its per-thread variant
+    /// with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; no two exports claim one (name,
+    /// version), and every version is a CUDA version this library may be asked at.
+    #[test]
+    fn every_export_is_handed_out_for_its_names_at_its_versions() {
+        let mut claimed = std::collections::HashSet::new();
+        let mut rows = 0;
+        for e in exports() {
+            for &(name, since) in e.procs {
+                assert!(claimed.insert((name, since)), "{name} at {since} twice");
+                assert!(
+                    (2000..=crate::abi::DRIVER_VERSION).contains(&since),
+                    "{name} {since}"
+                );
+                let legacy = e.function as usize;
+                assert_eq!(lookup(name, since, 0), Ok(legacy), "{} as {name}", e.symbol);
+                let pt = e.per_thread.map_or(legacy, |(_, f)| f as usize);
+                let per_thread = lookup(name, since, PROC_PER_THREAD_DEFAULT_STREAM);
+                assert_eq!(per_thread, Ok(pt), "{} as {name}, per thread", e.symbol);
+                rows += 1;
+            }
+            if let Some((symbol, _)) = e.per_thread {
+                let base = symbol
+                    .strip_suffix("_ptsz")
+                    .or(symbol.strip_suffix("_ptds"));
+                assert_eq!(
+                    base,
+                    Some(e.symbol),
+                    "{symbol}: a per-thread variant's name"
+                );
+            }
+        }
+        assert!(rows >= 117, "{rows} rows");
+    }
+
+    /// What the table hands out is an export (or its per-thread variant) or a stub of
+    /// `unsupported`, nothing else.
+    #[test]
+    fn everything_handed_out_is_an_export_or_a_stub() {
+        let exported: std::collections::HashSet<usize> = exports()
+            .flat_map(|e| [Some(e.function), e.per_thread.map(|(_, f)| f)])
+            .flatten()
+            .map(|f| f as usize)
+            .chain(STUBS.iter().map(|(_, f)| *f as usize))
+            .collect();
+        for (name, abis) in table() {
+            for a in abis {
+                assert!(exported.contains(&a.legacy), "{name} at {}", a.since);
+                if let Some(pt) = a.per_thread {
+                    assert!(exported.contains(&pt), "{name} at {}, per thread", a.since);
+                }
+            }
+        }
     }
 
     /// `tests/data/vadd_requested.txt` holds the (name, version) pairs that cudart 13 asked

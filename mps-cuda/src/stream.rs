@@ -2,7 +2,7 @@
 //!
 //! - The **legacy default stream** (`0`, or `CU_STREAM_LEGACY`) of a context synchronises with
 //!   the context's blocking streams: its work waits for their earlier work, and their later work
-//!   waits for its. mps streams do not do this by themselves, so `LegacyOrder` inserts the
+//!   waits for its. mps streams do not do this by themselves, so `order::LegacyOrder` inserts the
 //!   waits, through events, and only where work of both kinds meets: a program that uses only
 //!   the legacy stream, or only streams of its own, gets no extra commands.
 //! - The **per-thread default stream** (`0` in the `_ptsz`/`_ptds` variants, or
@@ -19,80 +19,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::abi::{
-    CUdevice, CUevent, CUresult, CUstream, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_LEGACY,
-    STREAM_NON_BLOCKING, STREAM_PER_THREAD,
+    CUevent, CUresult, CUstream, EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS,
+    STREAM_LEGACY, STREAM_NON_BLOCKING, STREAM_PER_THREAD,
 };
-use crate::connection::{Connection, Event, Res, Stream};
-use crate::context::{Context, context, current, current_handle};
-use crate::driver::{check, connection, driver, entry, lock, put};
-use crate::graph;
+use crate::capture;
+use crate::connection::{Connection, Res, Stream};
+use crate::context::{context, current, current_handle};
+use crate::driver::{connection, driver};
+use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::memo::{Memo, through};
-
-/// A stream the program created (or a thread's per-thread default stream).
-#[derive(Debug)]
-pub(crate) struct StreamObj {
-    pub(crate) ctx: usize,
-    pub(crate) device: CUdevice,
-    pub(crate) stream: Stream,
-    pub(crate) flags: u32,
-    pub(crate) priority: i32,
-}
-
-/// An event the program created.
-#[derive(Debug)]
-pub(crate) struct EventObj {
-    pub(crate) ctx: usize,
-    pub(crate) device: CUdevice,
-    pub(crate) event: Event,
-    pub(crate) flags: u32,
-}
-
-/// Where the legacy default stream and a context's blocking streams stand with each other.
-#[derive(Debug, Default)]
-pub(crate) struct LegacyOrder {
-    /// How many times work has been put in the legacy stream.
-    epoch: u64,
-    /// An event recorded in the legacy stream, at legacy work number `event_epoch`.
-    event: Option<Event>,
-    event_epoch: u64,
-    /// The context's blocking streams, by handle.
-    blocking: HashMap<usize, Blocking>,
-}
-
-#[derive(Debug)]
-struct Blocking {
-    stream: Stream,
-    /// It has work the legacy stream has not waited for.
-    dirty: bool,
-    /// The legacy work number it has waited for.
-    seen: u64,
-    /// An event for the legacy stream to wait on.
-    event: Option<Event>,
-}
-
-impl LegacyOrder {
-    /// The events it made, for the context's teardown.
-    pub(crate) fn events(self) -> Vec<Event> {
-        let own = self.blocking.into_values().filter_map(|b| b.event);
-        self.event.into_iter().chain(own).collect()
-    }
-}
-
-pub(crate) enum Kind {
-    Legacy,
-    Blocking(usize),
-    Independent,
-}
-
-/// A stream argument resolved: its context, its device's connection, its mps stream and how it
-/// orders.
-pub(crate) struct Target {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) conn: &'static Connection,
-    pub(crate) stream: Stream,
-    pub(crate) kind: Kind,
-}
+use crate::objects::{Context, EventObj, Kind, StreamObj, Target};
 
 thread_local! {
     /// The calling thread's per-thread default stream in each context: context → stream handle.
@@ -114,15 +51,7 @@ fn register(ctx: &Context, flags: u32, priority: i32) -> Res<usize> {
         priority,
     });
     if flags & STREAM_NON_BLOCKING == 0 {
-        lock(&ctx.state).order.blocking.insert(
-            handle,
-            Blocking {
-                stream,
-                dirty: false,
-                seen: 0,
-                event: None,
-            },
-        );
+        lock(&ctx.state).order.add_blocking(handle, stream);
     }
     Ok(handle)
 }
@@ -204,17 +133,6 @@ fn legacy_of(ctx: Arc<Context>) -> Res<Target> {
     })
 }
 
-fn ensure_event(conn: &Connection, slot: &mut Option<Event>) -> Res<Event> {
-    match *slot {
-        Some(e) => Ok(e),
-        None => {
-            let e = conn.event_create()?;
-            *slot = Some(e);
-            Ok(e)
-        }
-    }
-}
-
 impl Target {
     /// Inserts the waits that work about to go into this stream needs (see the module's
     /// documentation). For a synchronisation (`work` false) the legacy stream takes in the
@@ -235,40 +153,10 @@ impl Target {
     /// blocking stream work goes into, `None` for the legacy stream.
     #[inline(never)]
     fn order_locked(&self, blocking: Option<usize>, work: bool) -> Res<()> {
-        let conn = self.conn;
         let mut st = lock(&self.ctx.state);
         let legacy = st.legacy;
-        let o = &mut st.order;
-        match blocking {
-            None => {
-                for b in o.blocking.values_mut().filter(|b| b.dirty) {
-                    let e = ensure_event(conn, &mut b.event)?;
-                    conn.event_record(e, b.stream)?;
-                    conn.stream_wait_event(legacy, e)?;
-                    b.dirty = false;
-                }
-                if work {
-                    o.epoch += 1;
-                }
-            }
-            Some(h) => {
-                let epoch = o.epoch;
-                let seen = o.blocking.get(&h).map_or(epoch, |b| b.seen);
-                if seen < epoch {
-                    let e = ensure_event(conn, &mut o.event)?;
-                    if o.event_epoch < epoch {
-                        conn.event_record(e, legacy)?;
-                        o.event_epoch = epoch;
-                    }
-                    conn.stream_wait_event(self.stream, e)?;
-                }
-                if let Some(b) = o.blocking.get_mut(&h) {
-                    b.seen = epoch;
-                    b.dirty = true;
-                }
-            }
-        }
-        Ok(())
+        st.order
+            .order(self.conn, legacy, self.stream, blocking, work)
     }
 }
 
@@ -286,7 +174,7 @@ pub(crate) fn for_legacy_work(ctx: Arc<Context>) -> Res<(Stream, &'static Connec
 
 /// Work for `t`, admitted by the capture rules and ordered as its kind of stream orders.
 fn admitted(t: &Target) -> Res<(Stream, &'static Connection)> {
-    if !graph::admit_work(t)? {
+    if !capture::admit_work(t)? {
         t.order(true)?;
     }
     Ok((t.stream, t.conn))
@@ -301,73 +189,21 @@ fn create(ph: *mut CUstream, flags: u32, priority: i32) -> Res<()> {
     unsafe { put(ph, std::ptr::without_provenance_mut(h)) }
 }
 
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: u32) -> CUresult {
-    entry("cuStreamCreate", || create(ph, flags, 0))
-}
-
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(
-    ph: *mut CUstream,
-    flags: u32,
-    priority: i32,
-) -> CUresult {
-    entry("cuStreamCreateWithPriority", || create(ph, flags, priority))
-}
-
-/// Destroys a stream; its work still completes.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
-    entry("cuStreamDestroy_v2", || {
-        let d = driver()?;
-        let s = d
-            .streams
-            .remove(h as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        graph::forget_stream(connection(s.device)?, s.stream)?;
-        let ordering_event = d
-            .contexts
-            .get(s.ctx)
-            .and_then(|c| lock(&c.state).order.blocking.remove(&(h as usize)))
-            .and_then(|b| b.event);
-        let conn = connection(s.device)?;
-        conn.stream_destroy(s.stream)?;
-        match ordering_event {
-            Some(e) => conn.event_destroy(e),
-            None => Ok(()),
-        }
-    })
-}
-
 /// Waits for the stream; the legacy stream's wait covers the blocking streams' work before it,
 /// as work put in it then would.
 fn synchronize(h: CUstream, per_thread: bool) -> Res<()> {
     let (stream, conn) = with_target(h, per_thread, |t| {
-        graph::refuse_wait(t)?;
-        graph::refuse_legacy_sync(t)?;
+        capture::refuse_wait(t)?;
+        capture::refuse_legacy_sync(t)?;
         t.order(false)?;
         Ok((t.stream, t.conn))
     })?;
     conn.stream_synchronize(stream)
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    entry("cuStreamSynchronize", || synchronize(h, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    entry("cuStreamSynchronize_ptsz", || synchronize(h, true))
-}
-
 fn query(h: CUstream, per_thread: bool) -> Res<()> {
     let (stream, conn) = with_target(h, per_thread, |t| {
-        graph::refuse_wait(t)?;
+        capture::refuse_wait(t)?;
         Ok((t.stream, t.conn))
     })?;
     if conn.stream_query(stream)? {
@@ -375,16 +211,6 @@ fn query(h: CUstream, per_thread: bool) -> Res<()> {
     } else {
         Err(CUresult::CUDA_ERROR_NOT_READY)
     }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
-    entry("cuStreamQuery", || query(h, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
-    entry("cuStreamQuery_ptsz", || query(h, true))
 }
 
 fn event(h: CUevent) -> Res<Arc<EventObj>> {
@@ -409,7 +235,7 @@ fn with_event_and_stream(
         || event(ev),
         |e| {
             let (s, conn) = for_work(h, per_thread)?;
-            graph::refuse_in_capture(conn, s, what)?;
+            capture::refuse_in_capture(conn, s, what)?;
             body(e, s, conn)
         },
     )
@@ -433,16 +259,6 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()>
     )
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
-    entry("cuStreamWaitEvent", || wait_event(h, ev, flags, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
-    entry("cuStreamWaitEvent_ptsz", || wait_event(h, ev, flags, true))
-}
-
 /// The flags and priority of a stream (the default streams: blocking, priority 0).
 pub(crate) fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
     let t = resolve(h, per_thread)?;
@@ -460,69 +276,7 @@ pub(crate) fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
     Ok((s.flags, s.priority))
 }
 
-/// # Safety
-/// `flags` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut u32) -> CUresult {
-    // SAFETY: the caller guarantees a non-null `flags` is writable.
-    entry("cuStreamGetFlags", || unsafe {
-        put(flags, properties(h, false)?.0)
-    })
-}
-
-/// # Safety
-/// `flags` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut u32) -> CUresult {
-    // SAFETY: the caller guarantees a non-null `flags` is writable.
-    entry("cuStreamGetFlags_ptsz", || unsafe {
-        put(flags, properties(h, true)?.0)
-    })
-}
-
-/// # Safety
-/// `priority` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, priority: *mut i32) -> CUresult {
-    // SAFETY: the caller guarantees a non-null `priority` is writable.
-    entry("cuStreamGetPriority", || unsafe {
-        put(priority, properties(h, false)?.1)
-    })
-}
-
-/// # Safety
-/// `priority` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, priority: *mut i32) -> CUresult {
-    // SAFETY: the caller guarantees a non-null `priority` is writable.
-    entry("cuStreamGetPriority_ptsz", || unsafe {
-        put(priority, properties(h, true)?.1)
-    })
-}
-
 // ----- events -----
-
-/// # Safety
-/// `ph` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult {
-    entry("cuEventCreate", || {
-        check(!ph.is_null() && flags & !(0x1 | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) == 0)?;
-        if flags & EVENT_INTERPROCESS != 0 {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        let ctx = current()?;
-        let event = ctx.conn()?.event_create()?;
-        let (h, _) = driver()?.events.insert_with(|_| EventObj {
-            ctx: ctx.handle,
-            device: ctx.device,
-            event,
-            flags,
-        });
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { put(ph, std::ptr::without_provenance_mut(h)) }
-    })
-}
 
 fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
     with_event_and_stream(
@@ -538,16 +292,6 @@ fn record(ev: CUevent, h: CUstream, per_thread: bool) -> Res<()> {
             conn.event_record(e.event, s)
         },
     )
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
-    entry("cuEventRecord", || record(ev, h, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventRecord_ptsz(ev: CUevent, h: CUstream) -> CUresult {
-    entry("cuEventRecord_ptsz", || record(ev, h, true))
 }
 
 /// `CU_EVENT_RECORD_DEFAULT` is a plain record; `CU_EVENT_RECORD_EXTERNAL` (a record node
@@ -568,40 +312,6 @@ fn record_with_flags(ev: CUevent, h: CUstream, flags: u32, per_thread: bool) -> 
     }
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventRecordWithFlags(ev: CUevent, h: CUstream, flags: u32) -> CUresult {
-    entry("cuEventRecordWithFlags", || {
-        record_with_flags(ev, h, flags, false)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventRecordWithFlags_ptsz(ev: CUevent, h: CUstream, flags: u32) -> CUresult {
-    entry("cuEventRecordWithFlags_ptsz", || {
-        record_with_flags(ev, h, flags, true)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
-    entry("cuEventSynchronize", || {
-        let e = event(ev)?;
-        connection(e.device)?.event_synchronize(e.event)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
-    entry("cuEventQuery", || {
-        let e = event(ev)?;
-        if connection(e.device)?.event_query(e.event)? {
-            Ok(())
-        } else {
-            Err(CUresult::CUDA_ERROR_NOT_READY)
-        }
-    })
-}
-
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res<()> {
     check(!ms.is_null())?;
     let (s, e) = (event(start)?, event(end)?);
@@ -617,38 +327,130 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res<()> {
     unsafe { put(ms, v) }
 }
 
-/// # Safety
-/// `ms` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventElapsedTime(
-    ms: *mut f32,
-    start: CUevent,
-    end: CUevent,
-) -> CUresult {
-    entry("cuEventElapsedTime", || elapsed(ms, start, end))
-}
+// ----- the exports -----
 
-/// CUDA 12.8's form, with the same arguments.
-///
-/// # Safety
-/// `ms` must be NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(
-    ms: *mut f32,
-    start: CUevent,
-    end: CUevent,
-) -> CUresult {
-    entry("cuEventElapsedTime_v2", || elapsed(ms, start, end))
-}
+exports! {
+    /// # Safety
+    /// `ph` must be NULL or writable.
+    pub unsafe fn cuStreamCreate(ph: *mut CUstream, flags: u32) ["cuStreamCreate" 2000] =
+        create(ph, flags, 0);
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
-    entry("cuEventDestroy_v2", || {
+    /// # Safety
+    /// `ph` must be NULL or writable.
+    pub unsafe fn cuStreamCreateWithPriority(
+        ph: *mut CUstream,
+        flags: u32,
+        priority: i32,
+    ) ["cuStreamCreateWithPriority" 5050] =
+        create(ph, flags, priority);
+
+    /// Destroys a stream; its work still completes.
+    pub fn cuStreamDestroy_v2(h: CUstream) ["cuStreamDestroy" 4000] = {
+        let d = driver()?;
+        let s = d
+            .streams
+            .remove(h as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        capture::forget_stream(connection(s.device)?, s.stream)?;
+        let ordering_event = d
+            .contexts
+            .get(s.ctx)
+            .and_then(|c| lock(&c.state).order.remove_blocking(h as usize));
+        let conn = connection(s.device)?;
+        conn.stream_destroy(s.stream)?;
+        match ordering_event {
+            Some(e) => conn.event_destroy(e),
+            None => Ok(()),
+        }
+    };
+
+    pub fn cuStreamSynchronize(h: CUstream) ["cuStreamSynchronize" 2000]
+        per_thread cuStreamSynchronize_ptsz = |per_thread| synchronize(h, per_thread);
+
+    pub fn cuStreamQuery(h: CUstream) ["cuStreamQuery" 2000]
+        per_thread cuStreamQuery_ptsz = |per_thread| query(h, per_thread);
+
+    pub fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) ["cuStreamWaitEvent" 3020]
+        per_thread cuStreamWaitEvent_ptsz = |per_thread| wait_event(h, ev, flags, per_thread);
+
+    /// # Safety
+    /// `flags` must be NULL or writable.
+    pub unsafe fn cuStreamGetFlags(h: CUstream, flags: *mut u32) ["cuStreamGetFlags" 5050]
+        per_thread cuStreamGetFlags_ptsz = |per_thread|
+            // SAFETY: the caller guarantees a non-null `flags` is writable.
+            unsafe { put(flags, properties(h, per_thread)?.0) };
+
+    /// # Safety
+    /// `priority` must be NULL or writable.
+    pub unsafe fn cuStreamGetPriority(h: CUstream, priority: *mut i32) ["cuStreamGetPriority" 5050]
+        per_thread cuStreamGetPriority_ptsz = |per_thread|
+            // SAFETY: the caller guarantees a non-null `priority` is writable.
+            unsafe { put(priority, properties(h, per_thread)?.1) };
+
+    /// # Safety
+    /// `ph` must be NULL or writable.
+    pub unsafe fn cuEventCreate(ph: *mut CUevent, flags: u32) ["cuEventCreate" 2000] = {
+        check(
+            !ph.is_null()
+                && flags & !(EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS) == 0,
+        )?;
+        if flags & EVENT_INTERPROCESS != 0 {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let ctx = current()?;
+        let event = ctx.conn()?.event_create()?;
+        let (h, _) = driver()?.events.insert_with(|_| EventObj {
+            ctx: ctx.handle,
+            device: ctx.device,
+            event,
+            flags,
+        });
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(ph, std::ptr::without_provenance_mut(h)) }
+    };
+
+    pub fn cuEventRecord(ev: CUevent, h: CUstream) ["cuEventRecord" 2000]
+        per_thread cuEventRecord_ptsz = |per_thread| record(ev, h, per_thread);
+
+    pub fn cuEventRecordWithFlags(
+        ev: CUevent,
+        h: CUstream,
+        flags: u32,
+    ) ["cuEventRecordWithFlags" 11010]
+        per_thread cuEventRecordWithFlags_ptsz = |per_thread|
+            record_with_flags(ev, h, flags, per_thread);
+
+    pub fn cuEventSynchronize(ev: CUevent) ["cuEventSynchronize" 2000] = {
+        let e = event(ev)?;
+        connection(e.device)?.event_synchronize(e.event)
+    };
+
+    pub fn cuEventQuery(ev: CUevent) ["cuEventQuery" 2000] = {
+        let e = event(ev)?;
+        if connection(e.device)?.event_query(e.event)? {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_NOT_READY)
+        }
+    };
+
+    /// `_v2` is CUDA 12.8's form, with the same arguments.
+    ///
+    /// # Safety
+    /// `ms` must be NULL or writable.
+    pub unsafe fn cuEventElapsedTime(
+        ms: *mut f32,
+        start: CUevent,
+        end: CUevent,
+    ) ["cuEventElapsedTime" 2000]
+        alias cuEventElapsedTime_v2 ["cuEventElapsedTime" 12080] = elapsed(ms, start, end);
+
+    pub fn cuEventDestroy_v2(ev: CUevent) ["cuEventDestroy" 4000] = {
         let d = driver()?;
         let e = d
             .events
             .remove(ev as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         connection(e.device)?.event_destroy(e.event)
-    })
+    };
 }

@@ -297,7 +297,6 @@ unsupported! {
     cuModuleGetGlobal
     cuModuleGetSurfRef
     cuModuleGetTexRef
-    cuModuleLoad
     cuModuleLoadFatBinary
     cuMulticastAddDevice
     cuMulticastBindMem

@@ -65,8 +65,12 @@ fn run(exe: &Path, dir: &Path, env: &[(&str, &str)]) -> Output {
 
 /// Runs program `name`; it must pass every check. Returns its stdout and stderr.
 fn passes(name: &str, env: &[(&str, &str)]) -> (String, String) {
+    passes_on(name, env, Server::start())
+}
+
+/// As [`passes`], against `server`.
+fn passes_on(name: &str, env: &[(&str, &str)], server: Server) -> (String, String) {
     let exe = build(name);
-    let server = Server::start();
     let out = run(&exe, &server.dir, env);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -120,6 +124,82 @@ fn streams_events_and_the_legacy_default_stream() {
 #[test]
 fn pinned_host_memory_with_async_copies_and_memsets() {
     passes("pinned_memset", &[]);
+}
+
+#[test]
+fn the_multiprocessor_count_is_the_clients_share() {
+    if backend() != "sim" {
+        skip(
+            "the_multiprocessor_count_is_the_clients_share",
+            "the simulator's 16 SMs give a known share; on a GPU the real-programs suite's \
+             share50 mode (cuDNN's training) checks it",
+        );
+        return;
+    }
+    // Half of the simulator's 16 SMs.
+    passes(
+        "sm_share",
+        &[("MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("EXPECT_SMS", "8")],
+    );
+    // Without a share, the whole device.
+    passes("sm_share", &[("EXPECT_SMS", "16")]);
+}
+
+#[test]
+fn a_synchronous_copy_has_landed_before_a_non_blocking_stream_reads_it() {
+    // On the simulator each copy takes 5 ms before its bytes land: a kernel on another stream
+    // queued before the copy is done reads what was there before.
+    let server = if backend() == "sim" {
+        Server::start_with(&["--sim-copy-latency-us", "5000"])
+    } else {
+        Server::start()
+    };
+    passes_on("copy_order", &[], server);
+}
+
+#[test]
+fn nvidias_variable_names_stand_in_for_unset_mps_ones() {
+    // A setup made for NVIDIA's MPS: its pipe directory and client limits, no MPS_* variable.
+    let server = Server::start();
+    let nvidia = |name: &str, env: &[(&str, &str)]| {
+        let out = Command::new(built().join("mps-run"))
+            .arg(build(name))
+            .arg(root().join("kernels/test_kernels.ptx"))
+            .env_remove("MPS_PIPE_DIRECTORY")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &server.dir)
+            .env("MPS_ONLY", "1")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("all checks passed"),
+            "{name} with {env:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    nvidia(
+        "mem_limit",
+        &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")],
+    );
+    if backend() == "sim" {
+        nvidia(
+            "sm_share",
+            &[
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+                ("EXPECT_SMS", "8"),
+            ],
+        );
+        // mps's own name wins where both are set.
+        nvidia(
+            "sm_share",
+            &[
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+                ("MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
+                ("EXPECT_SMS", "4"),
+            ],
+        );
+    }
 }
 
 #[test]

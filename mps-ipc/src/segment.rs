@@ -170,16 +170,30 @@ impl Segment {
 /// limit of its memory cgroup (v2 or v1) where one is set and readable. `None` when not even
 /// /proc/meminfo can be read (the allocation itself is then the only check).
 fn memory_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let system = meminfo.lines().find_map(|l| {
-        let kib = l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?;
-        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
-    })?;
-    Some(system.min(cgroup_room().unwrap_or(u64::MAX)))
+    let system = meminfo("MemAvailable:")?;
+    let room = cgroup_memory().map(|(max, used)| max.saturating_sub(used));
+    Some(system.min(room.unwrap_or(u64::MAX)))
 }
 
-/// The room left under this process's memory cgroup limit, if it has one.
-fn cgroup_room() -> Option<u64> {
+/// The memory this process may use at most: the system's `MemTotal`, lowered by the limit of
+/// its memory cgroup where one is set and readable; `None` when /proc/meminfo cannot be read.
+/// Limits sized from the machine start from this.
+pub fn machine_memory() -> Option<u64> {
+    let system = meminfo("MemTotal:")?;
+    Some(system.min(cgroup_memory().map_or(u64::MAX, |(max, _)| max)))
+}
+
+/// The line `key` of /proc/meminfo, in bytes.
+fn meminfo(key: &str) -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo.lines().find_map(|l| {
+        let kib = l.strip_prefix(key)?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
+    })
+}
+
+/// The limit of this process's memory cgroup and what it uses now, if it has a limit.
+fn cgroup_memory() -> Option<(u64, u64)> {
     let read = |p: std::path::PathBuf| -> Option<u64> {
         std::fs::read_to_string(p).ok()?.trim().parse().ok()
     };
@@ -202,7 +216,7 @@ fn cgroup_room() -> Option<u64> {
         // our own cgroup.
         for dir in [std::path::Path::new(base).join(path), base.into()] {
             if let (Some(max), Some(used)) = (read(dir.join(limit)), read(dir.join(usage))) {
-                return Some(max.saturating_sub(used));
+                return Some((max, used));
             }
         }
     }

@@ -32,8 +32,8 @@ pub fn default_log_dir() -> PathBuf {
 
 /// `$var`; else `$XDG_RUNTIME_DIR/name` for a user other than root (a directory only that user
 /// can write, so nobody can take the name first); else `/tmp/name`.
-pub(crate) fn default_dir(var: &str, name: &str) -> PathBuf {
-    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+pub(crate) fn default_dir(var: &'static str, name: &str) -> PathBuf {
+    if let Some(v) = crate::env::setting_os(var) {
         return PathBuf::from(v);
     }
     if !nix::unistd::geteuid().is_root() {
@@ -261,6 +261,16 @@ impl TrustedDir {
         listen(&sock, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
             .map_err(|e| fail("cannot listen on", e))?;
         Ok(UnixListener::from(sock))
+    }
+
+    /// Renames entry `from` to `to` within this directory, replacing what `to` named (a link
+    /// is renamed itself, never followed).
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let path = self.path.join(from);
+        file_name(from, &path)?;
+        file_name(to, &self.path.join(to))?;
+        nix::fcntl::renameat(&self.fd, from, &self.fd, to)
+            .map_err(|e| os(&format!("cannot rename to {to}:"), &path, e))
     }
 
     /// Removes entry `name` (a file or a socket; a link itself, never what it points to).

@@ -183,6 +183,7 @@ impl HelloReader {
                 }
             }
         }
+        self.hello.check_flags()?;
         Ok(Some(self.hello))
     }
 }

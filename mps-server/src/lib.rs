@@ -8,6 +8,7 @@ pub mod control;
 pub mod intake;
 mod outbox;
 pub mod process;
+pub mod quota;
 pub mod recovery;
 pub mod registry;
 pub mod server;

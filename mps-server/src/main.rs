@@ -1,5 +1,6 @@
 //! `mps-server`: serves clients in the foreground.
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,7 +14,9 @@ use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
 use mps_server::intake::{DEFAULT_LIMITS, Limits};
-use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
+use mps_server::process::{
+    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_signal_handlers,
+};
 use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
 
@@ -62,6 +65,10 @@ struct Args {
     /// replaced by a fresh one.
     #[arg(long, value_enum, default_value = "client")]
     sim_fault_scope: FaultScopeChoice,
+    /// Microseconds each host-to-device copy takes before its bytes land (simulator only; 0
+    /// by default): widens the window a copy is in flight, for tests of what waits for it.
+    #[arg(long, default_value_t = 0)]
+    sim_copy_latency_us: u64,
     /// Seconds a server whose device context failed waits for its clients to leave before it
     /// exits (a fresh server takes new clients meanwhile).
     #[arg(long, default_value_t = 60)]
@@ -108,6 +115,10 @@ struct Args {
     /// Name of the log file in the log directory (mode 0600, never opened through a link).
     #[arg(long, default_value = "server.log")]
     log_name: String,
+    /// Bytes the log grows to before it is renamed NAME.1 (replacing the one before) and
+    /// started afresh, e.g. 16MiB.
+    #[arg(long, default_value_t = DEFAULT_LOG_MAX_BYTES, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    log_max_bytes: u64,
     /// A socket inherited from mps-control, on which it hands over clients (set by the daemon).
     #[arg(long)]
     handoff_fd: Option<i32>,
@@ -162,10 +173,21 @@ struct ClientLimitArgs {
     /// Host buffers (mps_host_alloc) a client may hold.
     #[arg(long, default_value_t = ClientLimits::default().max_host_buffers)]
     max_host_buffers: usize,
-    /// Bytes of all of a client's host buffers together, e.g. 64GiB: each maps that much of
-    /// the server's address space and, once touched, of its memory.
-    #[arg(long, default_value = "64GiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    /// Bytes of all of a client's host buffers together, e.g. 4GiB: each is that much of the
+    /// machine's memory. Default: a quarter of the machine's memory (or its memory cgroup's).
+    #[arg(long, default_value_t = ClientLimits::default().max_host_bytes, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     max_host_bytes: u64,
+    /// Bytes of the host buffers of all of one user's clients together. Default: half of the
+    /// machine's memory (or its memory cgroup's).
+    #[arg(long, default_value_t = ClientLimits::default().max_user_host_bytes, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_user_host_bytes: u64,
+    /// Device memory of all of one user's clients together, e.g. 8GiB, counted as allocations
+    /// take it (0: none); each process is held to --mem-limit as well.
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_user_device_bytes: u64,
+    /// Device allocations a client may hold.
+    #[arg(long, default_value_t = ClientLimits::default().max_allocations)]
+    max_allocations: usize,
     /// Bytes of one module image, e.g. 256MiB (held by the server while it is uploaded); at
     /// most 256MiB.
     #[arg(long, default_value = "256MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
@@ -213,6 +235,9 @@ impl ClientLimitArgs {
             max_functions: self.max_functions,
             max_host_buffers: self.max_host_buffers,
             max_host_bytes: self.max_host_bytes,
+            max_user_host_bytes: self.max_user_host_bytes,
+            max_user_device_bytes: self.max_user_device_bytes,
+            max_allocations: self.max_allocations,
             max_module_bytes: self.max_module_bytes,
             max_module_entries: self.max_module_entries,
             max_graphs: self.max_graphs,
@@ -225,7 +250,12 @@ impl ClientLimitArgs {
     }
 }
 
-fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), String> {
+fn serve<B: Backend>(
+    backend: B,
+    cfg: ServerConfig,
+    args: &Args,
+    handoff: Option<&UnixStream>,
+) -> Result<(), String> {
     if let Some(fd) = args.standby_fd {
         if args.listen_fd.is_none() && args.handoff_fd.is_none() {
             return Err(
@@ -256,12 +286,10 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
         ),
         None => tracing::info!("listening on {}", server.socket_path().display()),
     }
-    let handoff = args.handoff_fd.map(|fd| {
-        use std::os::fd::FromRawFd;
-        // SAFETY: the control daemon started us with this descriptor open for us alone (see
-        // mps-control); nothing else in this process owns it.
-        unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }
-    });
+    let handoff = handoff
+        .map(UnixStream::try_clone)
+        .transpose()
+        .map_err(|e| format!("cannot keep the daemon's socket: {e}"))?;
     // After a fault, the daemon starts the fresh server; without one, this program does.
     let successor = match &handoff {
         Some(h) => h
@@ -303,7 +331,7 @@ fn serve<B: Backend>(backend: B, cfg: ServerConfig, args: &Args) -> Result<(), S
     Ok(())
 }
 
-fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+fn start_cuda(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Result<(), String> {
     let backend = CudaBackend::new(args.device as i32).map_err(|e| e.to_string())?;
     let info = backend.info();
     tracing::info!(
@@ -315,10 +343,10 @@ fn start_cuda(args: &Args, cfg: ServerConfig) -> Result<(), String> {
         info.cc.1,
         info.total_mem
     );
-    serve(backend, cfg, args)
+    serve(backend, cfg, args, handoff)
 }
 
-fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
+fn start_sim(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Result<(), String> {
     let sim = SimConfig {
         memory_bytes: args.sim_memory,
         sm_count: args.sim_sm_count,
@@ -326,6 +354,7 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
             FaultScopeChoice::Client => FaultScope::Client,
             FaultScopeChoice::Context => FaultScope::Context,
         },
+        copy_latency: std::time::Duration::from_micros(args.sim_copy_latency_us),
     };
     let backend = SimBackend::new(sim)
         .map_err(|e| e.to_string())?
@@ -340,19 +369,17 @@ fn start_sim(args: &Args, cfg: ServerConfig) -> Result<(), String> {
             FaultScope::Context => "the context (as on a GPU)",
         }
     );
-    serve(backend, cfg, args)
+    serve(backend, cfg, args, handoff)
 }
 
 /// Logs to stderr and appends to `dir/name`, at the level `MPS_LOG` names (default info). The
 /// directory is created with mode 0700 (or refused if another user owns or can write it); the
 /// file is opened without following a link, must be this user's, and is kept at mode 0600:
 /// the log names every client's pid and uid.
-fn init_logging(dir: &Path, name: &str) -> Result<(), String> {
-    let file = trust::TrustedDir::open(dir, 0o700)
-        .map_err(|e| format!("the log directory: {}", e.message))?
-        .append_file(name, 0o600, None)
-        .map_err(|e| e.message)?;
-    init_logging_to(file);
+fn init_logging(dir: &Path, name: &str, max_bytes: u64) -> Result<(), String> {
+    let dir = trust::TrustedDir::open(dir, 0o700)
+        .map_err(|e| format!("the log directory: {}", e.message))?;
+    init_logging_to(RotatingLog::open(dir, name, max_bytes).map_err(|e| e.message)?);
     Ok(())
 }
 
@@ -375,14 +402,27 @@ fn main() -> std::process::ExitCode {
     if args.check_options {
         return std::process::ExitCode::SUCCESS;
     }
+    let handoff = args.handoff_fd.map(|fd| {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the control daemon started us with this descriptor open for us alone (see
+        // mps-control); nothing else in this process owns it.
+        unsafe { UnixStream::from_raw_fd(fd) }
+    });
+    // A server the daemon started tells it, and the clients it was handed, why it stops.
+    let cannot_start = |why: &str| {
+        if let Some(h) = &handoff {
+            mps_server::control::refuse_handoffs(h, why);
+        }
+        std::process::ExitCode::FAILURE
+    };
     let log_dir = args.log_dir.clone().unwrap_or_else(trust::default_log_dir);
-    if let Err(e) = init_logging(&log_dir, &args.log_name) {
+    if let Err(e) = init_logging(&log_dir, &args.log_name, args.log_max_bytes) {
         eprintln!("mps-server: {e}");
-        return std::process::ExitCode::FAILURE;
+        return cannot_start(&e);
     }
     if let Err(e) = install_signal_handlers() {
         tracing::error!("cannot install signal handlers: {e}");
-        return std::process::ExitCode::FAILURE;
+        return cannot_start(&e);
     }
     let layout = Layout {
         staging_bytes: args.staging as usize,
@@ -413,13 +453,13 @@ fn main() -> std::process::ExitCode {
         device: args.device,
     };
     let result = match args.backend {
-        BackendChoice::Cuda => start_cuda(&args, cfg),
-        BackendChoice::Sim => start_sim(&args, cfg),
+        BackendChoice::Cuda => start_cuda(&args, cfg, handoff.as_ref()),
+        BackendChoice::Sim => start_sim(&args, cfg, handoff.as_ref()),
         BackendChoice::Auto => match cuda::probe() {
-            Ok(()) => start_cuda(&args, cfg),
+            Ok(()) => start_cuda(&args, cfg, handoff.as_ref()),
             Err(why) => {
                 tracing::info!("backend auto: no usable GPU ({why}); using the simulator");
-                start_sim(&args, cfg)
+                start_sim(&args, cfg, handoff.as_ref())
             }
         },
     };
@@ -427,7 +467,7 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            std::process::ExitCode::FAILURE
+            cannot_start(&e)
         }
     }
 }

@@ -574,6 +574,7 @@ mod tests {
             memory_bytes: 1 << 20,
             sm_count: 4,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap();
         let dir = std::env::temp_dir().join(format!("mps-recovery-{}", std::process::id()));

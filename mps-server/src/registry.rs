@@ -11,6 +11,7 @@ use mps_core::{Error, Result, Status};
 use crate::backend::SmSlot;
 use crate::control::wire::{ServerAnswer, ServerRequest};
 use crate::outbox::Outbox;
+use crate::quota::Ledger;
 use crate::sm::{self, Assignment, Placement, SmRequest};
 
 /// Applies an SM placement to the device ([`crate::backend::Backend::place`]).
@@ -31,6 +32,8 @@ pub(crate) struct Stats {
     /// Shapes cached now, and the bytes they hold.
     pub(crate) batch_entries: AtomicU64,
     pub(crate) batch_bytes: AtomicU64,
+    /// Launches that failed (refused by the server's checks or by the driver).
+    pub(crate) launch_failures: AtomicU64,
 }
 
 impl Stats {
@@ -53,6 +56,13 @@ impl Stats {
 
     pub(crate) fn batch_instantiated(&self) {
         self.batch_graphs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a failed launch; says whether to log it: a client's first eight, then every
+    /// power of two, so that a client that fails launches on purpose cannot fill the log.
+    pub(crate) fn launch_failed(&self) -> Option<u64> {
+        let n = self.launch_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        (n <= 8 || n.is_power_of_two()).then_some(n)
     }
 
     pub(crate) fn batch_cache(&self, entries: u64, bytes: u64) {
@@ -130,6 +140,11 @@ pub(crate) struct ClientEntry {
     pub(crate) sm_share: AtomicU32,
     /// The SMs reserved for it, in percent (0: none).
     pub(crate) sm_reserve: AtomicU32,
+    /// The SMs it was last told it runs on (0: never told). The CUDA library reports them to
+    /// the program as the device's multiprocessor count, and libraries size kernels by that
+    /// count (cuDNN's training kernels fail or never finish on fewer SMs), so another client's
+    /// reservation may not take its SMs below it.
+    pub(crate) told_sms: AtomicU32,
 }
 
 /// What a server's clients start from: the operator's settings.
@@ -173,6 +188,8 @@ pub struct Registry {
     sm: SmPolicy,
     /// The units each reservation held in the last plan, so that the next keeps them.
     reserved: Mutex<BTreeMap<u32, Placement>>,
+    /// What each user and process holds, all its clients together.
+    ledger: Arc<Ledger>,
 }
 
 impl Registry {
@@ -190,11 +207,27 @@ impl Registry {
                 placer,
             },
             reserved: Mutex::new(BTreeMap::new()),
+            ledger: Arc::default(),
         }
+    }
+
+    /// What each user and process holds in this server, all its clients together.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
     }
 
     /// Places every client anew and tells each where it runs. On failure nothing changes.
     fn replan(&self, clients: &BTreeMap<u32, ClientEntry>) -> Result<()> {
+        self.replan_for(clients, None)
+    }
+
+    /// As [`Registry::replan`], for a reservation of client `reserver` (if any): the plan is
+    /// refused if it leaves another client fewer SMs than it was told.
+    fn replan_for(
+        &self,
+        clients: &BTreeMap<u32, ClientEntry>,
+        reserver: Option<u32>,
+    ) -> Result<()> {
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
         let requests: Vec<SmRequest> = clients
             .iter()
@@ -206,6 +239,9 @@ impl Registry {
             })
             .collect();
         let plan = sm::plan(&self.sm.units, &requests)?;
+        if let Some(reserver) = reserver {
+            check_told(clients, &plan, reserver)?;
+        }
         (self.sm.placer)(&plan)?;
         reserved.clear();
         for a in &plan {
@@ -255,13 +291,14 @@ impl Registry {
             return Err(Error::new(
                 Status::QuotaExceeded,
                 format!(
-                    "reserving {percent}% of the SMs would bring this server's reservations to                      {}%, above the {max}% the operator allows (set_max_sm_reservation)",
+                    "reserving {percent}% of the SMs would bring this server's reservations to \
+                     {}%, above the {max}% the operator allows (set_max_sm_reservation)",
                     others + percent
                 ),
             ));
         }
         let before = c.sm_reserve.swap(percent, Ordering::Relaxed);
-        self.replan(&clients).inspect_err(|_| {
+        self.replan_for(&clients, Some(id)).inspect_err(|_| {
             c.sm_reserve.store(before, Ordering::Relaxed);
         })
     }
@@ -270,7 +307,9 @@ impl Registry {
     pub(crate) fn sm_info(&self, id: u32) -> Result<[u64; 4]> {
         let clients = self.clients();
         let c = clients.get(&id).ok_or_else(|| unknown_client(id))?;
-        Ok(self.sm_of(c))
+        let info = self.sm_of(c);
+        c.told_sms.store(info[0] as u32, Ordering::Relaxed);
+        Ok(info)
     }
 
     /// The SM share in force for `c`: the lower of its own and the server's.
@@ -432,6 +471,50 @@ fn check_percent(percent: u32, min: u32, what: &str) -> Result<()> {
     }
 }
 
+/// Refuses `plan`, made for a reservation of client `reserver`, where it gives another client
+/// fewer SMs than that client was told.
+fn check_told(
+    clients: &BTreeMap<u32, ClientEntry>,
+    plan: &[Assignment],
+    reserver: u32,
+) -> Result<()> {
+    for a in plan.iter().filter(|a| a.client != reserver) {
+        let Some(c) = clients.get(&a.client) else {
+            continue;
+        };
+        let told = c.told_sms.load(Ordering::Relaxed);
+        if told > a.sms {
+            let reserve = clients
+                .get(&reserver)
+                .map_or(0, |r| r.sm_reserve.load(Ordering::Relaxed));
+            return Err(Error::new(
+                Status::QuotaExceeded,
+                format!(
+                    "reserving {reserve}% of the SMs would leave client {} (pid {}) {} SMs, \
+                     fewer than the {told} it was told when it connected, and kernels sized for \
+                     those (cuDNN's are) fail or never finish on fewer; start the reserving \
+                     program before the others, or run it in a group of its own (MPS_GROUP)",
+                    a.client, c.pid, a.sms
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn unknown_client(id: u32) -> Error {
     Error::internal(format!("client {id} is not registered"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_launches_are_logged_first_eight_then_at_powers_of_two() {
+        let s = Stats::default();
+        let logged: Vec<u64> = (0..1000).filter_map(|_| s.launch_failed()).collect();
+        assert_eq!(logged, [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512]);
+        assert_eq!(s.launch_failures.load(Ordering::Relaxed), 1000);
+    }
 }

@@ -868,14 +868,36 @@ fn sm_shares_and_reservations_hold() {
     assert_eq!(d.ctl_ok(&["get_default_active_thread_percentage"]), "100\n");
     assert_eq!(d.ctl_ok(&["get_max_sm_reservation", "default"]), "50\n");
 
-    // The simulator has 16 SMs. A first client has them all.
+    // The simulator has 16 SMs. A first client has them all, and is told so.
     let c = d.client();
     assert_eq!(sms_of(&c), "16/16");
     let pid = d.server_pids()[0].to_string();
 
+    // What a client was told is kept: a reservation that would leave it fewer SMs is refused,
+    // naming it (libraries size kernels by the SMs the program was told of).
+    let (refused, said) = spawn(&[("MPS_SM_RESERVE", "25")]);
+    assert!(
+        said.starts_with("refused=QuotaExceeded") && said.contains("it was told"),
+        "{said}"
+    );
+    release(refused);
+    assert_eq!(sms_of(&c), "16/16");
+    drop(c);
+    let me = std::process::id().to_string();
+    wait_for_value(
+        "this process's client gone from the server",
+        || {
+            d.ctl_ok(&["get_client_list", &pid])
+                .lines()
+                .any(|l| l == me)
+        },
+        false,
+    );
+
     // A reservation takes SMs from everyone else; a share caps a client within the rest.
     let (reserver, said) = spawn(&[("MPS_SM_RESERVE", "25")]);
     assert_eq!(said, "sms=4/16");
+    let c = d.client();
     assert_eq!(sms_of(&c), "12/16", "the others share what is left");
     let (sharer, said) = spawn(&[("MPS_ACTIVE_THREAD_PERCENTAGE", "25")]);
     assert_eq!(said, "sms=4/16");
@@ -892,8 +914,23 @@ fn sm_shares_and_reservations_hold() {
     release(bad);
     d.ctl_ok(&["set_max_sm_reservation", &pid, "60"]);
     assert_eq!(d.ctl_ok(&["get_max_sm_reservation", &pid]), "60\n");
+    // 30% more would leave this client 7 of the 12 SMs it was told of; the sharer keeps its 4.
+    let (refused, said) = spawn(&[("MPS_SM_RESERVE", "30")]);
+    assert!(said.contains("it was told"), "{said}");
+    release(refused);
+    drop(c);
+    wait_for_value(
+        "this process's client gone from the server",
+        || {
+            d.ctl_ok(&["get_client_list", &pid])
+                .lines()
+                .any(|l| l == me)
+        },
+        false,
+    );
     let (second, said) = spawn(&[("MPS_SM_RESERVE", "30")]);
     assert_eq!(said, "sms=5/16", "30% of 16 SMs rounds up");
+    let c = d.client();
     assert_eq!(sms_of(&c), "7/16");
     let status = d.ctl_ok(&["status"]);
     assert!(
@@ -1045,10 +1082,24 @@ fn sm_partitions_hold_on_the_gpu() {
     );
     d.ctl_ok(&["set_active_thread_percentage", &pid, "100"]);
 
-    // A reservation: its SMs leave everyone else's partition; the two run on disjoint SMs.
+    // A reservation: its SMs leave everyone else's partition; the two run on disjoint SMs. It
+    // is made before this process's client comes back, since a reservation may not take a
+    // client below the SMs it was told of.
+    drop(c);
+    let me = std::process::id().to_string();
+    wait_for_value(
+        "this process's client gone from the server",
+        || {
+            d.ctl_ok(&["get_client_list", &pid])
+                .lines()
+                .any(|l| l == me)
+        },
+        false,
+    );
     let (reserver, said) = spawn_until(d.role(TEST, "client", &[("MPS_SM_RESERVE", "25")]), |l| {
         l.starts_with("sms=")
     });
+    let c = d.client();
     let (sms, used) = said
         .strip_prefix("sms=")
         .and_then(|r| r.split_once(" used="))

@@ -775,22 +775,19 @@ fn bad_input_gets_a_clear_status_and_message() {
         &1u32.to_le_bytes(),
         &16u64.to_le_bytes(),
     ];
-    // The server checks a launch's geometry (against its device's limits); a launch is
-    // asynchronous, so the error comes with the next wait.
-    c.launch(fill, grid(0), grid(32), 0, Stream::DEFAULT, &args)
-        .unwrap();
+    // A bad geometry fails in the launch call itself, as with CUDA (the server checks it again
+    // against its device), and the stream carries on.
     check(
-        c.stream_synchronize(Stream::DEFAULT),
+        c.launch(fill, grid(0), grid(32), 0, Stream::DEFAULT, &args),
         Status::InvalidValue,
         "zero extent",
     );
-    c.launch(fill, grid(1), grid(2048), 0, Stream::DEFAULT, &args)
-        .unwrap();
     check(
-        c.stream_synchronize(Stream::DEFAULT),
+        c.launch(fill, grid(1), grid(2048), 0, Stream::DEFAULT, &args),
         Status::InvalidValue,
         "1024 threads",
     );
+    c.stream_synchronize(Stream::DEFAULT).unwrap();
     check(
         c.launch(fill, grid(1), grid(32), 0, Stream::DEFAULT, &args[..2]),
         Status::InvalidValue,

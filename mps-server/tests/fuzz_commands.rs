@@ -49,6 +49,7 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         defaults: DEFAULTS,
         standby: false,
         hellos: Default::default(),
+        max_servers_per_user: 16,
     })
     .unwrap();
     (d, dir)

@@ -114,6 +114,35 @@ fn idle_clients_cost_the_server_no_cpu() {
 }
 
 #[test]
+fn a_client_that_stops_reading_its_completions_costs_its_worker_nothing() {
+    // Before: a worker looked at such a client again and again (100% of a CPU per client).
+    let server = TestServer::start_with(&["--session-workers", "1"]);
+    let pid = server.pid();
+    let mut stuck = connect_all(&server, 1).pop().unwrap();
+    let complete_slots = mps_ipc::channel::Layout::default().complete_slots as usize;
+    let sent = complete_slots + 300;
+    for _ in 0..sent {
+        stuck.send(&Request::Mark, 0, 0);
+    }
+    eventually("the completion ring fills", || {
+        stuck.consumer.available().unwrap() as usize >= complete_slots - 1
+    });
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used <= 5,
+        "the server used {used} ticks of CPU over 2 s with one client not reading its completions"
+    );
+    // Another client of the same worker is served meanwhile, and the stuck one once it reads.
+    let mut other = connect_all(&server, 1).pop().unwrap();
+    assert!(other.call(&Request::Mark, 0).result().is_ok());
+    for _ in 0..sent {
+        assert!(stuck.recv().result().is_ok());
+    }
+}
+
+#[test]
 fn a_client_scribbling_on_its_wake_up_words_cannot_stall_its_worker() {
     let mut server = TestServer::start_with(&["--session-workers", "1"]);
     let good = connect_all(&server, 1).pop().unwrap();

@@ -33,6 +33,7 @@ enum {
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -176,6 +177,7 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n);
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t n);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s);
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s);
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetLoadingMode(int *mode);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name);

@@ -69,6 +69,13 @@ int main(int argc, char **argv) {
     CHECK(cuModuleLoadData(&mod, ptx));
     CHECK(cuModuleGetFunction(&add, mod, "add_f32"));
     CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy_f32"));
+    /* The same image from its file (Triton's kernels come so); a missing file is not found. */
+    CUmodule from_file;
+    CUfunction add_again;
+    CHECK(cuModuleLoad(&from_file, argv[1]));
+    CHECK(cuModuleGetFunction(&add_again, from_file, "add_f32"));
+    CHECK(cuModuleUnload(from_file));
+    EXPECT(cuModuleLoad(&from_file, "/nonexistent/test_kernels.ptx"), CUDA_ERROR_FILE_NOT_FOUND);
     /* Into a handle of its own: the driver may write to it even when it fails. */
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
     /* A fatbin whose one cubin is for another architecture (sm_75) has no code for this device:
@@ -111,6 +118,12 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyHtoD_v2(db, hb, N * sizeof(float)));
     uint64_t n = N;
     void *params[] = {&da, &db, &dc, &n};
+    /* A launch past the device's limits fails in the call itself, as the driver's does, and
+     * the stream carries on. */
+    EXPECT(cuLaunchKernel(add, 0, 1, 1, 256, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLaunchKernel(add, 1, 1, 1, 2048, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_INVALID_VALUE);
     CHECK(cuLaunchKernel(add, 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
     CHECK(cuMemcpyDtoH_v2(hc, dc, N * sizeof(float)));
     int wrong = 0;

@@ -112,6 +112,11 @@ pub(crate) struct Server {
 #[allow(dead_code)] // used by the program suites
 impl Server {
     pub(crate) fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// As [`Server::start`], the server given `args` too.
+    pub(crate) fn start_with(args: &[&str]) -> Server {
         let dir = temp_dir("server");
         let backend = backend();
         let child = Command::new(built().join("mps-server"))
@@ -120,6 +125,7 @@ impl Server {
             .arg("--log-dir")
             .arg(&dir)
             .args(["--backend", &backend])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

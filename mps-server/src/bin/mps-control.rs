@@ -15,10 +15,13 @@ use mps_core::units::parse_size;
 use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
 use mps_server::control::{
-    CONTROL_SOCKET, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, HelloLimits, send_command,
+    CONTROL_SOCKET, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig,
+    HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
-use mps_server::process::{STOP, init_logging_to, install_signal_handlers};
+use mps_server::process::{
+    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_signal_handlers,
+};
 use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
@@ -100,6 +103,14 @@ struct Args {
     /// Milliseconds a new connection has for its whole hello before it is dropped.
     #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     hello_timeout_ms: u64,
+    /// Servers one user may have running at once (one per group and device); a client of that
+    /// user that would need one more is refused with the reason.
+    #[arg(long, default_value_t = DEFAULT_MAX_SERVERS_PER_USER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_servers_per_user: usize,
+    /// Bytes control.log, and each server's log, grows to before it is renamed NAME.1
+    /// (replacing the one before) and started afresh, e.g. 16MiB.
+    #[arg(long, default_value_t = DEFAULT_LOG_MAX_BYTES, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    log_max_bytes: u64,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -115,7 +126,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         0o700
     };
     let log = TrustedDir::open(&log_dir, log_mode)
-        .and_then(|d| d.append_file("control.log", 0o600, None))
+        .and_then(|d| RotatingLog::open(d, "control.log", args.log_max_bytes))
         .map_err(|e| e.message)?;
     init_logging_to(log);
     install_signal_handlers()?;
@@ -131,6 +142,10 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     if let Some(scope) = &args.sim_fault_scope {
         server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
     }
+    server_args.extend([
+        "--log-max-bytes".to_string(),
+        args.log_max_bytes.to_string(),
+    ]);
     server_args.extend(args.server_args.iter().cloned());
     if !args.server_args.is_empty() {
         check_server_args(&server_bin, &server_args)?;
@@ -153,6 +168,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
             max_pending: args.max_pending_hellos,
             timeout: Duration::from_millis(args.hello_timeout_ms),
         },
+        max_servers_per_user: args.max_servers_per_user,
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(

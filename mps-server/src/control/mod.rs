@@ -67,7 +67,14 @@ pub struct DaemonConfig {
     /// Connections that may wait for their hello at once, and how long each may take; the
     /// daemon reads every hello on one thread, as a server does ([`crate::intake`]).
     pub hellos: HelloLimits,
+    /// Servers one user may have running at once (one per group and device); a client that
+    /// would need one more is refused with the reason, and other users are served as before.
+    pub max_servers_per_user: usize,
 }
+
+/// Servers per user unless the operator says otherwise: each costs a process, a device
+/// context, a few threads and descriptors of the daemon's and about 5 MB of memory.
+pub const DEFAULT_MAX_SERVERS_PER_USER: usize = 16;
 
 /// How many connections may wait for their hello at the daemon, and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,6 +274,31 @@ impl Daemon {
             Err(e) => format!("error: {}\n", e.message),
         };
         let _ = (&stream).write_all(reply.as_bytes());
+    }
+}
+
+/// For a server started by the daemon that cannot start: tells the daemon why (for its log) and
+/// refuses the clients already handed to it on `handoff` with that reason, rather than leave
+/// them to find their connection closed. Those handed while it stops are read for a moment.
+pub fn refuse_handoffs(handoff: &UnixStream, why: &str) {
+    let _ = wire::send_to_daemon(handoff, wire::UNSTARTED, why.as_bytes(), None);
+    let e = Error::new(
+        Status::Connection,
+        format!("the mps server for your user and group could not start: {why}"),
+    );
+    // The daemon hands a new server its first client at once; a little more may follow.
+    let quiet = Duration::from_millis(200);
+    if handoff.set_read_timeout(Some(quiet)).is_err() {
+        return;
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        match wire::recv(handoff) {
+            Ok((wire::HANDOFF, _, Some(fd))) => crate::server::refuse(&UnixStream::from(fd), &e),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
 }
 

@@ -388,6 +388,25 @@ impl Daemon {
                     tracing::warn!(uid, group, pid = old.child.id(), "server had exited");
                     let _ = old.child.wait();
                 }
+                prune(&mut servers);
+                let max = self.cfg.max_servers_per_user;
+                let theirs: Vec<&str> = servers
+                    .keys()
+                    .filter(|k| k.0 == uid)
+                    .map(|k| k.1.as_str())
+                    .collect();
+                if theirs.len() >= max {
+                    return Err(Error::new(
+                        Status::QuotaExceeded,
+                        format!(
+                            "uid {uid} already has {} servers running (groups {}), the daemon's \
+                             limit (mps-control --max-servers-per-user {max}); use one of those \
+                             groups, or let an operator stop one (mps-control shutdown_server)",
+                            theirs.len(),
+                            theirs.join(", ")
+                        ),
+                    ));
+                }
                 let s = self.start_server(uid, group, hello.device, None)?;
                 servers.insert(key.clone(), s);
                 self.keep_standby(&key);
@@ -463,8 +482,16 @@ impl Daemon {
         };
         let dir = self.servers_dir.subdir(&name, 0o700, owner)?;
         let log_name = format!("server-{name}.log");
+        // Another user's server cannot open the log directory itself (0711 as root, as the
+        // package makes /var/log/mps, so that nobody lists it): it logs in a directory of its
+        // own there, which only that user can read or write.
+        let user_logs = match owner {
+            Some((uid, _)) => Some(self.logs.subdir(&uid.to_string(), 0o700, owner)?),
+            None => None,
+        };
+        let logs = user_logs.as_ref().unwrap_or(&self.logs);
         // Made here, private and not through a link, before the server appends to it by name.
-        self.logs.append_file(&log_name, 0o600, owner)?;
+        logs.append_file(&log_name, 0o600, owner)?;
         // The daemon keeps one end (close-on-exec); the server inherits the other.
         // Both ends close-on-exec, so that no other server started meanwhile inherits one; the
         // server's end is let through to it alone, between its fork and exec.
@@ -480,7 +507,7 @@ impl Daemon {
         cmd.arg("--pipe-dir")
             .arg(dir.path())
             .arg("--log-dir")
-            .arg(self.logs.path())
+            .arg(logs.path())
             .arg("--log-name")
             .arg(&log_name)
             .arg("--handoff-fd")
@@ -667,6 +694,14 @@ fn listen_to(daemon: Weak<Daemon>, pid: u32, socket: UnixStream, replies: mpsc::
         match wire::recv(&socket) {
             Ok((wire::REPLY, payload, _)) => {
                 let _ = replies.send(payload);
+            }
+            Ok((wire::UNSTARTED, payload, _)) => {
+                // The server refuses the clients it was handed with this reason, and exits.
+                tracing::error!(
+                    pid,
+                    "the server could not start: {}",
+                    String::from_utf8_lossy(&payload)
+                );
             }
             Ok((wire::FAILED, payload, _)) => {
                 let Some(d) = daemon.upgrade() else { return };

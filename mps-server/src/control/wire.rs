@@ -26,6 +26,9 @@ pub(crate) const FAILED: u32 = 4;
 /// A client handed over after the context failed, given back with its hello to be routed to a
 /// fresh server (server to daemon).
 pub(crate) const RETURN: u32 = 5;
+/// The server could not start: its payload says why (server to daemon, unasked, before it
+/// exits).
+pub(crate) const UNSTARTED: u32 = 6;
 const MAX_PAYLOAD: usize = 1 << 20;
 
 /// What the daemon asks of a server.

@@ -25,6 +25,7 @@ use mps_ipc::segment::Segment;
 use super::limits::Limits;
 use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
 use crate::backend::{Backend, ClientContext, Op, Publish};
+use crate::quota::Charges;
 use crate::registry::{Registry, Stats};
 
 mod batch;
@@ -71,6 +72,8 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) handles: Arc<HandleIssuer>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) limits: Limits,
+    /// This client's charges on what its process and user hold in all.
+    pub(crate) charges: Charges,
 }
 
 /// What a client held when it went away.
@@ -116,6 +119,8 @@ pub(crate) struct SessionCore<B: Backend> {
     graphs: graphs::Graphs<B>,
     /// Launch batching: the run being held and the shapes of earlier runs.
     batch: batch::Batching<B>,
+    /// What this client charged to its process's and user's sums (given back on drop).
+    charges: Charges,
 }
 
 impl<B: Backend> SessionCore<B> {
@@ -127,6 +132,7 @@ impl<B: Backend> SessionCore<B> {
             handles,
             registry,
             limits,
+            charges,
         } = shared;
         limits.check()?;
         // The GPU writes progress into the server segment and copies through the staging area
@@ -168,6 +174,7 @@ impl<B: Backend> SessionCore<B> {
             limits,
             channel,
             ctx,
+            charges,
         })
     }
 
@@ -226,7 +233,14 @@ impl<B: Backend> SessionCore<B> {
                 }
             }
             Err(err) => {
-                tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                if matches!(
+                    Opcode::from_u16(cmd.opcode),
+                    Some(Opcode::Launch | Opcode::LaunchCluster)
+                ) {
+                    self.log_failed_launch(cmd.seq, &err);
+                } else {
+                    tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
+                }
                 // A command that fails ends the run: the work before it is queued first.
                 self.batch.offered = None;
                 self.end_run();
@@ -236,6 +250,19 @@ impl<B: Backend> SessionCore<B> {
                 self.publish_failed(cmd);
                 Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &err))
             }
+        }
+    }
+
+    /// Logs a failed launch (the message names the kernel, its geometry and the driver's
+    /// result), within the bound [`Stats::launch_failed`] keeps.
+    fn log_failed_launch(&self, seq: u64, err: &Error) {
+        if let Some(n) = self.stats.launch_failed() {
+            tracing::warn!(
+                client = self.ctx.id,
+                seq,
+                failed_launches = n,
+                "a launch failed: {err}"
+            );
         }
     }
 

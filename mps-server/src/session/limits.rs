@@ -20,9 +20,19 @@ pub struct Limits {
     pub max_functions: usize,
     /// Host buffers.
     pub max_host_buffers: usize,
-    /// Bytes of all of the client's host buffers together: each maps that much of the
-    /// server's address space and, once touched, of its memory.
+    /// Bytes of all of the client's host buffers together: each is that much of the machine's
+    /// memory, taken when the buffer is made. By default a quarter of the machine's memory.
     pub max_host_bytes: u64,
+    /// Bytes of the host buffers of all of one user's clients in the server together; by
+    /// default half of the machine's memory, so that a user's clients cannot run the machine
+    /// out of memory whatever their number.
+    pub max_user_host_bytes: u64,
+    /// Device memory of all of one user's clients in the server together, counted as
+    /// allocations take it (0: none).
+    pub max_user_device_bytes: u64,
+    /// Device allocations one client may hold (each costs server memory to track, and takes at
+    /// least [`mps_core::alloc::ALLOC_ALIGN`] bytes of the device).
+    pub max_allocations: usize,
     /// Bytes of one module image, counted while it is uploaded (at most `MAX_MODULE_BYTES`).
     pub max_module_bytes: u64,
     /// Kernel entries of one PTX module (reading each costs server memory).
@@ -51,7 +61,10 @@ impl Default for Limits {
             max_modules: 1024,
             max_functions: 1 << 16,
             max_host_buffers: 4096,
-            max_host_bytes: 64 << 30,
+            max_host_bytes: machine_memory() / 4,
+            max_user_host_bytes: machine_memory() / 2,
+            max_user_device_bytes: 0,
+            max_allocations: 1 << 16,
             max_module_bytes: MAX_MODULE_BYTES,
             max_module_entries: 1 << 14,
             max_graphs: 1024,
@@ -87,6 +100,13 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// The machine's memory as this process may use it: `MemTotal`, or its memory cgroup's limit if
+/// lower (read once).
+pub(crate) fn machine_memory() -> u64 {
+    static MEMORY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MEMORY.get_or_init(|| mps_ipc::segment::machine_memory().unwrap_or(8 << 30))
 }
 
 /// The refusal of a request that would take a client past `limit` (a field of [`Limits`]),

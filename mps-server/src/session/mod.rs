@@ -135,6 +135,7 @@ impl<B: Backend> Session<B> {
         let shared = Shared {
             backend,
             handles,
+            charges: registry.ledger().open(peer.uid, peer.pid),
             registry: registry.clone(),
             limits,
         };
@@ -179,6 +180,7 @@ impl<B: Backend> Session<B> {
                 busy_ns: ctx.busy_ns.clone(),
                 sm_share: std::sync::atomic::AtomicU32::new(100),
                 sm_reserve: std::sync::atomic::AtomicU32::new(0),
+                told_sms: std::sync::atomic::AtomicU32::new(0),
             },
         );
     }
@@ -295,8 +297,12 @@ impl<B: Backend> Session<B> {
     }
 
     /// Whether the client has something for its session to look at: a command, or its end.
+    /// A client with commands but no room for their answers has none: it is served again once
+    /// it drains its completions (its library then rings its doorbell), so that a client that
+    /// stops reading them costs its worker nothing.
     pub(crate) fn has_work(&self) -> bool {
-        self.closing.load(Ordering::Relaxed) || self.commands.available() != Ok(0)
+        self.closing.load(Ordering::Relaxed)
+            || (self.commands.available() != Ok(0) && self.completion_room())
     }
 
     /// The doorbell the client rings after submitting.

@@ -18,14 +18,17 @@
 //!   unwoken); a new client is announced on a word in server-private memory.
 //! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
 //!   the client's streams first; a stream's destruction; a module load) is not handled by the
-//!   worker: the client leaves the worker with it for one of [`WAITERS`] threads, which handles
-//!   it and hands the client back to the least-loaded worker. The worker's other clients never
-//!   wait for it; the client's own later commands wait, as stream order requires. Releasing a
-//!   departed client's resources, which can wait for all its work, runs on a thread of its own.
+//!   worker: the client leaves the worker with it for a waiting thread, which handles it and
+//!   hands the client back to the least-loaded worker. The worker's other clients never wait
+//!   for it; the client's own later commands wait, as stream order requires. Each waiting
+//!   client has a waiting thread to itself ([`WAITERS`] are kept, more are started while every
+//!   one is taken and end once idle), so clients whose loads or frees take long (a huge module,
+//!   a free behind a long kernel) never hold up another client's. Releasing a departed client's
+//!   resources, which can wait for all its work, runs on a thread of its own.
 //!
 //! `count` 0 keeps one thread per client (the behaviour before workers), for comparison.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
@@ -47,12 +50,16 @@ pub(crate) const PER_WORKER: usize = MAX_WAIT_ANY - 1;
 /// sleep, and a worker exists only while it has clients.
 pub(crate) const PER_CPU: usize = 4;
 
-/// Threads that handle commands that may wait for the device, shared by every worker.
+/// Threads that handle commands that may wait for the device kept for every worker to use; one
+/// more is started for each client that waits while these are taken.
 pub(crate) const WAITERS: usize = 4;
 
-/// How often a worker looks again at a client whose completion ring was full (the client rings
-/// nothing when it drains it).
-const FULL_POLL: Duration = Duration::from_millis(1);
+/// How long a waiting thread beyond [`WAITERS`] stays idle before it ends.
+const WAITER_IDLE: Duration = Duration::from_secs(10);
+
+/// How often a worker looks again at a client whose completion ring was full, in case its
+/// library does not ring after draining it (one that does wakes the worker at once).
+const FULL_POLL: Duration = Duration::from_millis(100);
 
 /// The session workers of one server.
 pub(crate) struct Workers<B: Backend> {
@@ -82,7 +89,14 @@ struct Pool<B: Backend> {
     tiers: [Mutex<Vec<Arc<Worker<B>>>>; 2],
     watcher: Watcher,
     /// To the threads that handle commands that may wait.
-    waiting: mpsc::Sender<Session<B>>,
+    waiting: crossbeam_channel::Sender<Session<B>>,
+    /// What those threads take clients from: each waits on it with a timeout of its own, so
+    /// that spare threads idle together end together.
+    queue: crossbeam_channel::Receiver<Session<B>>,
+    /// Waiting threads idle now and not yet promised to a client.
+    idle_waiters: AtomicUsize,
+    /// Waiting threads running.
+    waiters: AtomicUsize,
     /// Spin, then yield, before sleeping.
     waits: (Duration, Duration),
 }
@@ -127,21 +141,21 @@ impl<B: Backend> Workers<B> {
             }
             Err(_) => 0,
         };
-        let (waiting, queue) = mpsc::channel();
+        let (waiting, queue) = crossbeam_channel::unbounded();
         let pool = Arc::new(Pool {
             count,
             tiers: Default::default(),
             watcher: Watcher::start()?,
             waiting,
+            queue,
+            idle_waiters: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
             waits,
         });
         if count > 0 {
-            let queue = Arc::new(Mutex::new(queue));
-            for i in 0..WAITERS {
-                let (queue, pool) = (queue.clone(), Arc::downgrade(&pool));
-                std::thread::Builder::new()
-                    .name(format!("session-wait{i}"))
-                    .spawn(move || wait_for_device(&queue, &pool))?;
+            for _ in 0..WAITERS {
+                pool.start_waiter()?;
+                pool.idle_waiters.fetch_add(1, Ordering::SeqCst);
             }
         }
         Ok(Workers { pool })
@@ -195,6 +209,37 @@ fn refuse<B: Backend>(session: Session<B>, e: &std::io::Error) {
 }
 
 impl<B: Backend> Pool<B> {
+    /// Hands `session`, whose held command may wait, to a waiting thread of its own: an idle
+    /// one, or one started for it.
+    fn wait_on_device(self: &Arc<Self>, session: Session<B>) {
+        let promised = self
+            .idle_waiters
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !promised && self.start_waiter().is_err() {
+            // No thread to be had: the threads running take it in turn.
+            tracing::warn!("cannot start a waiting thread; the client waits its turn");
+        }
+        // The receiving end lives as long as the pool.
+        if let Err(crossbeam_channel::SendError(mut s)) = self.waiting.send(session) {
+            s.handle_held();
+            self.place(s);
+        }
+    }
+
+    /// Starts a waiting thread; it takes a client at once (the one it was started for).
+    fn start_waiter(self: &Arc<Self>) -> std::io::Result<()> {
+        let n = self.waiters.fetch_add(1, Ordering::SeqCst);
+        let (queue, pool) = (self.queue.clone(), Arc::downgrade(self));
+        std::thread::Builder::new()
+            .name(format!("session-wait{n}"))
+            .spawn(move || wait_for_device(&queue, &pool))
+            .map(drop)
+            .inspect_err(|_| {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+            })
+    }
+
     /// Hands `session` to the least-loaded worker of its tier, starting one if needed.
     fn place(self: &Arc<Self>, session: Session<B>) {
         let tier = usize::from(session.below_normal());
@@ -286,11 +331,7 @@ fn work<B: Backend>(pool: &Arc<Pool<B>>, worker: &Worker<B>) {
         }
         for s in outcome.waiting {
             lock(&worker.state).load -= 1;
-            // The waiting threads live as long as the pool, which outlives this worker.
-            if let Err(mpsc::SendError(mut s)) = pool.waiting.send(s) {
-                s.handle_held();
-                pool.place(s);
-            }
+            pool.wait_on_device(s);
         }
         if outcome.busy || mine.is_empty() {
             spin_first = true;
@@ -357,15 +398,37 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
     out
 }
 
-/// A waiting thread: handles each client's held command, then hands the client back.
-fn wait_for_device<B: Backend>(queue: &Mutex<mpsc::Receiver<Session<B>>>, pool: &Weak<Pool<B>>) {
+/// A waiting thread: handles each client's held command, then hands the client back. Beyond
+/// [`WAITERS`], one idle for [`WAITER_IDLE`] that no client was promised ends.
+fn wait_for_device<B: Backend>(
+    queue: &crossbeam_channel::Receiver<Session<B>>,
+    pool: &Weak<Pool<B>>,
+) {
     loop {
-        let next = lock(queue).recv();
-        let Ok(mut session) = next else { return };
+        let next = queue.recv_timeout(WAITER_IDLE);
+        let mut session = match next {
+            Ok(s) => s,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                let Some(p) = pool.upgrade() else { return };
+                let spare = p.waiters.load(Ordering::SeqCst) > WAITERS
+                    && p.idle_waiters
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                if spare {
+                    p.waiters.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                continue;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
         session.handle_held();
         match pool.upgrade() {
-            Some(pool) => pool.place(session),
-            None => session.teardown(),
+            Some(pool) => {
+                pool.place(session);
+                pool.idle_waiters.fetch_add(1, Ordering::SeqCst);
+            }
+            None => return session.teardown(),
         }
     }
 }

@@ -145,10 +145,13 @@ int main(int argc, char **argv) {
     uint64_t n = 1024;
     void *params[] = {&d, &value, &n};
     mps_dim3 zero = {0, 1, 1}, one = {1, 1, 1}, block = {128, 1, 1};
-    /* The server checks a launch's geometry; a launch is asynchronous, so the error comes with
-       the next wait. */
-    OK(c, mps_launch_kernel(c, fill, zero, block, 0, 0, params));
-    EXPECT(c, mps_stream_synchronize(c, 0), MPS_ERROR_INVALID_VALUE, "zero extent");
+    /* A bad geometry fails in the launch call itself, as with CUDA; the stream carries on. */
+    EXPECT(c, mps_launch_kernel(c, fill, zero, block, 0, 0, params), MPS_ERROR_INVALID_VALUE,
+           "zero extent");
+    mps_dim3 too_wide = {2048, 1, 1};
+    EXPECT(c, mps_launch_kernel(c, fill, one, too_wide, 0, 0, params), MPS_ERROR_INVALID_VALUE,
+           "1024 threads");
+    OK(c, mps_stream_synchronize(c, 0));
     EXPECT(c, mps_launch_kernel(c, fill, one, block, 0, 0, NULL), MPS_ERROR_INVALID_VALUE,
            "params is NULL");
     EXPECT(c, mps_launch_kernel(c, 99, one, block, 0, 0, params), MPS_ERROR_INVALID_HANDLE, NULL);

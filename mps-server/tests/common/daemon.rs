@@ -13,6 +13,8 @@ use super::{WAIT, backend, control_bin, server_bin, temp_dir, wait_for};
 /// A running `mps-control -f`.
 pub struct TestDaemon {
     pub dir: PathBuf,
+    /// The log directory: `dir` itself unless started by [`TestDaemon::start_apart`].
+    pub logs: PathBuf,
     child: Child,
 }
 
@@ -48,21 +50,44 @@ impl TestDaemon {
         adjust: impl FnOnce(&mut Command),
     ) -> TestDaemon {
         let dir = temp_dir(tag);
+        Self::launch_in(dir.clone(), dir, server, "256MiB", extra, adjust)
+    }
+
+    /// A daemon laid out as the Debian package lays it out: the pipe directory (0755) apart
+    /// from the log directory, which exists beforehand, root's with mode 0711
+    /// (`LogsDirectoryMode=0711`), with `sim_memory` of simulated memory per server.
+    pub fn start_apart(tag: &str, server: &Path, sim_memory: &str, extra: &[&str]) -> TestDaemon {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir(tag);
+        let logs = temp_dir(&format!("{tag}-logs")).join("mps");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o711)).unwrap();
+        Self::launch_in(dir, logs, server, sim_memory, extra, |_| {})
+    }
+
+    fn launch_in(
+        dir: PathBuf,
+        logs: PathBuf,
+        server: &Path,
+        sim_memory: &str,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> TestDaemon {
         let mut cmd = Command::new(control_bin());
         cmd.arg("-f")
-            .args(["--backend", &backend(), "--sim-memory", "256MiB"])
+            .args(["--backend", &backend(), "--sim-memory", sim_memory])
             .args(extra)
             .arg("--server")
             .arg(server)
             .arg("--pipe-dir")
             .arg(&dir)
             .arg("--log-dir")
-            .arg(&dir)
+            .arg(&logs)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         adjust(&mut cmd);
         let child = cmd.spawn().unwrap();
-        let d = TestDaemon { dir, child };
+        let d = TestDaemon { dir, logs, child };
         wait_for(
             "the daemon's start",
             || std::os::unix::net::UnixStream::connect(d.dir.join("control.sock")).ok(),
@@ -83,7 +108,7 @@ impl TestDaemon {
 
     /// The log file `name` in the daemon's log directory (empty until it exists).
     pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+        std::fs::read_to_string(self.logs.join(name)).unwrap_or_default()
     }
 
     /// Waits until the log `name` contains `needle`; returns the log.
@@ -223,5 +248,8 @@ impl Drop for TestDaemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if self.logs != self.dir {
+            let _ = std::fs::remove_dir_all(self.logs.parent().unwrap_or(&self.logs));
+        }
     }
 }

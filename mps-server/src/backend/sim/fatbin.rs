@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::io::Read;
 
+use mps_core::protocol::MAX_MODULE_BYTES;
 use mps_core::{Error, Result, Status};
 
 const MAGIC: u32 = 0xba55_ed50;
@@ -42,6 +43,10 @@ fn truncated() -> Error {
     )
 }
 
+/// Bytes the compressed PTX parts of one fatbin may decompress to in all: what a client could
+/// send uncompressed. Checked against what each part's header claims before it is inflated.
+const MAX_INFLATED: u64 = MAX_MODULE_BYTES;
+
 /// The PTX texts of the fatbin `image`, in order (none if it holds only cubins).
 pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<Cow<'_, [u8]>>> {
     if u32_at(image, 0) != Some(MAGIC) {
@@ -54,6 +59,7 @@ pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<Cow<'_, [u8]>>> {
         .filter(|e| *e <= image.len())
         .ok_or_else(truncated)?;
     let mut parts = Vec::new();
+    let mut inflated = 0u64;
     let mut at = header;
     while at < end {
         let kind = u16_at(image, at).ok_or_else(truncated)?;
@@ -80,17 +86,41 @@ pub(super) fn ptx_parts(image: &[u8]) -> Result<Vec<Cow<'_, [u8]>>> {
             if flags & ZSTD != 0 {
                 let compressed = u32_at(image, at + 16).ok_or_else(truncated)? as usize;
                 let size = u64_at(image, at + 56).ok_or_else(truncated)?;
-                parts.push(Cow::Owned(unzstd(
-                    payload.get(..compressed).ok_or_else(truncated)?,
-                    size,
-                )?));
+                inflated = inflated
+                    .checked_add(size)
+                    .filter(|t| *t <= MAX_INFLATED)
+                    .ok_or_else(|| {
+                        Error::new(
+                            Status::InvalidImage,
+                            format!(
+                                "the fatbin's compressed PTX claims {size} bytes, more than the \
+                                 {MAX_INFLATED} bytes of a module image in all; refused \
+                                 before decompressing it"
+                            ),
+                        )
+                    })?;
+                let frame = payload.get(..compressed).ok_or_else(truncated)?;
+                parts.push(Part::Zstd(frame, size));
             } else {
-                parts.push(Cow::Borrowed(payload));
+                parts.push(Part::Plain(payload));
             }
         }
         at = stop;
     }
-    Ok(parts)
+    // Inflated only once every claim is known to fit.
+    parts
+        .into_iter()
+        .map(|p| match p {
+            Part::Plain(text) => Ok(Cow::Borrowed(text)),
+            Part::Zstd(frame, size) => unzstd(frame, size).map(Cow::Owned),
+        })
+        .collect()
+}
+
+/// A PTX part as found: its text, or a zstd frame and the size it claims.
+enum Part<'a> {
+    Plain(&'a [u8]),
+    Zstd(&'a [u8], u64),
 }
 
 /// The `size` bytes that the zstd frame `frame` decompresses to.
@@ -101,7 +131,9 @@ fn unzstd(frame: &[u8], size: u64) -> Result<Vec<u8>> {
             format!("the fatbin's compressed PTX does not decompress: {e}"),
         )
     };
-    let mut out = Vec::with_capacity(size.min(1 << 30) as usize);
+    // `size` is within MAX_INFLATED (checked by the caller); the reserve follows what the
+    // frame can hold at most, not a claim alone.
+    let mut out = Vec::with_capacity(size.min(frame.len() as u64 * 64) as usize);
     ruzstd::decoding::StreamingDecoder::new(frame)
         .map_err(|e| bad(e.to_string()))?
         .take(size)
@@ -168,6 +200,19 @@ mod tests {
             ptx_parts(&wrong_size).unwrap_err().status,
             Status::InvalidImage
         );
+    }
+
+    #[test]
+    fn a_decompressed_size_past_a_module_image_is_refused_before_inflating() {
+        // A frame of a few bytes claiming 1 TiB, and parts whose claims pass it together.
+        let e = ptx_parts(&fatbin(&[compressed(0x8011, ZSTD_PTX, 1 << 40)])).unwrap_err();
+        assert!(e.message.contains("before decompressing"), "{}", e.message);
+        let half = MAX_INFLATED / 2 + 1;
+        let two = fatbin(&[
+            compressed(0x8011, ZSTD_PTX, half),
+            compressed(0x8011, ZSTD_PTX, half),
+        ]);
+        assert!(ptx_parts(&two).unwrap_err().message.contains("in all"));
     }
 
     #[test]

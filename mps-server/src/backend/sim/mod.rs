@@ -51,6 +51,10 @@ pub struct SimConfig {
     pub sm_count: u32,
     /// What a kernel fault ends.
     pub fault_scope: FaultScope,
+    /// Time each host-to-device copy takes before its bytes land, as a DMA's does: zero
+    /// unless a test widens the window in which a copy is queued but not yet done, to check
+    /// what waits for it.
+    pub copy_latency: std::time::Duration,
 }
 
 /// What a faulting kernel takes down in the simulator.
@@ -68,6 +72,7 @@ pub enum FaultScope {
 #[derive(Debug)]
 struct SimContext {
     scope: FaultScope,
+    copy_latency: std::time::Duration,
     /// Set once `dead` holds the failure; read on every submission without a lock.
     is_dead: AtomicBool,
     dead: Mutex<Option<Error>>,
@@ -163,6 +168,7 @@ impl SimBackend {
             epoch: Instant::now(),
             context: Arc::new(SimContext {
                 scope: cfg.fault_scope,
+                copy_latency: cfg.copy_latency,
                 is_dead: AtomicBool::new(false),
                 dead: Mutex::new(None),
                 clients: Mutex::new(Vec::new()),
@@ -372,6 +378,9 @@ impl Worker {
             Op::CopyHtoD { dst, src } => {
                 let (s, len) = src.as_raw();
                 let d = self.device(*dst, len as u64, "copy destination")?;
+                if !self.context.copy_latency.is_zero() {
+                    std::thread::sleep(self.context.copy_latency);
+                }
                 // SAFETY: both ranges are `len` bytes of live mappings (device memory checked
                 // above; the host bytes are kept alive by `src`); they cannot overlap, device
                 // memory being a mapping of its own.
@@ -479,6 +488,9 @@ impl Backend for SimBackend {
     fn host_unregister(&self, _segment: &Segment) {}
 
     fn module_load(&self, image: &[u8]) -> Result<SimModule> {
+        /// Kernel entries the PTX parts of one fatbin may hold in all (every part's, before
+        /// those of the same name are merged): the server's default per PTX module.
+        const MAX_FATBIN_ENTRIES: usize = 1 << 14;
         self.context.alive()?;
         match ImageFormat::detect(image)? {
             ImageFormat::Ptx => Ok(SimModule {
@@ -496,10 +508,26 @@ impl Backend for SimBackend {
                     )
                     .with_cuda_result(NO_BINARY_FOR_GPU));
                 }
+                // The same kernel in several parts (one per architecture) is one entry; the
+                // names seen are kept in a set (a scan of the list for each was quadratic).
                 let mut entries: Vec<ptx::Entry> = Vec::new();
+                let mut names = std::collections::HashSet::new();
+                let mut found = 0usize;
                 for text in parts {
-                    for e in ptx::parse_entries(&text)? {
-                        if !entries.iter().any(|x| x.name == e.name) {
+                    let most = MAX_FATBIN_ENTRIES - found;
+                    let list = ptx::parse_entries_within(&text, most).map_err(|e| {
+                        Error::new(
+                            e.status,
+                            format!(
+                                "{} (a fatbin's PTX parts may hold {MAX_FATBIN_ENTRIES} kernel \
+                                 entries in all)",
+                                e.message
+                            ),
+                        )
+                    })?;
+                    found += list.len();
+                    for e in list {
+                        if names.insert(e.name.clone()) {
                             entries.push(e);
                         }
                     }
@@ -752,6 +780,7 @@ mod tests {
             memory_bytes: 1 << 20,
             sm_count: 2,
             fault_scope: scope,
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap();
         let (victim, other) = (Arc::new(Heard::default()), Arc::new(Heard::default()));

@@ -516,8 +516,13 @@ impl<B: Backend> SessionCore<B> {
     fn submit_each(&mut self, held: Vec<Held<B>>) {
         let mut failed = 0usize;
         for h in held {
+            let launch = matches!(h.op, Op::Launch { .. });
             if let Err(err) = self.submit_now(self.batch.stream, h.seq, h.op) {
-                tracing::debug!(client = self.ctx.id, seq = h.seq, "command failed: {err}");
+                if launch {
+                    self.log_failed_launch(h.seq, &err);
+                } else {
+                    tracing::debug!(client = self.ctx.id, seq = h.seq, "command failed: {err}");
+                }
                 if failed == 0 {
                     self.batch
                         .errors

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::RwLock;
 use std::sync::atomic::Ordering;
 
-use mps_core::alloc::AllocTable;
+use mps_core::alloc::{ALLOC_ALIGN, AllocTable};
 use mps_core::handle::HandleKind;
 use mps_core::protocol::HostRef;
 use mps_core::{Error, Result, Status};
@@ -12,8 +12,17 @@ use mps_ipc::segment::Segment;
 
 use super::{Answer, DONE, SessionCore};
 use crate::backend::{Backend, HostBytes};
+use crate::quota::Bounds;
 use crate::session::limits::exceeded;
 use crate::session::tables::ensure_room;
+
+/// What an allocation of `size` bytes takes of the device: whole granules of the allocator
+/// (the simulator's, and the alignment cuMemAlloc gives). A size that cannot be rounded is
+/// past every limit and every device.
+fn charged(size: u64) -> u64 {
+    size.checked_next_multiple_of(ALLOC_ALIGN)
+        .unwrap_or(u64::MAX)
+}
 
 impl<B: Backend> SessionCore<B> {
     pub(super) fn check_device(&self, addr: u64, len: u64, what: &str) -> Result<()> {
@@ -29,27 +38,40 @@ impl<B: Backend> SessionCore<B> {
         if size == 0 {
             return Err(Error::invalid_value("cannot allocate 0 bytes"));
         }
-        let limit = self.mem_limit.load(Ordering::Relaxed);
-        let held = self.allocations.bytes();
-        if limit != 0 && held.checked_add(size).is_none_or(|total| total > limit) {
-            return Err(Error::new(
-                Status::QuotaExceeded,
-                format!(
-                    "allocating {size} bytes on top of the {held} this client holds would pass \
-                     its device-memory limit of {limit} bytes (MPS_PINNED_DEVICE_MEM_LIMIT, or \
-                     the operator's set_device_pinned_mem_limit)"
-                ),
+        let max = self.limits.max_allocations;
+        if self.allocations.len() >= max {
+            return Err(exceeded(
+                "max_allocations",
+                format!("this client already holds {max} device allocations, its limit"),
             ));
         }
-        let ptr = self.backend.mem_alloc(size)?;
+        // Counted as the allocation takes it: a 1-byte allocation holds a granule of the device.
+        let takes = charged(size);
+        let bounds = Bounds {
+            process_device: self.mem_limit.load(Ordering::Relaxed),
+            user_device: self.limits.max_user_device_bytes,
+            user_host: self.limits.max_user_host_bytes,
+        };
+        self.charges.device(takes, &bounds)?;
+        let ptr = match self.backend.mem_alloc(size) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                self.charges.free_device(takes);
+                return Err(e);
+            }
+        };
+        let undo = |this: &mut Self| {
+            this.backend.mem_free(ptr, size);
+            this.charges.free_device(takes);
+        };
         if let Err(e) = self.allocations.insert(ptr, size) {
-            self.backend.mem_free(ptr, size);
+            undo(self);
             return Err(e);
         }
         let shared = self.shared_allocations().insert(ptr, size);
         if let Err(e) = shared {
             let _ = self.allocations.remove(ptr);
-            self.backend.mem_free(ptr, size);
+            undo(self);
             return Err(e);
         }
         Ok(Answer::Values([ptr, 0, 0, 0]))
@@ -70,6 +92,7 @@ impl<B: Backend> SessionCore<B> {
         self.allocations.remove(ptr)?;
         let _ = self.shared_allocations().remove(ptr);
         self.backend.mem_free(ptr, size);
+        self.charges.free_device(charged(size));
         DONE
     }
 
@@ -78,6 +101,7 @@ impl<B: Backend> SessionCore<B> {
         self.synchronize_all()?;
         let seg = self.host.remove(handle)?;
         self.host_bytes -= seg.len() as u64;
+        self.charges.free_host(seg.len() as u64);
         self.backend.host_unregister(&seg);
         DONE
     }
@@ -86,6 +110,7 @@ impl<B: Backend> SessionCore<B> {
     pub(crate) fn host_buffer_unsent(&mut self, handle: u64) {
         if let Ok(seg) = self.host.remove(handle) {
             self.host_bytes -= seg.len() as u64;
+            self.charges.free_host(seg.len() as u64);
             self.backend.host_unregister(&seg);
         }
     }
@@ -114,11 +139,30 @@ impl<B: Backend> SessionCore<B> {
                     ),
                 )
             })?;
-        let seg = Segment::create("mps-host", bytes as usize)?;
-        self.backend.host_register(&seg)?;
+        let bounds = Bounds {
+            process_device: 0,
+            user_device: 0,
+            user_host: self.limits.max_user_host_bytes,
+        };
+        self.charges.host(bytes, &bounds)?;
+        let made = Segment::create("mps-host", bytes as usize).and_then(|seg| {
+            self.backend.host_register(&seg)?;
+            Ok(seg)
+        });
+        let seg = match made {
+            Ok(seg) => seg,
+            Err(e) => {
+                self.charges.free_host(bytes);
+                return Err(e);
+            }
+        };
         let h = self.handles.next(HandleKind::HostBuffer);
         let segment = Arc::new(seg);
-        self.host.insert(h, segment.clone())?;
+        if let Err(e) = self.host.insert(h, segment.clone()) {
+            self.backend.host_unregister(&segment);
+            self.charges.free_host(bytes);
+            return Err(e);
+        }
         self.host_bytes += bytes;
         Ok(Answer::HostBuffer { segment, handle: h })
     }

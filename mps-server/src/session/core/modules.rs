@@ -65,7 +65,12 @@ impl<B: Backend> SessionCore<B> {
             "max_modules",
             self.limits.max_modules,
         )?;
-        if ImageFormat::detect(&image)? == ImageFormat::Ptx {
+        // A fatbin's uncompressed PTX parts are counted the same way in its bytes (its
+        // compressed ones are counted by the backend as it reads them).
+        if matches!(
+            ImageFormat::detect(&image)?,
+            ImageFormat::Ptx | ImageFormat::Fatbin
+        ) {
             let most = self.limits.max_module_entries;
             let entries = count_entries(&image, most);
             if entries > most {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mps_ipc::socket::Peer;
-use mpsclient::{BackendKind, Client, DeviceInfo, Dim3, Function, Stream};
+use mpsclient::{BackendKind, Client, DeviceInfo, DevicePtr, Dim3, Function, Stream};
 
 use super::*;
 use crate::session::{ServerEnv, Session, Workers};
@@ -68,6 +68,7 @@ fn sim_server() -> Server<SimBackend> {
             memory_bytes: 64 << 20,
             sm_count: 4,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap(),
     )
@@ -113,23 +114,28 @@ fn the_client_and_the_session_agree_on_work_and_its_results() {
             .all(|w| u32::from_le_bytes(w.try_into().unwrap()) == value),
         "fill_u32 through the client and the session wrote something else"
     );
-    // A launch is posted without an answer: the server's refusal (an empty grid) comes back at
-    // the next wait, naming the command, and the client carries on.
-    c.launch(
-        fill,
-        grid(0),
-        grid(1),
-        0,
-        s,
-        &[
-            &p.0.to_le_bytes(),
-            &value.to_le_bytes(),
-            &1u64.to_le_bytes(),
-        ],
-    )
-    .unwrap();
-    let e = c.stream_synchronize(s).unwrap_err();
+    // A bad geometry (an empty grid) is refused in the launch call itself, as with CUDA.
+    let e = c
+        .launch(
+            fill,
+            grid(0),
+            grid(1),
+            0,
+            s,
+            &[
+                &p.0.to_le_bytes(),
+                &value.to_le_bytes(),
+                &1u64.to_le_bytes(),
+            ],
+        )
+        .unwrap_err();
     assert_eq!(e.status, Status::InvalidValue, "{e}");
+    assert!(e.message.contains("zero extent"), "{e}");
+    // A memset is posted without an answer: the server's refusal (outside every allocation)
+    // comes back at the next wait, naming the command, and the client carries on.
+    c.memset_d8(DevicePtr(p.0 + (1 << 40)), 0, 16, s).unwrap();
+    let e = c.stream_synchronize(s).unwrap_err();
+    assert_eq!(e.status, Status::InvalidHandle, "{e}");
     assert!(e.message.contains("command #"), "{e}");
     c.stream_destroy(s).unwrap();
     c.mem_free(p).unwrap();

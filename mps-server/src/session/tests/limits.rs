@@ -183,6 +183,7 @@ fn the_memory_limit_is_enforced_and_only_lowered() {
     let mut c = server.client(Limits::default());
     assert_eq!(c.ok(&Request::SetMemLimit { bytes: 4096 }, 0)[0], 4096);
     assert_eq!(c.ok(&Request::SetMemLimit { bytes: 1 << 20 }, 0)[0], 4096);
+    // Counted as allocations take it: 3000 bytes take 12 granules of 256.
     let p = c.alloc(3000);
     let quota = Status::QuotaExceeded;
     c.refused(&Request::MemAlloc { size: 2000 }, 0, quota, "limit of 4096");
@@ -191,7 +192,7 @@ fn the_memory_limit_is_enforced_and_only_lowered() {
         &Request::MemAlloc { size: u64::MAX },
         0,
         quota,
-        "on top of the 3000",
+        "on top of the 3072",
     );
     assert!(e.message.contains(&u64::MAX.to_string()), "{e}");
     let [free, total, ..] = c.ok(&Request::MemGetInfo, 0);

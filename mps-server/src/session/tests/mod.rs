@@ -95,6 +95,11 @@ impl<B: Backend> Server<B> {
             handles: self.handles.clone(),
             registry: self.registry.clone(),
             limits,
+            // Each test client a process of its own, as separate clients usually are.
+            charges: self.registry.ledger().open(1000, {
+                static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+                PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            }),
         };
         Ok(Client {
             core: SessionCore::new(shared, channel.clone(), ctx)?,
@@ -111,6 +116,7 @@ fn sim() -> Server<SimBackend> {
             memory_bytes: 64 << 20,
             sm_count: 4,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap(),
     )

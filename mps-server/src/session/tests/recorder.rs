@@ -62,6 +62,7 @@ impl Recorder {
             memory_bytes: 1 << 20,
             sm_count: 1,
             fault_scope: Default::default(),
+            copy_latency: std::time::Duration::ZERO,
         })
         .unwrap();
         Recorder {

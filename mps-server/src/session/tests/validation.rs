@@ -326,6 +326,21 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
             Request::Launch {
                 spec: LaunchSpec {
                     function: f,
+                    grid: one(),
+                    block: one(),
+                    shared_mem: 2 << 30,
+                    cluster: None,
+                    params: &params,
+                },
+            },
+            s,
+            Value,
+            "bytes of dynamic shared memory",
+        ),
+        (
+            Request::Launch {
+                spec: LaunchSpec {
+                    function: f,
                     grid: Dim3 { x: 0, y: 1, z: 1 },
                     block: one(),
                     shared_mem: 0,

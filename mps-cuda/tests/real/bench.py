@@ -1,0 +1,153 @@
+"""Real models at N processes: batch-1 fp16 inference of PyTorch models (an MLP, ResNet-18,
+BERT-base), N processes started from one barrier, natively, under NVIDIA's MPS and through mps,
+side by side in rounds (each round runs the modes in a rotated order).
+
+    bench.py BIN_DIR OUT_DIR [--models mlp,resnet18,bert] [--clients 1,8,16,32,64]
+        [--modes native,nvidia-mps,mps] [--rounds 3] [--seconds 5] [--devices 1]
+
+BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. With --devices D
+the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_VISIBLE_DEVICES),
+as programs choose theirs; one daemon of each kind serves all of them. For each model,
+N and mode: requests/s over all processes, the median of the processes' p50 and the largest
+p99 latency, how many processes were served (NVIDIA's MPS serves 48 clients), and whether every
+process's output checksum matched the first's. Into OUT_DIR: bench.json (every process's
+result), bench.md (the medians over rounds, with mps against NVIDIA MPS and native as ratios,
+the range over rounds in brackets), each run's stderr, and both services' logs.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from services import MpsDaemon, NvidiaMps, command_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
+    """N serving processes from one barrier, process i on GPU i mod `devices`; their JSON
+    results (None for one that failed)."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    procs = []
+    for i in range(n):
+        cmd, env = command_env(mode, bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
+                                               "infer", model, work, str(i), str(seconds)],
+                               {"CUDA_VISIBLE_DEVICES": str(i % devices)})
+        err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err))
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        ready = sum(os.path.exists(os.path.join(work, f"ready.{i}")) for i in range(n))
+        alive = sum(p.poll() is None for p in procs)
+        if ready == alive:
+            break
+        time.sleep(0.1)
+    open(os.path.join(work, "go"), "w").close()
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=seconds + 120)
+            line = out.decode().strip().splitlines()[-1] if out.strip() else ""
+            results.append(json.loads(line) if p.returncode == 0 and line.startswith("{") else None)
+        except (subprocess.TimeoutExpired, ValueError):
+            p.kill()
+            p.wait()
+            results.append(None)
+    return results
+
+
+def summary(results):
+    ok = [r for r in results if r]
+    if not ok:
+        return {"served": 0, "of": len(results)}
+    return {
+        "served": len(ok), "of": len(results),
+        "req_s": sum(r["requests"] / r["seconds"] for r in ok),
+        "p50_ms": statistics.median(r["p50_ms"] for r in ok),
+        "p99_ms": max(r["p99_ms"] for r in ok),
+        "same_output": len({round(r["checksum"], 2) for r in ok}) == 1,
+    }
+
+
+def ratio(rows, mode, base, key):
+    vals = [r[mode][key] / r[base][key] for r in rows
+            if r.get(mode, {}).get(key) and r.get(base, {}).get(key)]
+    if not vals:
+        return "–"
+    return f"{statistics.median(vals):.2f}x ({min(vals):.2f}–{max(vals):.2f})"
+
+
+def table(all_rounds, models, clients, modes):
+    lines = ["| model | N | " + " | ".join(f"{m} req/s" for m in modes) +
+             " | mps / NVIDIA MPS | mps / native | p99 ms (" + ", ".join(modes) + ") |",
+             "|---" * (len(modes) + 5) + "|"]
+    for model in models:
+        for n in clients:
+            rows = [r[model][str(n)] for r in all_rounds if model in r and str(n) in r[model]]
+            cells = []
+            for m in modes:
+                v = [r[m]["req_s"] for r in rows if r.get(m, {}).get("req_s")]
+                served = min((r[m]["served"] for r in rows if m in r), default=0)
+                cell = f"{statistics.median(v):.0f}" if v else "failed"
+                if served < n:
+                    cell += f" ({served}/{n} served)"
+                cells.append(cell)
+            p99 = ", ".join(
+                f"{statistics.median([r[m]['p99_ms'] for r in rows if r.get(m, {}).get('p99_ms')]):.2f}"
+                if any(r.get(m, {}).get("p99_ms") for r in rows) else "–" for m in modes)
+            lines.append(f"| {model} | {n} | " + " | ".join(cells) +
+                         f" | {ratio(rows, 'mps', 'nvidia-mps', 'req_s')}"
+                         f" | {ratio(rows, 'mps', 'native', 'req_s')} | {p99} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--models", default="mlp,resnet18,bert")
+    ap.add_argument("--clients", default="1,8,16,32,64")
+    ap.add_argument("--modes", default="native,nvidia-mps,mps")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--devices", type=int, default=1)
+    a = ap.parse_args()
+    bin_dir, out = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
+    os.makedirs(os.path.join(out, "err"), exist_ok=True)
+    models, modes = a.models.split(","), a.modes.split(",")
+    clients = [int(n) for n in a.clients.split(",")]
+    all_rounds = []
+    for rnd in range(a.rounds):
+        order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
+        results = {}
+        for mode in order:
+            service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs")) if mode == "mps" else
+                       NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
+            try:
+                for model in models:
+                    for n in clients:
+                        r = run_n(mode, model, n, a.seconds, bin_dir, "/tmp/mps-real-bench",
+                                  os.path.join(out, "err"), a.devices)
+                        s = summary(r)
+                        results.setdefault(model, {}).setdefault(str(n), {})[mode] = s
+                        print(f"round {rnd} {mode} {model} N={n}: {json.dumps(s)}",
+                              file=sys.stderr, flush=True)
+            finally:
+                if service:
+                    service.stop()
+        all_rounds.append(results)
+        json.dump({"rounds": all_rounds, "args": vars(a)},
+                  open(os.path.join(out, "bench.json"), "w"), indent=1)
+    md = table(all_rounds, models, clients, modes)
+    open(os.path.join(out, "bench.md"), "w").write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
