@@ -273,6 +273,19 @@ mps_status mps_mem_free(struct mps_client *client, mps_deviceptr dptr);
 mps_status mps_mem_get_info(struct mps_client *client, size_t *free, size_t *total);
 
 /*
+ The allocation of this client that holds `dptr`: its base address and size in bytes (as
+ `cuMemGetAddressRange`). `MPS_ERROR_NOT_FOUND` where `dptr` lies in no allocation of the
+ client.
+
+ # Safety
+ `base` and `size` are NULL or writable.
+ */
+mps_status mps_mem_get_address_range(struct mps_client *client,
+                                     mps_deviceptr dptr,
+                                     mps_deviceptr *base,
+                                     size_t *size);
+
+/*
  Where this client's kernels run: `*sms` SMs of the device's `*device_sms` (its share, set by
  the operator and lowered by `MPS_ACTIVE_THREAD_PERCENTAGE`, or its reservation,
  `MPS_SM_RESERVE`, rounded up to the device's partition size). It can change while the client

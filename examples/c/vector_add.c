@@ -82,6 +82,15 @@ int main(int argc, char **argv) {
     CHECK(c, mps_memcpy_htod(c, da, a, N * sizeof(float), stream));
     CHECK(c, mps_memcpy_htod(c, db, b, N * sizeof(float), stream));
 
+    /* An address inside an allocation leads back to the whole of it. */
+    mps_deviceptr base;
+    size_t size;
+    CHECK(c, mps_mem_get_address_range(c, db + 12, &base, &size));
+    if (base != db || size != N * sizeof(float)) {
+        fprintf(stderr, "the allocation holding db + 12 is not db\n");
+        return 1;
+    }
+
     uint64_t n = N;
     void *params[] = {&da, &db, &dout, &n};
     mps_dim3 grid = {256, 1, 1}, block = {256, 1, 1};

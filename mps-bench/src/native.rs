@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_void};
 
 use cudarc::driver::sys::{self, CUfunction, CUgraphExec, CUresult, CUstream};
-use mps_server::backend::cuda::driver;
+use mps_driver as driver;
 
 use crate::workload::{Arg, Gpu};
 

@@ -393,6 +393,28 @@ pub unsafe extern "C" fn mps_mem_get_info(
     })
 }
 
+/// The allocation of this client that holds `dptr`: its base address and size in bytes (as
+/// `cuMemGetAddressRange`). `MPS_ERROR_NOT_FOUND` where `dptr` lies in no allocation of the
+/// client.
+///
+/// # Safety
+/// `base` and `size` are NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mps_mem_get_address_range(
+    client: *mut mps_client,
+    dptr: mps_deviceptr,
+    base: *mut mps_deviceptr,
+    size: *mut usize,
+) -> mps_status {
+    with_client(client, |c| {
+        let (b, s) = (out(base, "base")?, out(size, "size")?);
+        let (bv, sv) = c.mem_get_address_range(DevicePtr(dptr))?;
+        *b = bv.0;
+        *s = sv as usize;
+        Ok(())
+    })
+}
+
 /// Where this client's kernels run: `*sms` SMs of the device's `*device_sms` (its share, set by
 /// the operator and lowered by `MPS_ACTIVE_THREAD_PERCENTAGE`, or its reservation,
 /// `MPS_SM_RESERVE`, rounded up to the device's partition size). It can change while the client

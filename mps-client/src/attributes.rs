@@ -7,52 +7,46 @@ use mps_core::protocol::{DeviceAttribute, Request};
 use mps_core::{Error, Result};
 
 use crate::connection::Client;
-
-/// What the server reported of its device beyond the handshake.
-#[derive(Debug)]
-pub(crate) struct DeviceReport {
-    attributes: HashMap<i32, i32>,
-    uuid: Option<[u8; 16]>,
-}
+use crate::report::Attributes;
 
 impl Client {
     /// The value of device attribute `attribute` (a `CUdevice_attribute`), as the server's
     /// device reports it. An attribute the server does not report is refused
     /// (`InvalidValue`), as the driver refuses one it does not know.
     pub fn device_attribute(&self, attribute: i32) -> Result<i32> {
-        self.report()?
-            .attributes
+        self.attributes()?
+            .values
             .get(&attribute)
             .copied()
             .ok_or_else(|| {
                 Error::invalid_value(format!(
                     "device attribute {attribute} of {} is not reported by its mps server",
-                    self.device.name
+                    self.report.info.name
                 ))
             })
     }
 
     /// The device's UUID, if the server reports one.
     pub fn device_uuid(&self) -> Result<Option<[u8; 16]>> {
-        Ok(self.report()?.uuid)
+        Ok(self.attributes()?.uuid)
     }
 
-    fn report(&self) -> Result<&DeviceReport> {
-        if let Some(r) = self.report.get() {
+    fn attributes(&self) -> Result<&Attributes> {
+        if let Some(r) = self.report.attributes.get() {
             return Ok(r);
         }
         // Two threads asking first both fetch; the first to finish is kept.
-        let r = self.fetch_report()?;
-        Ok(self.report.get_or_init(|| r))
+        let r = self.fetch_attributes()?;
+        Ok(self.report.attributes.get_or_init(|| r))
     }
 
-    fn fetch_report(&self) -> Result<DeviceReport> {
+    fn fetch_attributes(&self) -> Result<Attributes> {
         let mut attributes = HashMap::new();
         let mut uuid = None;
         loop {
             let first = u32::try_from(attributes.len())
                 .map_err(|_| Error::internal("too many device attributes"))?;
-            let c = self.call(&Request::DeviceAttributes { first })?;
+            let c = self.transport.call(&Request::DeviceAttributes { first })?;
             let [n, total, has_uuid, _] = c.values;
             let data = c.data();
             let bytes = (n as usize)
@@ -70,7 +64,10 @@ impl Client {
                 attributes.insert(a.attribute, a.value);
             }
             if attributes.len() as u64 >= total {
-                return Ok(DeviceReport { attributes, uuid });
+                return Ok(Attributes {
+                    values: attributes,
+                    uuid,
+                });
             }
             if n == 0 {
                 return Err(Error::internal(format!(

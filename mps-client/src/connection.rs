@@ -1,13 +1,10 @@
 //! A connection to a server: the handshake over the Unix socket, the shared-memory channel it
 //! yields, and the settings a client takes from its environment.
 
-use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::Mutex;
 
-use mps_core::handle_hash::HandleMap;
 use mps_core::handshake::{DEFAULT_GROUP, Hello, Welcome};
 use mps_core::protocol::{self, Request};
 use mps_core::{Error, Result, Status};
@@ -16,13 +13,11 @@ use mps_ipc::env::setting;
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
-use crate::attributes::DeviceReport;
-use crate::completions::Completions;
-use crate::copies::HostMapping;
 use crate::handles::DeviceInfo;
-use crate::launch::Kernel;
-use crate::submission::Submissions;
-use crate::transport::{Receiver, Submitter};
+use crate::host::HostMemory;
+use crate::kernels::Kernels;
+use crate::report::Report;
+use crate::transport::Transport;
 
 /// A connection to an mps server.
 ///
@@ -34,37 +29,24 @@ use crate::transport::{Receiver, Submitter};
 /// in the ring. Errors the server finds in such work are reported by the next call, and a kernel
 /// fault poisons the client: every later call fails with the fault's status.
 pub struct Client {
-    pub(crate) id: u32,
-    pub(crate) socket: UnixStream,
-    pub(crate) channel: Channel,
-    pub(crate) device: DeviceInfo,
-    /// The device's index among those this process sees (see [`Client::connect_device`]).
-    pub(crate) ordinal: u32,
-    pub(crate) submitter: Mutex<Submitter>,
-    pub(crate) receiver: Mutex<Receiver>,
-    /// Each kernel's parameter layout, from `module_get_function`.
-    pub(crate) functions: RwLock<HandleMap<u64, Arc<Kernel>>>,
-    /// Host buffers from `host_alloc`, by address.
-    pub(crate) host: RwLock<BTreeMap<usize, HostMapping>>,
-    /// Held while the staging area is in use (pageable copies, module images).
-    pub(crate) staging: Mutex<()>,
-    /// Held from a host-buffer request until its descriptor has been read from the socket.
-    pub(crate) host_alloc_lock: Mutex<()>,
-    /// Set once the server is known to be gone.
-    pub(crate) lost: AtomicBool,
+    id: u32,
+    /// The rings, the socket and the waiting: every call to the server goes through it.
+    pub(crate) transport: Transport,
+    /// The device, and what the server reported of it.
+    pub(crate) report: Report,
+    /// The kernels looked up, with their parameter layouts.
+    pub(crate) kernels: Kernels,
+    /// Host buffers and the staging area.
+    pub(crate) host: HostMemory,
     /// Streams that capture a graph (see `graphs`).
     pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
-    /// The device's attributes and UUID, fetched on the first question (see `attributes`).
-    pub(crate) report: OnceLock<DeviceReport>,
-    /// The context's priority range and limits, fetched on the first question.
-    pub(crate) context: OnceLock<crate::queries::ContextLimits>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("id", &self.id)
-            .field("device", &self.device.name)
+            .field("device", &self.report.info.name)
             .finish()
     }
 }
@@ -158,7 +140,7 @@ impl Client {
             channel,
             DeviceInfo::from_wire(&welcome.device, welcome.backend()),
         );
-        client.ordinal = device;
+        client.report.ordinal = device;
         client.apply_environment()?;
         Ok(client)
     }
@@ -170,26 +152,11 @@ impl Client {
     pub fn over(id: u32, socket: UnixStream, channel: Channel, device: DeviceInfo) -> Client {
         Client {
             id,
-            submitter: Mutex::new(Submitter::new(
-                channel.submit_producer(),
-                Submissions::new(),
-            )),
-            receiver: Mutex::new(Receiver::new(
-                channel.complete_consumer(),
-                Completions::default(),
-            )),
-            socket,
-            channel,
-            device,
-            ordinal: 0,
-            functions: RwLock::new(HandleMap::default()),
-            host: RwLock::new(BTreeMap::new()),
-            staging: Mutex::new(()),
-            host_alloc_lock: Mutex::new(()),
-            lost: AtomicBool::new(false),
+            transport: Transport::new(socket, channel),
+            report: Report::new(device, 0),
+            kernels: Kernels::default(),
+            host: HostMemory::default(),
             capturing: Mutex::default(),
-            report: OnceLock::new(),
-            context: OnceLock::new(),
         }
     }
 
@@ -197,10 +164,10 @@ impl Client {
     fn apply_environment(&self) -> Result<()> {
         crate::transport::check_wait_variables()?;
         if let Some((spec, name)) = setting("MPS_PINNED_DEVICE_MEM_LIMIT") {
-            let limit = mps_core::units::parse_device_limit(&spec, self.ordinal)
+            let limit = mps_core::units::parse_device_limit(&spec, self.report.ordinal)
                 .map_err(|e| Error::invalid_value(format!("{name}: {}", e.message)))?;
             if let Some(bytes) = limit {
-                self.call(&Request::SetMemLimit { bytes })?;
+                self.transport.call(&Request::SetMemLimit { bytes })?;
             }
         }
         if let Some((level, name)) = setting("MPS_CLIENT_PRIORITY") {
@@ -213,13 +180,13 @@ impl Client {
                     )));
                 }
             };
-            self.call(&Request::SetPriority { level })?;
+            self.transport.call(&Request::SetPriority { level })?;
         }
-        if let Some(percent) = percent_var("MPS_ACTIVE_THREAD_PERCENTAGE", self.ordinal)? {
-            self.call(&Request::SetSmShare { percent })?;
+        if let Some(percent) = percent_var("MPS_ACTIVE_THREAD_PERCENTAGE", self.report.ordinal)? {
+            self.transport.call(&Request::SetSmShare { percent })?;
         }
-        if let Some(percent) = percent_var("MPS_SM_RESERVE", self.ordinal)? {
-            self.call(&Request::ReserveSms { percent })?;
+        if let Some(percent) = percent_var("MPS_SM_RESERVE", self.report.ordinal)? {
+            self.transport.call(&Request::ReserveSms { percent })?;
         }
         Ok(())
     }
@@ -231,13 +198,13 @@ impl Client {
 
     /// The device.
     pub fn device_info(&self) -> &DeviceInfo {
-        &self.device
+        &self.report.info
     }
 
     /// The device's index among those this process sees (what [`Client::connect_device`] was
     /// given).
     pub fn device(&self) -> u32 {
-        self.ordinal
+        self.report.ordinal
     }
 }
 

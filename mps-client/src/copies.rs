@@ -4,23 +4,16 @@
 //! one command, ordered in its stream. Other (pageable) host memory goes through the staging
 //! area in two halves, one being filled or drained while the other's copy runs.
 
-use std::sync::atomic::Ordering;
-
 use mps_core::handshake::HostBufferFd;
-use mps_core::protocol::{HostRef, Request, flags};
+use mps_core::protocol::{DeviceCopy, Fill, HostRef, Request, flags};
 use mps_core::{Error, Result};
 use mps_ipc::segment::Segment;
 use mps_ipc::socket;
 
 use crate::connection::Client;
 use crate::handles::{DevicePtr, Stream};
+use crate::host::HostMapping;
 use crate::transport::{lock, lost};
-
-/// A host buffer this client mapped.
-pub(crate) struct HostMapping {
-    handle: u64,
-    segment: Segment,
-}
 
 impl Client {
     /// Allocates a host buffer shared with the server: copies from and to it are fully
@@ -29,11 +22,13 @@ impl Client {
         if size == 0 {
             return Err(Error::invalid_value("cannot allocate a 0-byte host buffer"));
         }
-        let _g = lock(&self.host_alloc_lock);
-        let reply = self.call(&Request::HostAlloc { size: size as u64 })?;
+        let _g = lock(&self.host.handover);
+        let reply = self
+            .transport
+            .call(&Request::HostAlloc { size: size as u64 })?;
         let [handle, len, ..] = reply.values;
         let mut msg: HostBufferFd = bytemuck::Zeroable::zeroed();
-        let fds = socket::recv(&self.socket, bytemuck::bytes_of_mut(&mut msg), 1)
+        let fds = socket::recv(&self.transport.socket, bytemuck::bytes_of_mut(&mut msg), 1)
             .map_err(|e| lost(format!("receiving a host buffer: {e}")))?;
         let checked = msg.check(handle, len).and_then(|()| {
             fds.into_iter()
@@ -44,13 +39,13 @@ impl Client {
             Ok(fd) => fd,
             Err(e) => {
                 // The socket is out of step with the ring: nothing later on it can be trusted.
-                self.lost.store(true, Ordering::Relaxed);
-                return Err(lost(e.message));
+                return Err(self.transport.lose(e.message));
             }
         };
         let segment = Segment::open(fd, len as usize, true)?;
         let addr = segment.as_ptr();
         self.host
+            .buffers
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(addr as usize, HostMapping { handle, segment });
@@ -60,15 +55,16 @@ impl Client {
     /// Frees a host buffer from [`Client::host_alloc`] (after this client's pending work).
     pub fn host_free(&self, ptr: *mut u8) -> Result<()> {
         let handle = {
-            let host = self.host.read().unwrap_or_else(|p| p.into_inner());
+            let host = self.host.buffers.read().unwrap_or_else(|p| p.into_inner());
             host.get(&(ptr as usize)).map(|m| m.handle).ok_or_else(|| {
                 Error::invalid_value(format!(
                     "{ptr:p} is not the start of a host buffer from mps_host_alloc"
                 ))
             })?
         };
-        self.call(&Request::HostFree { handle })?;
+        self.transport.call(&Request::HostFree { handle })?;
         self.host
+            .buffers
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(ptr as usize));
@@ -77,7 +73,7 @@ impl Client {
 
     /// The host buffer holding `[ptr, ptr + len)`, as (handle, offset), if `ptr` is in one.
     fn host_ref(&self, ptr: *const u8, len: usize) -> Result<Option<HostRef>> {
-        let host = self.host.read().unwrap_or_else(|p| p.into_inner());
+        let host = self.host.buffers.read().unwrap_or_else(|p| p.into_inner());
         let addr = ptr as usize;
         let Some((base, m)) = host.range(..=addr).next_back() else {
             return Ok(None);
@@ -117,6 +113,7 @@ impl Client {
         }
         if let Some(h) = self.host_ref(src, len)? {
             return self
+                .transport
                 .enqueue(
                     &Request::CopyHtoD {
                         dst: dst.0,
@@ -127,7 +124,7 @@ impl Client {
                 )
                 .map(drop);
         }
-        self.check()?;
+        self.transport.check()?;
         self.stream_slot(stream)?;
         self.refuse_capturing(stream, "copy from pageable memory in")?;
         self.through_staging(
@@ -143,7 +140,7 @@ impl Client {
                 // ours (staging lock held) and the previous copy from it has been taken.
                 unsafe { std::ptr::copy_nonoverlapping(src.add(start), half, n) }
             },
-            |seq, _, _, _| self.wait_reply(seq).map(drop),
+            |seq, _, _, _| self.transport.wait_reply(seq).map(drop),
         )
     }
 
@@ -164,6 +161,7 @@ impl Client {
         }
         if let Some(h) = self.host_ref(dst, len)? {
             return self
+                .transport
                 .enqueue(
                     &Request::CopyDtoH {
                         dst: h,
@@ -174,7 +172,7 @@ impl Client {
                 )
                 .map(drop);
         }
-        self.check()?;
+        self.transport.check()?;
         let slot = self.stream_slot(stream)?;
         self.refuse_capturing(stream, "copy to pageable memory in")?;
         self.through_staging(
@@ -187,9 +185,9 @@ impl Client {
             },
             |_, _, _| {},
             |seq, half, start, n| {
-                self.wait_reply(seq)?;
-                self.wait_stream_seq(slot, seq)?;
-                self.check()?;
+                self.transport.wait_reply(seq)?;
+                self.transport.wait_stream_seq(slot, seq)?;
+                self.transport.check()?;
                 // SAFETY: the caller guarantees dst..dst+len is writable; the server wrote this
                 // half and published its completion (Acquire in wait_stream_seq) before we read
                 // it.
@@ -214,8 +212,8 @@ impl Client {
         fill: impl Fn(*mut u8, usize, usize),
         finish: impl Fn(u64, *mut u8, usize, usize) -> Result<()>,
     ) -> Result<()> {
-        let _g = lock(&self.staging);
-        let (staging, staging_len) = self.channel.staging();
+        let _g = lock(&self.host.staging);
+        let (staging, staging_len) = self.transport.channel.staging();
         let half = staging_len / 2;
         // SAFETY: h is 0 or 1, so the half lies within the staging area.
         let half_at = |h: usize| unsafe { staging.add(h * half) };
@@ -233,7 +231,10 @@ impl Client {
             }
             fill(half_at(h), start, n);
             let req = request((h * half) as u64, start, n);
-            match self.submit_request(&req, stream, flags::REPLY | flags::MARK) {
+            match self
+                .transport
+                .submit_request(&req, stream, flags::REPLY | flags::MARK)
+            {
                 Ok(seq) => pending[h] = Some((seq, start, n)),
                 Err(e) => {
                     result = Err(e);
@@ -275,12 +276,13 @@ impl Client {
         if len == 0 {
             return Err(Error::invalid_value("copy of 0 bytes"));
         }
-        let req = Request::CopyDtoD {
+        let copy = DeviceCopy {
             dst: dst.0,
             src: src.0,
             len,
         };
-        self.enqueue(&req, stream).map(drop)
+        let req = Request::CopyDtoD { copy };
+        self.transport.enqueue(&req, stream).map(drop)
     }
 
     /// Sets `count` bytes to `value`, asynchronously.
@@ -304,12 +306,13 @@ impl Client {
         if count == 0 {
             return Err(Error::invalid_value("memset of 0 elements"));
         }
-        let req = Request::Memset {
+        let fill = Fill {
             dst: dst.0,
             value,
             elem_size,
             count,
         };
-        self.enqueue(&req, stream).map(drop)
+        let req = Request::Memset { fill };
+        self.transport.enqueue(&req, stream).map(drop)
     }
 }

@@ -18,7 +18,8 @@ impl Client {
     /// until [`Client::stream_end_capture`].
     pub fn stream_begin_capture(&self, stream: Stream) -> Result<()> {
         self.stream_slot(stream)?;
-        self.call(&Request::StreamBeginCapture { stream: stream.0 })?;
+        self.transport
+            .call(&Request::StreamBeginCapture { stream: stream.0 })?;
         self.captures().insert(stream.0);
         Ok(())
     }
@@ -37,19 +38,20 @@ impl Client {
         self.stream_slot(stream)?;
         // The capture ends whatever an earlier command left to report (the usual check before a
         // call would return that and leave the server capturing, its stream never to run again).
-        let pending = self.check();
+        let pending = self.transport.check();
         let reply = self
+            .transport
             .submit_request(
                 &Request::StreamEndCapture { stream: stream.0 },
                 Stream::DEFAULT,
                 flags::REPLY,
             )
-            .and_then(|seq| self.wait_reply(seq));
+            .and_then(|seq| self.transport.wait_reply(seq));
         // Whatever the answer, the server ended the capture.
         self.captures().remove(&stream.0);
         // The errors of commands recorded in the capture arrived before the reply: they are
         // the capture's (its reply names the first), not the next synchronisation's.
-        let recorded = self.check();
+        let recorded = self.transport.check();
         let values = reply?.values;
         let graph = Graph(values[0]);
         match pending.and(recorded) {
@@ -70,6 +72,7 @@ impl Client {
     /// An executable graph made from `graph` (which may then be destroyed).
     pub fn graph_instantiate(&self, graph: Graph) -> Result<GraphExec> {
         let v = self
+            .transport
             .call(&Request::GraphInstantiate { graph: graph.0 })?
             .values;
         Ok(GraphExec(v[0]))
@@ -79,19 +82,22 @@ impl Client {
     /// runs with the stream's priority and on the client's SMs.
     pub fn graph_launch(&self, exec: GraphExec, stream: Stream) -> Result<()> {
         self.refuse_capturing(stream, "launch a graph into")?;
-        self.enqueue(&Request::GraphLaunch { exec: exec.0 }, stream)
+        self.transport
+            .enqueue(&Request::GraphLaunch { exec: exec.0 }, stream)
             .map(drop)
     }
 
     /// Destroys a captured graph; executable graphs made from it still run.
     pub fn graph_destroy(&self, graph: Graph) -> Result<()> {
-        self.call(&Request::GraphDestroy { graph: graph.0 })
+        self.transport
+            .call(&Request::GraphDestroy { graph: graph.0 })
             .map(drop)
     }
 
     /// Destroys an executable graph; launches already submitted still run.
     pub fn graph_exec_destroy(&self, exec: GraphExec) -> Result<()> {
-        self.call(&Request::GraphExecDestroy { exec: exec.0 })
+        self.transport
+            .call(&Request::GraphExecDestroy { exec: exec.0 })
             .map(drop)
     }
 

@@ -10,12 +10,13 @@
 use std::sync::Arc;
 
 use mps_core::limits::{DeviceLimits, check_clusters, check_geometry};
-use mps_core::protocol::{self, Cluster, Dim3, ParamInfo, Request};
+use mps_core::protocol::{self, Cluster, Dim3, LaunchSpec, ParamInfo, Request};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result};
 
 use crate::connection::Client;
 use crate::handles::{Function, Module, Stream};
+use crate::kernels::Kernel;
 use crate::submission::unknown;
 use crate::transport::lock;
 
@@ -25,9 +26,9 @@ impl Client {
         if image.is_empty() {
             return Err(Error::invalid_value("module image is empty"));
         }
-        self.check()?;
-        let _g = lock(&self.staging);
-        let (staging, staging_len) = self.channel.staging();
+        self.transport.check()?;
+        let _g = lock(&self.host.staging);
+        let (staging, staging_len) = self.transport.channel.staging();
         let mut module = 0;
         let chunks = image.len().div_ceil(staging_len);
         for (i, chunk) in image.chunks(staging_len).enumerate() {
@@ -38,14 +39,15 @@ impl Client {
                 len: chunk.len() as u64,
                 last: i + 1 == chunks,
             };
-            module = self.call(&req)?.values[0];
+            module = self.transport.call(&req)?.values[0];
         }
         Ok(Module(module))
     }
 
     /// Unloads a module; its functions become invalid.
     pub fn module_unload(&self, module: Module) -> Result<()> {
-        self.call(&Request::ModuleUnload { module: module.0 })?;
+        self.transport
+            .call(&Request::ModuleUnload { module: module.0 })?;
         // The server dropped the module's functions; forget their layouts lazily (a stale
         // handle fails on the server with INVALID_HANDLE).
         Ok(())
@@ -59,14 +61,14 @@ impl Client {
                 protocol::MAX_NAME_BYTES
             )));
         }
-        let reply = self.call(&Request::GetFunction {
+        let reply = self.transport.call(&Request::GetFunction {
             module: module.0,
             name: name.as_bytes(),
         })?;
         let [handle, count, ..] = reply.values;
         let mut params = Vec::with_capacity(count as usize);
         while (params.len() as u64) < count {
-            let c = self.call(&Request::ParamInfo {
+            let c = self.transport.call(&Request::ParamInfo {
                 function: handle,
                 first: params.len() as u32,
             })?;
@@ -77,11 +79,7 @@ impl Client {
             }
             params.extend_from_slice(page);
         }
-        let kernel = Kernel::new(handle, params)?;
-        self.functions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle, Arc::new(kernel));
+        self.kernels.insert(Kernel::new(handle, params)?);
         Ok(Function(handle))
     }
 
@@ -99,11 +97,8 @@ impl Client {
 
     /// The parameter layout of `function`.
     fn kernel(&self, function: Function) -> Result<Arc<Kernel>> {
-        self.functions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&function.0)
-            .cloned()
+        self.kernels
+            .get(function.0)
             .ok_or_else(|| unknown("function", function.0))
     }
 
@@ -137,7 +132,15 @@ impl Client {
         }
         // SAFETY: each slice is exactly its parameter's size.
         let gather = unsafe { Gather::new(&kernel, Values::Slices(args)) };
-        self.post_launch(&kernel, grid, block, shared_mem, None, stream, gather)
+        let spec = LaunchSpec {
+            function: &*kernel,
+            grid,
+            block,
+            shared_mem,
+            cluster: None,
+            params: gather,
+        };
+        self.post_launch(spec, stream)
     }
 
     /// Launches with parameters as cuLaunchKernel takes them: `params[i]` points at the value of
@@ -219,30 +222,29 @@ impl Client {
         // SAFETY: the caller guarantees one readable pointer per parameter, each for that
         // parameter's size; none is NULL (checked above).
         let gather = unsafe { Gather::new(kernel, Values::Pointers(params)) };
-        self.post_launch(kernel, grid, block, shared_mem, cluster, stream, gather)
+        let spec = LaunchSpec {
+            function: kernel,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            params: gather,
+        };
+        self.post_launch(spec, stream)
     }
 
     /// Puts a launch in the ring: one hold of the submission lock, the parameters gathered
     /// straight into the slots.
-    #[allow(clippy::too_many_arguments)]
-    fn post_launch(
-        &self,
-        kernel: &Kernel,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        cluster: Option<Cluster>,
-        stream: Stream,
-        gather: Gather<'_>,
-    ) -> Result<()> {
-        self.check()?;
+    fn post_launch(&self, spec: LaunchSpec<&Kernel, Gather<'_>>, stream: Stream) -> Result<()> {
+        self.transport.check()?;
+        let (grid, block) = (spec.grid, spec.block);
         check_geometry(
             grid,
             block,
-            shared_mem,
+            spec.shared_mem,
             &DeviceLimits::of_compute_capability(self.device_info().cc),
         )?;
-        if let Some(c) = cluster {
+        if let Some(c) = spec.cluster {
             // Checked here as well as by the server, so that the launch itself fails, as with
             // CUDA, not the next synchronising call.
             check_clusters(grid, &c, self.device_info().cc)?;
@@ -257,69 +259,21 @@ impl Client {
                 )));
             }
         }
-        let opcode = if cluster.is_some() {
-            protocol::Opcode::LaunchCluster
-        } else {
-            protocol::Opcode::Launch
-        };
-        self.submit(
-            stream,
-            0,
-            opcode,
-            |seq| {
-                Slots::launch(
-                    kernel.handle,
-                    grid,
-                    block,
-                    shared_mem,
-                    cluster,
-                    gather,
-                    seq,
-                    stream.0,
-                    0,
-                )
-            },
-            |_, _, _| {},
-        )
-        .map(drop)
+        self.transport
+            .submit(
+                stream,
+                0,
+                spec.opcode(),
+                |seq| Slots::launch(spec.map(|k| k.handle, |g| g), seq, stream.0, 0),
+                |_, _, _| {},
+            )
+            .map(drop)
     }
 }
 
 /// A function's parameter layout as this client learned it ([`Client::kernel_layout`]).
 #[derive(Clone, Debug)]
 pub struct KernelLayout(Arc<Kernel>);
-
-/// A kernel's parameter layout, as the server reported it.
-#[derive(Debug)]
-pub(crate) struct Kernel {
-    handle: u64,
-    params: Box<[ParamInfo]>,
-    /// Bytes of the packed parameter buffer: the end of the last parameter.
-    bytes: usize,
-}
-
-impl Kernel {
-    /// Checks that the parameters follow one another without overlapping (as a compiler lays
-    /// them out), which [`Gather`] relies on to find the ones a slot holds.
-    pub(crate) fn new(handle: u64, params: Vec<ParamInfo>) -> Result<Kernel> {
-        let mut end = 0u64;
-        for (i, p) in params.iter().enumerate() {
-            if (p.offset as u64) < end {
-                return Err(Error::internal(format!(
-                    "the server reported parameter {i} of kernel {handle:#x} at offset {}, \
-                     inside the parameter before it",
-                    p.offset
-                )));
-            }
-            end = p.offset as u64 + p.size as u64;
-        }
-        Ok(Kernel {
-            handle,
-            params: params.into_boxed_slice(),
-            bytes: end as usize,
-        })
-    }
-}
 
 /// Where a launch's parameter values are.
 #[derive(Clone, Copy, Debug)]
@@ -411,7 +365,7 @@ mod tests {
             .flat_map(|s| bytemuck::bytes_of(s).to_vec())
             .collect();
         match Request::decode(&all[0], &payload).unwrap() {
-            Request::Launch { params, .. } => params.to_vec(),
+            Request::Launch { spec } => spec.params.to_vec(),
             other => panic!("decoded {other:?}"),
         }
     }
@@ -439,14 +393,40 @@ mod tests {
         // SAFETY: each pointer is readable for its parameter's size, for the whole test.
         let raw = unsafe { Gather::new(&kernel, Values::Pointers(values.as_ptr())) };
         let grid = Dim3 { x: 2, y: 1, z: 1 };
-        let slots = Slots::launch(7, grid, grid, 0, None, raw, 3, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 7,
+                grid,
+                block: grid,
+                shared_mem: 0,
+                cluster: None,
+                params: raw,
+            },
+            3,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(slots.len(), 3, "118 bytes take two payload slots");
         assert_eq!(decoded_params(&slots), expected);
 
         let args: [&[u8]; 4] = [&ptr, &n, &big, &tail];
         // SAFETY: each slice is its parameter's size.
         let slices = unsafe { Gather::new(&kernel, Values::Slices(&args)) };
-        let slots = Slots::launch(7, grid, grid, 0, None, slices, 3, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 7,
+                grid,
+                block: grid,
+                shared_mem: 0,
+                cluster: None,
+                params: slices,
+            },
+            3,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(decoded_params(&slots), expected);
     }
 
@@ -456,7 +436,20 @@ mod tests {
         // SAFETY: there are no parameters to read.
         let g = unsafe { Gather::new(&kernel, Values::Pointers(std::ptr::null())) };
         let one = Dim3 { x: 1, y: 1, z: 1 };
-        let slots = Slots::launch(1, one, one, 0, None, g, 1, 0, 0).unwrap();
+        let slots = Slots::launch(
+            LaunchSpec {
+                function: 1,
+                grid: one,
+                block: one,
+                shared_mem: 0,
+                cluster: None,
+                params: g,
+            },
+            1,
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(slots.len(), 1);
         assert!(decoded_params(&slots).is_empty());
     }

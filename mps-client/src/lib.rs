@@ -35,11 +35,14 @@ mod copies;
 mod devices;
 mod graphs;
 mod handles;
+mod host;
+mod kernels;
 mod launch;
 #[cfg(test)]
 mod loopback_tests;
 mod memory;
 mod queries;
+mod report;
 mod streams;
 mod submission;
 mod transport;

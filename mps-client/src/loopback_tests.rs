@@ -3,13 +3,12 @@
 //! progress words, as a server does, with no process or socket traffic in between.
 
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mps_core::handshake::BackendKind;
 use mps_core::protocol::{
-    Command, Completion, CompletionKind, Dim3, ParamInfo, Request, SLOT_BYTES, flags,
+    Command, Completion, CompletionKind, Dim3, LaunchSpec, ParamInfo, Request, SLOT_BYTES, flags,
 };
 use mps_core::{Error, Status};
 use mps_ipc::channel::{Channel, Layout, ShmRing};
@@ -17,7 +16,7 @@ use mps_ipc::ring::{Consumer, Producer};
 
 use crate::connection::Client;
 use crate::handles::{DeviceInfo, DevicePtr, Function, Stream};
-use crate::launch::Kernel;
+use crate::kernels::Kernel;
 
 /// The server's side of the channel.
 struct Server {
@@ -83,11 +82,7 @@ fn pair() -> (Client, Server) {
             size: 100,
         },
     ];
-    client
-        .functions
-        .write()
-        .unwrap()
-        .insert(7, Arc::new(Kernel::new(7, params).unwrap()));
+    client.kernels.insert(Kernel::new(7, params).unwrap());
     let server = Server {
         commands: channel.submit_consumer(),
         completions: channel.complete_producer(),
@@ -128,11 +123,14 @@ fn a_launch_is_one_command_in_the_ring_with_its_parameters_in_place() {
     assert_eq!(payload.len(), 2 * SLOT_BYTES);
     match Request::decode(&cmd, &payload).unwrap() {
         Request::Launch {
-            function,
-            grid,
-            block,
-            params,
-            ..
+            spec:
+                LaunchSpec {
+                    function,
+                    grid,
+                    block,
+                    params,
+                    ..
+                },
         } => {
             assert_eq!((function, grid, block), (7, Dim3 { x: 4, y: 2, z: 1 }, ONE));
             assert_eq!(params, packed.as_slice());

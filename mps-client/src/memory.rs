@@ -12,24 +12,38 @@ impl Client {
         if size == 0 {
             return Err(Error::invalid_value("cannot allocate 0 bytes"));
         }
-        Ok(DevicePtr(self.call(&Request::MemAlloc { size })?.values[0]))
+        Ok(DevicePtr(
+            self.transport.call(&Request::MemAlloc { size })?.values[0],
+        ))
     }
 
     /// Frees device memory (after this client's pending work, as cuMemFree does).
     pub fn mem_free(&self, ptr: DevicePtr) -> Result<()> {
-        self.call(&Request::MemFree { ptr: ptr.0 }).map(drop)
+        self.transport
+            .call(&Request::MemFree { ptr: ptr.0 })
+            .map(drop)
     }
 
     /// (free, total) device memory in bytes.
     pub fn mem_get_info(&self) -> Result<(u64, u64)> {
-        let v = self.call(&Request::MemGetInfo)?.values;
+        let v = self.transport.call(&Request::MemGetInfo)?.values;
         Ok((v[0], v[1]))
+    }
+
+    /// The allocation of this client that holds `ptr`: its base and size in bytes (as
+    /// `cuMemGetAddressRange`); `NOT_FOUND` where `ptr` lies in none.
+    pub fn mem_get_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, u64)> {
+        let v = self
+            .transport
+            .call(&Request::MemGetAddressRange { ptr: ptr.0 })?
+            .values;
+        Ok((DevicePtr(v[0]), v[1]))
     }
 
     /// The SMs this client's kernels run on now (the server may change them as other clients
     /// come and go, or as the operator changes the share).
     pub fn sm_info(&self) -> Result<SmInfo> {
-        let v = self.call(&Request::SmInfo)?.values;
+        let v = self.transport.call(&Request::SmInfo)?.values;
         Ok(SmInfo {
             sms: v[0] as u32,
             device_sms: v[1] as u32,

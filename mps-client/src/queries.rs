@@ -7,17 +7,7 @@ use mps_core::{Error, Result};
 
 use crate::connection::Client;
 use crate::handles::{DevicePtr, Function, Module};
-
-/// The server context's stream priorities and limits, as its device reports them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ContextLimits {
-    /// The least urgent stream priority (CUDA's numbers: lower is more urgent).
-    pub least_priority: i32,
-    /// The most urgent stream priority.
-    pub greatest_priority: i32,
-    /// Each `CUlimit` from 0, `None` where the device has no such limit.
-    pub limits: [Option<u64>; CONTEXT_LIMITS],
-}
+pub use crate::report::ContextLimits;
 
 /// A kernel's attributes: each `CUfunction_attribute` from 0, `None` where the device
 /// reports none.
@@ -44,10 +34,10 @@ impl Client {
     /// The context's stream priority range and limits: asked once, then kept (the server's
     /// context does not change them; clients cannot).
     pub fn context_limits(&self) -> Result<ContextLimits> {
-        if let Some(l) = self.context.get() {
+        if let Some(l) = self.report.context.get() {
             return Ok(*l);
         }
-        let c = self.call(&Request::ContextLimits)?;
+        let c = self.transport.call(&Request::ContextLimits)?;
         let [least, greatest, mask, _] = c.values;
         let limits = masked::<CONTEXT_LIMITS>(mask, c.data(), 8)?;
         let l = ContextLimits {
@@ -55,13 +45,15 @@ impl Client {
             greatest_priority: greatest as u32 as i32,
             limits,
         };
-        Ok(*self.context.get_or_init(|| l))
+        Ok(*self.report.context.get_or_init(|| l))
     }
 
     /// The attributes of kernel `f`, as the server's driver reports them now (callers that
     /// keep them must follow the changes they make).
     pub fn function_attributes(&self, f: Function) -> Result<FunctionAttributes> {
-        let c = self.call(&Request::FuncAttributes { function: f.0 })?;
+        let c = self
+            .transport
+            .call(&Request::FuncAttributes { function: f.0 })?;
         let [count, mask, ..] = c.values;
         if count != FUNC_ATTRIBUTES as u64 {
             return Err(Error::internal(format!(
@@ -84,6 +76,7 @@ impl Client {
             )));
         }
         let [ptr, size, ..] = self
+            .transport
             .call(&Request::ModuleGlobal {
                 module: module.0,
                 name: name.as_bytes(),
@@ -95,6 +88,7 @@ impl Client {
     /// The occupancy figure `query` of kernel `f`, per SM of the whole device.
     pub fn occupancy(&self, f: Function, query: OccupancyQuery) -> Result<u64> {
         Ok(self
+            .transport
             .call(&Request::Occupancy {
                 function: f.0,
                 query,

@@ -1,22 +1,23 @@
 //! The shared-memory transport around the client's core: one lock around the submission ring
 //! and what has been submitted, another around the completion ring and what has come back, and
 //! the waiting (spin, yield, then nap on the progress doorbell, checking that the server is
-//! still there).
+//! still there). It is the client's submission and completion state; the `Client` owns it and
+//! its calls go through it.
 
 use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mps_core::protocol::{Completion, Opcode, Request, flags};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result, Status};
-use mps_ipc::channel::ShmRing;
+use mps_ipc::channel::{Channel, ShmRing};
 use mps_ipc::doorbell::Wake;
 use mps_ipc::ring::{Consumer, Producer, RingMemory};
 
 use crate::completions::Completions;
-use crate::connection::Client;
 use crate::handles::Stream;
 use crate::submission::Submissions;
 
@@ -93,28 +94,10 @@ pub(crate) struct Submitter {
     pub(crate) core: Submissions,
 }
 
-impl Submitter {
-    pub(crate) fn new(
-        producer: Producer<mps_core::protocol::Command, ShmRing<mps_core::protocol::Command>>,
-        core: Submissions,
-    ) -> Submitter {
-        Submitter { producer, core }
-    }
-}
-
 /// The completion ring and the matching of what comes out of it, under one lock.
 pub(crate) struct Receiver {
     consumer: Consumer<Completion, ShmRing<Completion>>,
     pub(crate) core: Completions,
-}
-
-impl Receiver {
-    pub(crate) fn new(
-        consumer: Consumer<Completion, ShmRing<Completion>>,
-        core: Completions,
-    ) -> Receiver {
-        Receiver { consumer, core }
-    }
 }
 
 /// Locks `m`, whether or not another thread panicked holding it (every critical section leaves
@@ -131,7 +114,43 @@ pub(crate) fn lost(what: impl std::fmt::Display) -> Error {
     )
 }
 
-impl Client {
+/// A client's connection to its server: the socket (host buffers' descriptors arrive there, and
+/// its hang-up says the server is gone), the channel, and the two rings under their locks.
+pub(crate) struct Transport {
+    pub(crate) socket: UnixStream,
+    pub(crate) channel: Channel,
+    pub(crate) submitter: Mutex<Submitter>,
+    receiver: Mutex<Receiver>,
+    /// Set once the server is known to be gone.
+    lost: AtomicBool,
+}
+
+impl Transport {
+    /// The transport over a channel whose handshake is done.
+    pub(crate) fn new(socket: UnixStream, channel: Channel) -> Transport {
+        let submitter = Submitter {
+            producer: channel.submit_producer(),
+            core: Submissions::new(),
+        };
+        let receiver = Receiver {
+            consumer: channel.complete_consumer(),
+            core: Completions::default(),
+        };
+        Transport {
+            socket,
+            submitter: Mutex::new(submitter),
+            receiver: Mutex::new(receiver),
+            channel,
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the server gone and gives the error of `what`.
+    pub(crate) fn lose(&self, what: impl std::fmt::Display) -> Error {
+        self.lost.store(true, Ordering::Relaxed);
+        lost(what)
+    }
+
     /// Fails with the client's fault, a deferred error of earlier asynchronous work, or a lost
     /// connection.
     pub(crate) fn check(&self) -> Result<()> {
@@ -167,8 +186,7 @@ impl Client {
                     return Ok(());
                 }
                 Err(e) => {
-                    self.lost.store(true, Ordering::Relaxed);
-                    return Err(lost(e));
+                    return Err(self.lose(e));
                 }
             }
         }
@@ -239,8 +257,7 @@ impl Client {
                 if checked.elapsed() >= LIVENESS {
                     checked = Instant::now();
                     if self.server_gone() {
-                        self.lost.store(true, Ordering::Relaxed);
-                        return Err(lost("the server closed the connection"));
+                        return Err(self.lose("the server closed the connection"));
                     }
                 }
             }
@@ -271,8 +288,7 @@ impl Client {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(e) => {
-                    self.lost.store(true, Ordering::Relaxed);
-                    return Err(lost(e));
+                    return Err(self.lose(e));
                 }
             }
             // The ring is full: drain completions (the server may be waiting for room there)
@@ -286,8 +302,7 @@ impl Client {
             if bell.wait(spin(), LIVENESS, || bell.value() != seen) == Wake::TimedOut
                 && self.server_gone()
             {
-                self.lost.store(true, Ordering::Relaxed);
-                return Err(lost("the server closed the connection"));
+                return Err(self.lose("the server closed the connection"));
             }
         }
         s.core.commit(seq, opcode, stream, fl);

@@ -9,6 +9,7 @@
 //! once, with [`wire_enum!`].
 
 pub mod alloc;
+mod command_table;
 pub mod handle;
 pub mod handle_hash;
 pub mod handshake;

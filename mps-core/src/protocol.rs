@@ -15,11 +15,13 @@
 //! shared memory byte for byte and then validated: [`Request::decode`] turns an untrusted command
 //! into a typed request or an error, never a panic.
 //!
-//! Past 600 lines: the request enum, its encoder and its decoder must agree field by field and are
-//! kept side by side; the tests are at the end.
+//! Every command is declared once, in the table below ([`crate::command_table`] says what it
+//! derives); how a field kind travels is its [`Arg`] implementation beside its type. The tests
+//! are at the end.
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::command_table::{Arg, Source};
 use crate::status::{Error, Result, Status};
 
 // The handshake's types lived here; they keep these paths.
@@ -85,110 +87,121 @@ pub struct Command {
 
 const _: () = assert!(size_of::<Command>() == SLOT_BYTES);
 
-crate::wire_enum! {
+crate::command_table::commands! {
     /// What a command asks for.
-    pub enum Opcode: u16, from_u16 {
+    pub enum Opcode;
+
+    /// A decoded, statically valid command. Handles and ranges are not yet checked against the
+    /// client's tables: that is the server's job.
+    #[derive(Clone, Debug, PartialEq)]
+    #[allow(missing_docs)]
+    pub enum Request<'a> {
         /// Allocate device memory.
-        MemAlloc = 1 => "mem_alloc",
+        MemAlloc = 1 => "mem_alloc" [] { size: u64 = 0 },
         /// Free device memory.
-        MemFree = 2 => "mem_free",
+        MemFree = 2 => "mem_free" [waits] { ptr: u64 = 0 },
         /// Free and total device memory, as the client's limit shows them.
-        MemGetInfo = 3 => "mem_get_info",
+        MemGetInfo = 3 => "mem_get_info" [],
         /// Create a host buffer shared with the server.
-        HostAlloc = 4 => "host_alloc",
+        HostAlloc = 4 => "host_alloc" [waits] { size: u64 = 0 },
         /// Free a host buffer.
-        HostFree = 5 => "host_free",
+        HostFree = 5 => "host_free" [waits] { handle: u64 = 0 },
         /// Copy host to device.
-        CopyHtoD = 6 => "copy_htod",
+        CopyHtoD = 6 => "copy_htod" [ordered] { dst: u64 = 0, src: HostRef = 1, len: u64 = 3 },
         /// Copy device to host.
-        CopyDtoH = 7 => "copy_dtoh",
+        CopyDtoH = 7 => "copy_dtoh" [ordered] { dst: HostRef = 0, src: u64 = 2, len: u64 = 3 },
         /// Copy device to device.
-        CopyDtoD = 8 => "copy_dtod",
+        CopyDtoD = 8 => "copy_dtod" [ordered] { copy: DeviceCopy = 0 },
         /// Fill device memory.
-        Memset = 9 => "memset",
-        /// A chunk of a module image.
-        ModuleData = 10 => "module_data",
+        Memset = 9 => "memset" [ordered] { fill: Fill = 0 },
+        /// A chunk of a module image: `len` bytes in the staging area at `staging_offset`;
+        /// `last` loads the image gathered so far and replies with the module handle.
+        ModuleData = 10 => "module_data" [waits] {
+            staging_offset: u64 = 0,
+            len: u64 = 1,
+            last: bool = 2,
+        },
         /// Unload a module.
-        ModuleUnload = 11 => "module_unload",
+        ModuleUnload = 11 => "module_unload" [waits] { module: u64 = 0 },
         /// Look up a kernel by name.
-        GetFunction = 12 => "get_function",
-        /// A kernel's parameter layout.
-        ParamInfo = 13 => "param_info",
-        /// Launch a kernel.
-        Launch = 14 => "launch",
+        GetFunction = 12 => "get_function" [payload] { module: u64 = 0, name: &'a [u8] = 1 },
+        /// A kernel's parameter layout, starting at parameter `first`.
+        ParamInfo = 13 => "param_info" [] { function: u64 = 0, first: u32 = 1 },
+        /// Launch a kernel (in clusters of blocks, where the launch says so, as
+        /// `LaunchCluster`: the session checks the clusters against the grid and the device).
+        Launch = 14 => "launch" [ordered payload] { spec: LaunchSpec<u64, &'a [u8]> = 0 }
+            | /// Launch a kernel in clusters of blocks.
+            LaunchCluster = 39 => "launch_cluster",
         /// Create a stream.
-        StreamCreate = 15 => "stream_create",
+        StreamCreate = 15 => "stream_create" [] { priority: i32 = 0 },
         /// Destroy a stream.
-        StreamDestroy = 16 => "stream_destroy",
-        /// Publish stream progress (nothing else).
-        Mark = 17 => "mark",
+        StreamDestroy = 16 => "stream_destroy" [waits] { stream: u64 = 0 },
+        /// Publish stream progress (nothing else; used to synchronise a stream).
+        Mark = 17 => "mark" [ordered],
         /// Create an event.
-        EventCreate = 18 => "event_create",
+        EventCreate = 18 => "event_create" [],
         /// Destroy an event.
-        EventDestroy = 19 => "event_destroy",
-        /// Record an event in a stream.
-        EventRecord = 20 => "event_record",
+        EventDestroy = 19 => "event_destroy" [] { event: u64 = 0 },
+        /// Record an event in the command's stream. The client knows the record completed once
+        /// the stream's progress reaches the command's sequence number.
+        EventRecord = 20 => "event_record" [ordered] { event: u64 = 0 },
         /// Make a stream wait for an event.
-        StreamWaitEvent = 21 => "stream_wait_event",
+        StreamWaitEvent = 21 => "stream_wait_event" [ordered] { event: u64 = 0 },
         /// Time between two recorded events.
-        EventElapsed = 22 => "event_elapsed",
-        /// Lower the client's device-memory limit.
-        SetMemLimit = 23 => "set_mem_limit",
-        /// Lower the client's priority.
-        SetPriority = 24 => "set_priority",
-        /// Lower the client's SM share.
-        SetSmShare = 25 => "set_sm_share",
-        /// Reserve SMs for the client.
-        ReserveSms = 26 => "reserve_sms",
-        /// The client's SMs.
-        SmInfo = 27 => "sm_info",
+        EventElapsed = 22 => "event_elapsed" [] { start: u64 = 0, end: u64 = 1 },
+        /// Lower the client's device-memory limit to `bytes` (it can never rise above what the
+        /// server set).
+        SetMemLimit = 23 => "set_mem_limit" [] { bytes: u64 = 0 },
+        /// Lower the client's priority to `level` ([`PRIORITY_NORMAL`] or
+        /// [`PRIORITY_BELOW_NORMAL`]; it can never rise above what the server set).
+        SetPriority = 24 => "set_priority" [] { level: u32 = 0 if priority_level },
+        /// Lower the client's share of the device's SMs to `percent` (1..=100; it can never
+        /// rise above what the server set). Replies like [`Request::SmInfo`].
+        SetSmShare = 25 => "set_sm_share" [] { percent: u32 = 0 if sm_percent },
+        /// Reserve `percent` (1..=100) of the device's SMs for this client alone, within the
+        /// ceiling the operator set. Replies like [`Request::SmInfo`].
+        ReserveSms = 26 => "reserve_sms" [] { percent: u32 = 0 if sm_percent },
+        /// The SMs this client's work runs on now: replies `[sms, device sms, share percent,
+        /// reserved percent]`.
+        SmInfo = 27 => "sm_info" [],
         /// Start recording a stream's work into a graph instead of running it.
-        StreamBeginCapture = 28 => "stream_begin_capture",
-        /// Stop recording a stream's work; replies with the graph.
-        StreamEndCapture = 29 => "stream_end_capture",
-        /// Make an executable graph of a captured one.
-        GraphInstantiate = 30 => "graph_instantiate",
+        StreamBeginCapture = 28 => "stream_begin_capture" [] { stream: u64 = 0 },
+        /// Stop recording a stream's work; replies `[graph handle]`.
+        StreamEndCapture = 29 => "stream_end_capture" [] { stream: u64 = 0 },
+        /// Make an executable graph of a captured one; replies `[executable graph handle]`.
+        GraphInstantiate = 30 => "graph_instantiate" [] { graph: u64 = 0 },
         /// Destroy a captured graph.
-        GraphDestroy = 31 => "graph_destroy",
+        GraphDestroy = 31 => "graph_destroy" [] { graph: u64 = 0 },
         /// Destroy an executable graph.
-        GraphExecDestroy = 32 => "graph_exec_destroy",
-        /// Run an executable graph in a stream.
-        GraphLaunch = 33 => "graph_launch",
-        /// A page of the device's attributes, and its UUID.
-        DeviceAttributes = 34 => "device_attributes",
-        /// The context's stream priority range and limits (`cuCtxGetLimit`'s).
-        ContextLimits = 35 => "context_limits",
-        /// A kernel's attributes (`cuFuncGetAttribute`'s).
-        FuncAttributes = 36 => "func_attributes",
-        /// An occupancy figure of a kernel (`cuOccupancy*`'s).
-        Occupancy = 37 => "occupancy",
-        /// The address and size of a module's global variable.
-        ModuleGlobal = 38 => "module_global",
-        /// Launch a kernel in clusters of blocks.
-        LaunchCluster = 39 => "launch_cluster",
+        GraphExecDestroy = 32 => "graph_exec_destroy" [] { exec: u64 = 0 },
+        /// Run an executable graph in the command's stream.
+        GraphLaunch = 33 => "graph_launch" [ordered] { exec: u64 = 0 },
+        /// A page of the device's attributes (`cuDeviceGetAttribute`'s), from the `first`th of
+        /// those the server reports: a reply's data holds up to [`ATTRIBUTES_PER_REPLY`]
+        /// [`DeviceAttribute`]s and its values are `[in this page, reported in all, 1 if the
+        /// UUID is known else 0, 0]`; the UUID (`cuDeviceGetUuid`'s 16 bytes) follows the page
+        /// in the data when known.
+        DeviceAttributes = 34 => "device_attributes" [] { first: u32 = 0 },
+        /// The context's stream priority range and limits (`cuCtxGetLimit`'s): replies `[least
+        /// priority, greatest priority (each as the i32 bits in a u64), a mask of the limits
+        /// reported (bit n: `CUlimit` n), 0]` and, in its data, [`CONTEXT_LIMITS`]
+        /// little-endian u64 values (0 where not reported).
+        ContextLimits = 35 => "context_limits" [],
+        /// A kernel's attributes (`cuFuncGetAttribute`'s): replies `[FUNC_ATTRIBUTES, a mask of
+        /// those reported (bit n: attribute n), 0, 0]` and, in its data, [`FUNC_ATTRIBUTES`]
+        /// little-endian i32 values.
+        FuncAttributes = 36 => "func_attributes" [] { function: u64 = 0 },
+        /// An occupancy figure of a kernel (`cuOccupancy*`'s): replies `[the figure, 0, 0, 0]`.
+        Occupancy = 37 => "occupancy" [] { function: u64 = 0, query: OccupancyQuery = 1 },
+        /// The device address and size of a module's global variable `name`: replies
+        /// `[address, size, 0, 0]`.
+        ModuleGlobal = 38 => "module_global" [payload] { module: u64 = 0, name: &'a [u8] = 1 },
+        /// The allocation of this client that holds the device address `ptr`
+        /// (`cuMemGetAddressRange`'s): replies `[base, size, 0, 0]`.
+        MemGetAddressRange = 40 => "mem_get_address_range" [] { ptr: u64 = 0 },
     }
 }
 
-impl Opcode {
-    /// Whether commands of this kind run in stream order (and so may carry [`flags::MARK`]).
-    pub fn is_stream_ordered(self) -> bool {
-        matches!(
-            self,
-            Opcode::CopyHtoD
-                | Opcode::CopyDtoH
-                | Opcode::CopyDtoD
-                | Opcode::Memset
-                | Opcode::Launch
-                | Opcode::LaunchCluster
-                | Opcode::Mark
-                | Opcode::EventRecord
-                | Opcode::StreamWaitEvent
-                | Opcode::GraphLaunch
-        )
-    }
-}
-
-/// Context limits reported by [`Request::ContextLimits`]: `CUlimit` 0 (stack size) to 9 (CIG
 /// shared-memory fallback), CUDA 13's.
 pub const CONTEXT_LIMITS: usize = 10;
 
@@ -252,20 +265,23 @@ pub enum HostRef {
     },
 }
 
-impl HostRef {
-    fn encode(self) -> (u64, u64) {
-        match self {
+/// A host reference travels as two words: the buffer's handle (0: the staging area) and the
+/// offset.
+impl Arg<'_> for HostRef {
+    #[inline]
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        (args[0], args[1]) = match *self {
             HostRef::Staging { offset } => (0, offset),
             HostRef::Buffer { handle, offset } => (handle, offset),
-        }
+        };
     }
 
-    fn decode(handle: u64, offset: u64) -> HostRef {
-        if handle == 0 {
-            HostRef::Staging { offset }
-        } else {
-            HostRef::Buffer { handle, offset }
-        }
+    #[inline]
+    fn take(args: &[u64], _: &Source<'_>, _: &'static str) -> Result<HostRef> {
+        Ok(match (args[0], args[1]) {
+            (0, offset) => HostRef::Staging { offset },
+            (handle, offset) => HostRef::Buffer { handle, offset },
+        })
     }
 }
 
@@ -305,630 +321,359 @@ impl Dim3 {
     }
 }
 
-/// A decoded, statically valid command. Handles and ranges are not yet checked against the
-/// client's tables: that is the server's job.
-#[derive(Clone, Debug, PartialEq)]
-#[allow(missing_docs)]
-pub enum Request<'a> {
-    MemAlloc {
-        size: u64,
-    },
-    MemFree {
-        ptr: u64,
-    },
-    MemGetInfo,
-    HostAlloc {
-        size: u64,
-    },
-    HostFree {
-        handle: u64,
-    },
-    CopyHtoD {
-        dst: u64,
-        src: HostRef,
-        len: u64,
-    },
-    CopyDtoH {
-        dst: HostRef,
-        src: u64,
-        len: u64,
-    },
-    CopyDtoD {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    /// `count` elements of `elem_size` (1 or 4) bytes set to `value`.
-    Memset {
-        dst: u64,
-        value: u32,
-        elem_size: u8,
-        count: u64,
-    },
-    /// `len` bytes of module image in the staging area at `staging_offset`; `last` loads the
-    /// image gathered so far and replies with the module handle.
-    ModuleData {
-        staging_offset: u64,
-        len: u64,
-        last: bool,
-    },
-    ModuleUnload {
-        module: u64,
-    },
-    GetFunction {
-        module: u64,
-        name: &'a [u8],
-    },
-    /// The device address and size of the global variable `name` of `module`: replies
-    /// `[address, size, 0, 0]`.
-    ModuleGlobal {
-        module: u64,
-        name: &'a [u8],
-    },
-    /// Parameter layout of `function`, starting at parameter `first`.
-    ParamInfo {
-        function: u64,
-        first: u32,
-    },
-    /// The device's attributes (`cuDeviceGetAttribute`'s), from the `first`th of those the
-    /// server reports: a reply's data holds up to [`ATTRIBUTES_PER_REPLY`] [`DeviceAttribute`]s
-    /// and its values are `[in this page, reported in all, 1 if the UUID is known else 0,
-    /// 0]`; the UUID (`cuDeviceGetUuid`'s 16 bytes) follows the page in the data when known.
-    DeviceAttributes {
-        first: u32,
-    },
-    /// The context's stream priority range and limits: replies `[least priority, greatest
-    /// priority (each as the i32 bits in a u64), a mask of the limits reported (bit n: `CUlimit`
-    /// n), 0]` and, in its data, [`CONTEXT_LIMITS`] little-endian u64 values (0 where not
-    /// reported).
-    ContextLimits,
-    /// The attributes of `function`: replies `[FUNC_ATTRIBUTES, a mask of those reported (bit
-    /// n: attribute n), 0, 0]` and, in its data, [`FUNC_ATTRIBUTES`] little-endian i32 values.
-    FuncAttributes {
-        function: u64,
-    },
-    /// An occupancy figure of `function`: replies `[the figure, 0, 0, 0]`.
-    Occupancy {
-        function: u64,
-        query: OccupancyQuery,
-    },
-    /// Launch `function`, its blocks grouped in clusters where `cluster` says so (opcode
-    /// `LaunchCluster`; the session checks the clusters against the grid and the device).
-    Launch {
-        function: u64,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        cluster: Option<Cluster>,
-        params: &'a [u8],
-    },
-    StreamCreate {
-        priority: i32,
-    },
-    StreamDestroy {
-        stream: u64,
-    },
-    /// Nothing to do but publish progress (used to synchronise a stream).
-    Mark,
-    EventCreate,
-    EventDestroy {
-        event: u64,
-    },
-    /// Record `event` in the command's stream. The client knows the record completed once the
-    /// stream's progress reaches the command's sequence number.
-    EventRecord {
-        event: u64,
-    },
-    StreamWaitEvent {
-        event: u64,
-    },
-    EventElapsed {
-        start: u64,
-        end: u64,
-    },
-    /// Lowers this client's device-memory limit to `bytes` (it can never rise above what the
-    /// server set).
-    SetMemLimit {
-        bytes: u64,
-    },
-    /// Lowers this client's priority to `level` ([`PRIORITY_NORMAL`] or
-    /// [`PRIORITY_BELOW_NORMAL`]; it can never rise above what the server set).
-    SetPriority {
-        level: u32,
-    },
-    /// Lowers this client's share of the device's SMs to `percent` (1..=100; it can never rise
-    /// above what the server set). Replies like [`Request::SmInfo`].
-    SetSmShare {
-        percent: u32,
-    },
-    /// Reserves `percent` (1..=100) of the device's SMs for this client alone, within the
-    /// ceiling the operator set. Replies like [`Request::SmInfo`].
-    ReserveSms {
-        percent: u32,
-    },
-    /// The SMs this client's work runs on now: replies `[sms, device sms, share percent,
-    /// reserved percent]`.
-    SmInfo,
-    /// From now on, record the work submitted to `stream` into a graph instead of running it.
-    StreamBeginCapture {
-        stream: u64,
-    },
-    /// Stop recording `stream`; replies `[graph handle]`.
-    StreamEndCapture {
-        stream: u64,
-    },
-    /// Replies `[executable graph handle]`.
-    GraphInstantiate {
-        graph: u64,
-    },
-    GraphDestroy {
-        graph: u64,
-    },
-    GraphExecDestroy {
-        exec: u64,
-    },
-    /// Run the executable graph `exec` in the command's stream.
-    GraphLaunch {
-        exec: u64,
-    },
-}
-
 /// Client priority: served as the operator set it.
 pub const PRIORITY_NORMAL: u32 = 0;
 /// Client priority: served after normal clients (its streams get the device's least urgent
 /// priority, its session thread a lower CPU priority).
 pub const PRIORITY_BELOW_NORMAL: u32 = 1;
 
-impl Request<'_> {
-    /// The opcode of this request.
+/// One kernel launch, as every layer sees it: the protocol's request (`F` the function's
+/// handle, `P` the parameter bytes in the command's payload), the client's posting (the
+/// parameters gathered as the slots are written), the backend's work (the backend's own
+/// function, the parameters borrowed or owned) and a batched run's shape. Each layer changes
+/// what `F` and `P` are with [`LaunchSpec::map`]; the geometry is moved, never copied field by
+/// field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchSpec<F, P> {
+    /// The kernel.
+    pub function: F,
+    /// Grid, in blocks.
+    pub grid: Dim3,
+    /// Block, in threads.
+    pub block: Dim3,
+    /// Dynamic shared memory bytes per block.
+    pub shared_mem: u32,
+    /// The clusters the blocks are grouped in, if any (checked against the grid).
+    pub cluster: Option<Cluster>,
+    /// The packed parameter buffer, laid out by the function's parameter info.
+    pub params: P,
+}
+
+impl<F, P> LaunchSpec<F, P> {
+    /// The same launch of `function(self.function)` with parameters `params(self.params)`.
+    pub fn map<G, Q>(
+        self,
+        function: impl FnOnce(F) -> G,
+        params: impl FnOnce(P) -> Q,
+    ) -> LaunchSpec<G, Q> {
+        LaunchSpec {
+            function: function(self.function),
+            grid: self.grid,
+            block: self.block,
+            shared_mem: self.shared_mem,
+            cluster: self.cluster,
+            params: params(self.params),
+        }
+    }
+
+    /// The same launch with parameters `params`, and the parameters it had.
+    pub fn with_params<Q>(self, params: Q) -> (LaunchSpec<F, Q>, P) {
+        let LaunchSpec {
+            function,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            params: had,
+        } = self;
+        let launch = LaunchSpec {
+            function,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            params,
+        };
+        (launch, had)
+    }
+
+    /// The opcode it travels under: a launch in clusters has its own.
     pub fn opcode(&self) -> Opcode {
-        match self {
-            Request::MemAlloc { .. } => Opcode::MemAlloc,
-            Request::MemFree { .. } => Opcode::MemFree,
-            Request::MemGetInfo => Opcode::MemGetInfo,
-            Request::HostAlloc { .. } => Opcode::HostAlloc,
-            Request::HostFree { .. } => Opcode::HostFree,
-            Request::CopyHtoD { .. } => Opcode::CopyHtoD,
-            Request::CopyDtoH { .. } => Opcode::CopyDtoH,
-            Request::CopyDtoD { .. } => Opcode::CopyDtoD,
-            Request::Memset { .. } => Opcode::Memset,
-            Request::ModuleData { .. } => Opcode::ModuleData,
-            Request::ModuleUnload { .. } => Opcode::ModuleUnload,
-            Request::GetFunction { .. } => Opcode::GetFunction,
-            Request::ParamInfo { .. } => Opcode::ParamInfo,
-            Request::DeviceAttributes { .. } => Opcode::DeviceAttributes,
-            Request::ContextLimits => Opcode::ContextLimits,
-            Request::ModuleGlobal { .. } => Opcode::ModuleGlobal,
-            Request::FuncAttributes { .. } => Opcode::FuncAttributes,
-            Request::Occupancy { .. } => Opcode::Occupancy,
-            Request::Launch { cluster: None, .. } => Opcode::Launch,
-            Request::Launch {
-                cluster: Some(_), ..
-            } => Opcode::LaunchCluster,
-            Request::StreamCreate { .. } => Opcode::StreamCreate,
-            Request::StreamDestroy { .. } => Opcode::StreamDestroy,
-            Request::Mark => Opcode::Mark,
-            Request::EventCreate => Opcode::EventCreate,
-            Request::EventDestroy { .. } => Opcode::EventDestroy,
-            Request::EventRecord { .. } => Opcode::EventRecord,
-            Request::StreamWaitEvent { .. } => Opcode::StreamWaitEvent,
-            Request::EventElapsed { .. } => Opcode::EventElapsed,
-            Request::SetMemLimit { .. } => Opcode::SetMemLimit,
-            Request::SetPriority { .. } => Opcode::SetPriority,
-            Request::SetSmShare { .. } => Opcode::SetSmShare,
-            Request::ReserveSms { .. } => Opcode::ReserveSms,
-            Request::SmInfo => Opcode::SmInfo,
-            Request::StreamBeginCapture { .. } => Opcode::StreamBeginCapture,
-            Request::StreamEndCapture { .. } => Opcode::StreamEndCapture,
-            Request::GraphInstantiate { .. } => Opcode::GraphInstantiate,
-            Request::GraphDestroy { .. } => Opcode::GraphDestroy,
-            Request::GraphExecDestroy { .. } => Opcode::GraphExecDestroy,
-            Request::GraphLaunch { .. } => Opcode::GraphLaunch,
+        match self.cluster {
+            None => Opcode::Launch,
+            Some(_) => Opcode::LaunchCluster,
         }
     }
 
-    /// The header slot and the payload bytes (to be written into the following slots) of this
-    /// request.
-    pub fn encode(&self, seq: u64, stream: u64, flags: u16) -> (Command, &[u8]) {
-        let mut args = [0u64; 5];
-        let mut payload: &[u8] = &[];
-        match *self {
-            Request::MemAlloc { size } | Request::HostAlloc { size } => args[0] = size,
-            Request::MemFree { ptr } => args[0] = ptr,
-            Request::HostFree { handle } => args[0] = handle,
-            Request::MemGetInfo
-            | Request::Mark
-            | Request::EventCreate
-            | Request::SmInfo
-            | Request::ContextLimits => {}
-            Request::FuncAttributes { function } => args[0] = function,
-            Request::Occupancy { function, query } => {
-                args = match query {
-                    OccupancyQuery::ActiveBlocks {
-                        block_size,
-                        dynamic_smem,
-                        flags,
-                    } => [function, 0, pack(block_size, dynamic_smem), flags as u64, 0],
-                    OccupancyQuery::DynamicSmem { blocks, block_size } => {
-                        [function, 1, pack(blocks, block_size), 0, 0]
-                    }
-                    OccupancyQuery::ActiveClusters {
-                        block,
-                        cluster,
-                        dynamic_smem,
-                        non_portable,
-                    } => [
-                        function,
-                        pack(if non_portable { 3 } else { 2 }, dynamic_smem),
-                        pack(block.x, block.y),
-                        pack(block.z, cluster.x),
-                        pack(cluster.y, cluster.z),
-                    ],
-                }
-            }
-            Request::CopyHtoD { dst, src, len } => {
-                let (h, o) = src.encode();
-                args = [dst, h, o, len, 0];
-            }
-            Request::CopyDtoH { dst, src, len } => {
-                let (h, o) = dst.encode();
-                args = [h, o, src, len, 0];
-            }
-            Request::CopyDtoD { dst, src, len } => args = [dst, src, len, 0, 0],
-            Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => args = [dst, value as u64, elem_size as u64, count, 0],
-            Request::ModuleData {
-                staging_offset,
-                len,
-                last,
-            } => args = [staging_offset, len, last as u64, 0, 0],
-            Request::ModuleUnload { module } => args[0] = module,
-            Request::GetFunction { module, name } | Request::ModuleGlobal { module, name } => {
-                args = [module, name.len() as u64, 0, 0, 0];
-                payload = name;
-            }
-            Request::ParamInfo { function, first } => args = [function, first as u64, 0, 0, 0],
-            Request::DeviceAttributes { first } => args[0] = first as u64,
-            Request::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params,
-            } => {
-                let plen = params.len() as u64;
-                // A cluster rides in the high halves of the words holding block.y, block.z
-                // and the parameters' length, which CUDA's limits keep below 2^16 (block.y and
-                // block.z) and the protocol below 2^13 (the length).
-                let (blocks_yz, smem_len) = match cluster {
-                    None => (pack(block.y, block.z), pack(shared_mem, plen as u32)),
-                    Some(c) => (
-                        (block.y as u64 & 0xffff)
-                            | (block.z as u64 & 0xffff) << 16
-                            | (c.dims.z as u64 & 0xff) << 32
-                            | (c.non_portable as u64) << 40,
-                        shared_mem as u64
-                            | plen << 32
-                            | (c.dims.x as u64 & 0xff) << 48
-                            | (c.dims.y as u64 & 0xff) << 56,
-                    ),
-                };
-                args = [
-                    function,
-                    pack(grid.x, grid.y),
-                    pack(grid.z, block.x),
-                    blocks_yz,
-                    smem_len,
-                ];
-                payload = params;
-            }
-            Request::StreamCreate { priority } => args[0] = priority as u32 as u64,
-            Request::StreamDestroy { stream }
-            | Request::StreamBeginCapture { stream }
-            | Request::StreamEndCapture { stream } => args[0] = stream,
-            Request::GraphInstantiate { graph } | Request::GraphDestroy { graph } => {
-                args[0] = graph
-            }
-            Request::GraphExecDestroy { exec } | Request::GraphLaunch { exec } => args[0] = exec,
-            Request::EventDestroy { event }
-            | Request::StreamWaitEvent { event }
-            | Request::EventRecord { event } => args[0] = event,
-            Request::EventElapsed { start, end } => args = [start, end, 0, 0, 0],
-            Request::SetMemLimit { bytes } => args[0] = bytes,
-            Request::SetPriority { level } => args[0] = level as u64,
-            Request::SetSmShare { percent } | Request::ReserveSms { percent } => {
-                args[0] = percent as u64
-            }
+    /// The same launch borrowing its function and parameters.
+    pub fn as_ref(&self) -> LaunchSpec<&F, &P> {
+        LaunchSpec {
+            function: &self.function,
+            grid: self.grid,
+            block: self.block,
+            shared_mem: self.shared_mem,
+            cluster: self.cluster,
+            params: &self.params,
         }
-        let cmd = Command {
-            opcode: self.opcode() as u16,
-            flags,
-            extra_slots: payload.len().div_ceil(SLOT_BYTES) as u16,
-            reserved: 0,
-            seq,
-            stream,
-            args,
+    }
+}
+
+/// A launch fills all five words. A cluster rides in the high halves of the words holding
+/// block.y, block.z and the parameters' length, which CUDA's limits keep below 2^16 (block.y
+/// and block.z) and the protocol below 2^13 (the length); such a launch is a `LaunchCluster`.
+impl<'p> Arg<'p> for LaunchSpec<u64, &'p [u8]> {
+    #[inline]
+    fn put<'s>(&'s self, args: &mut [u64], payload: &mut &'s [u8]) {
+        let LaunchSpec {
+            function,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            params,
+        } = *self;
+        let plen = params.len() as u64;
+        let (blocks_yz, smem_len) = match cluster {
+            None => (pack(block.y, block.z), pack(shared_mem, plen as u32)),
+            Some(c) => (
+                (block.y as u64 & 0xffff)
+                    | (block.z as u64 & 0xffff) << 16
+                    | (c.dims.z as u64 & 0xff) << 32
+                    | (c.non_portable as u64) << 40,
+                shared_mem as u64
+                    | plen << 32
+                    | (c.dims.x as u64 & 0xff) << 48
+                    | (c.dims.y as u64 & 0xff) << 56,
+            ),
         };
-        (cmd, payload)
+        args[..5].copy_from_slice(&[
+            function,
+            pack(grid.x, grid.y),
+            pack(grid.z, block.x),
+            blocks_yz,
+            smem_len,
+        ]);
+        *payload = params;
     }
 
-    /// Decodes a command copied out of shared memory. `payload` holds the bytes of its
-    /// `extra_slots` continuation slots. Anything a well-behaved client never sends is an error.
-    pub fn decode<'a>(cmd: &Command, payload: &'a [u8]) -> Result<Request<'a>> {
-        let op = Opcode::from_u16(cmd.opcode).ok_or_else(|| {
-            Error::invalid_value(format!(
-                "command {} has unknown opcode {}",
-                cmd.seq, cmd.opcode
-            ))
-        })?;
-        if cmd.flags & !flags::ALL != 0 || cmd.reserved != 0 {
-            return Err(Error::invalid_value(format!(
-                "command {} ({op:?}) has undefined flag or reserved bits set",
-                cmd.seq
-            )));
-        }
-        if cmd.flags & flags::MARK != 0 && !op.is_stream_ordered() {
-            return Err(Error::invalid_value(format!(
-                "command {} ({op:?}) is not stream-ordered and cannot carry MARK",
-                cmd.seq
-            )));
-        }
-        if payload.len() != cmd.extra_slots as usize * SLOT_BYTES {
-            return Err(Error::internal("payload length does not match extra_slots"));
-        }
-        let a = cmd.args;
-        let expect_payload = |len: u64, max: usize, what: &str| -> Result<&'a [u8]> {
-            if len as usize > max || len as usize > payload.len() {
+    #[inline]
+    fn take(a: &[u64], from: &Source<'p>, _: &'static str) -> Result<Self> {
+        let (gx, gy) = unpack(a[1]);
+        let (gz, bx) = unpack(a[2]);
+        let field = |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
+        let (by, bz, shared_mem, plen, cluster) = if from.opcode == Opcode::Launch {
+            let (by, bz) = unpack(a[3]);
+            let (shared_mem, plen) = unpack(a[4]);
+            (by, bz, shared_mem, plen, None)
+        } else {
+            if a[3] >> 41 != 0 {
                 return Err(Error::invalid_value(format!(
-                    "command {}: {what} of {len} bytes is longer than {max} bytes or than its payload",
-                    cmd.seq
+                    "command {}: a cluster launch with unknown bits set",
+                    from.seq
                 )));
             }
-            if payload.len() != (len as usize).div_ceil(SLOT_BYTES) * SLOT_BYTES {
-                return Err(Error::invalid_value(format!(
-                    "command {}: {} payload slots for {len} bytes of {what}",
-                    cmd.seq, cmd.extra_slots
-                )));
-            }
-            Ok(&payload[..len as usize])
-        };
-        if !matches!(
-            op,
-            Opcode::GetFunction | Opcode::ModuleGlobal | Opcode::Launch | Opcode::LaunchCluster
-        ) && cmd.extra_slots != 0
-        {
-            return Err(Error::invalid_value(format!(
-                "command {} ({op:?}) takes no payload but has {} extra slots",
-                cmd.seq, cmd.extra_slots
-            )));
-        }
-        let req = match op {
-            Opcode::MemAlloc => Request::MemAlloc { size: a[0] },
-            Opcode::MemFree => Request::MemFree { ptr: a[0] },
-            Opcode::MemGetInfo => Request::MemGetInfo,
-            Opcode::HostAlloc => Request::HostAlloc { size: a[0] },
-            Opcode::HostFree => Request::HostFree { handle: a[0] },
-            Opcode::CopyHtoD => Request::CopyHtoD {
-                dst: a[0],
-                src: HostRef::decode(a[1], a[2]),
-                len: a[3],
-            },
-            Opcode::CopyDtoH => Request::CopyDtoH {
-                dst: HostRef::decode(a[0], a[1]),
-                src: a[2],
-                len: a[3],
-            },
-            Opcode::CopyDtoD => Request::CopyDtoD {
-                dst: a[0],
-                src: a[1],
-                len: a[2],
-            },
-            Opcode::Memset => {
-                let elem_size = match a[2] {
-                    1 => 1,
-                    4 => 4,
-                    n => {
-                        return Err(Error::invalid_value(format!(
-                            "memset element size {n} is neither 1 nor 4"
-                        )));
-                    }
-                };
-                if a[1] > u32::MAX as u64 || (elem_size == 1 && a[1] > 0xff) {
-                    return Err(Error::invalid_value(format!(
-                        "memset value {:#x} does not fit its {elem_size}-byte element",
-                        a[1]
-                    )));
-                }
-                Request::Memset {
-                    dst: a[0],
-                    value: a[1] as u32,
-                    elem_size,
-                    count: a[3],
-                }
-            }
-            Opcode::ModuleData => Request::ModuleData {
-                staging_offset: a[0],
-                len: a[1],
-                last: match a[2] {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(Error::invalid_value("module data 'last' is not 0 or 1")),
+            let cluster = Cluster {
+                dims: Dim3 {
+                    x: field(a[4], 48, 8),
+                    y: field(a[4], 56, 8),
+                    z: field(a[3], 32, 8),
                 },
+                non_portable: a[3] >> 40 & 1 == 1,
+            };
+            let (by, bz) = (field(a[3], 0, 16), field(a[3], 16, 16));
+            (by, bz, a[4] as u32, field(a[4], 32, 16), Some(cluster))
+        };
+        Ok(LaunchSpec {
+            function: a[0],
+            grid: Dim3 {
+                x: gx,
+                y: gy,
+                z: gz,
             },
-            Opcode::ModuleUnload => Request::ModuleUnload { module: a[0] },
-            Opcode::GetFunction => Request::GetFunction {
-                module: a[0],
-                name: expect_payload(a[1], MAX_NAME_BYTES, "kernel name")?,
+            block: Dim3 {
+                x: bx,
+                y: by,
+                z: bz,
             },
-            Opcode::ParamInfo => Request::ParamInfo {
-                function: a[0],
-                first: u32::try_from(a[1])
-                    .map_err(|_| Error::invalid_value("parameter index out of range"))?,
-            },
-            Opcode::DeviceAttributes => Request::DeviceAttributes {
-                first: u32::try_from(a[0])
-                    .map_err(|_| Error::invalid_value("attribute index out of range"))?,
-            },
-            Opcode::ContextLimits => Request::ContextLimits,
-            Opcode::ModuleGlobal => Request::ModuleGlobal {
-                module: a[0],
-                name: expect_payload(a[1], MAX_NAME_BYTES, "global name")?,
-            },
-            Opcode::FuncAttributes => Request::FuncAttributes { function: a[0] },
-            Opcode::Occupancy => Request::Occupancy {
-                function: a[0],
-                query: occupancy_query(cmd.seq, a)?,
-            },
-            Opcode::Launch | Opcode::LaunchCluster => {
-                let (gx, gy) = unpack(a[1]);
-                let (gz, bx) = unpack(a[2]);
-                let field =
-                    |word: u64, shift: u32, bits: u32| (word >> shift & ((1 << bits) - 1)) as u32;
-                // The words `Request::encode` lays out: a cluster launch packs block.y, block.z
-                // and the parameters' length tighter, and its cluster beside them.
-                let (by, bz, shared_mem, plen, cluster) = if op == Opcode::Launch {
-                    let (by, bz) = unpack(a[3]);
-                    let (shared_mem, plen) = unpack(a[4]);
-                    (by, bz, shared_mem, plen, None)
-                } else {
-                    if a[3] >> 41 != 0 {
-                        return Err(Error::invalid_value(format!(
-                            "command {}: a cluster launch with unknown bits set",
-                            cmd.seq
-                        )));
-                    }
-                    let cluster = Cluster {
-                        dims: Dim3 {
-                            x: field(a[4], 48, 8),
-                            y: field(a[4], 56, 8),
-                            z: field(a[3], 32, 8),
-                        },
-                        non_portable: a[3] >> 40 & 1 == 1,
-                    };
-                    let (by, bz) = (field(a[3], 0, 16), field(a[3], 16, 16));
-                    (by, bz, a[4] as u32, field(a[4], 32, 16), Some(cluster))
-                };
-                Request::Launch {
-                    function: a[0],
-                    grid: Dim3 {
-                        x: gx,
-                        y: gy,
-                        z: gz,
-                    },
+            shared_mem,
+            cluster,
+            params: from.payload("kernel parameters", plen as u64, MAX_PARAM_BYTES)?,
+        })
+    }
+
+    #[inline]
+    fn opcode(&self, _: Opcode) -> Opcode {
+        LaunchSpec::opcode(self)
+    }
+}
+
+/// An occupancy query fills the four words after the function: its kind (0: active blocks, 1:
+/// dynamic shared memory, 2 or 3: active clusters, 3 past the portable size) with, for
+/// clusters, the dynamic shared memory in its high half, then the geometry packed in pairs.
+impl Arg<'_> for OccupancyQuery {
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        let words = match *self {
+            OccupancyQuery::ActiveBlocks {
+                block_size,
+                dynamic_smem,
+                flags,
+            } => [0, pack(block_size, dynamic_smem), flags as u64, 0],
+            OccupancyQuery::DynamicSmem { blocks, block_size } => {
+                [1, pack(blocks, block_size), 0, 0]
+            }
+            OccupancyQuery::ActiveClusters {
+                block,
+                cluster,
+                dynamic_smem,
+                non_portable,
+            } => [
+                pack(if non_portable { 3 } else { 2 }, dynamic_smem),
+                pack(block.x, block.y),
+                pack(block.z, cluster.x),
+                pack(cluster.y, cluster.z),
+            ],
+        };
+        args[..4].copy_from_slice(&words);
+    }
+
+    fn take(a: &[u64], from: &Source<'_>, _: &'static str) -> Result<OccupancyQuery> {
+        let (kind, smem) = unpack(a[0]);
+        let unused = |used: usize| a[used..4].iter().any(|v| *v != 0);
+        let q = match kind {
+            0 if smem == 0 && !unused(3) && a[2] <= u32::MAX as u64 => {
+                let (block_size, dynamic_smem) = unpack(a[1]);
+                OccupancyQuery::ActiveBlocks {
+                    block_size,
+                    dynamic_smem,
+                    flags: a[2] as u32,
+                }
+            }
+            1 if smem == 0 && !unused(2) => {
+                let (blocks, block_size) = unpack(a[1]);
+                OccupancyQuery::DynamicSmem { blocks, block_size }
+            }
+            2 | 3 => {
+                let (bx, by) = unpack(a[1]);
+                let (bz, cx) = unpack(a[2]);
+                let (cy, cz) = unpack(a[3]);
+                OccupancyQuery::ActiveClusters {
                     block: Dim3 {
                         x: bx,
                         y: by,
                         z: bz,
                     },
-                    shared_mem,
-                    cluster,
-                    params: expect_payload(plen as u64, MAX_PARAM_BYTES, "kernel parameters")?,
+                    cluster: Dim3 {
+                        x: cx,
+                        y: cy,
+                        z: cz,
+                    },
+                    dynamic_smem: smem,
+                    non_portable: kind == 3,
                 }
             }
-            Opcode::StreamCreate => Request::StreamCreate {
-                priority: u32::try_from(a[0])
-                    .map_err(|_| Error::invalid_value("stream priority out of range"))?
-                    as i32,
-            },
-            Opcode::StreamDestroy => Request::StreamDestroy { stream: a[0] },
-            Opcode::Mark => Request::Mark,
-            Opcode::EventCreate => Request::EventCreate,
-            Opcode::EventDestroy => Request::EventDestroy { event: a[0] },
-            Opcode::EventRecord => Request::EventRecord { event: a[0] },
-            Opcode::StreamWaitEvent => Request::StreamWaitEvent { event: a[0] },
-            Opcode::EventElapsed => Request::EventElapsed {
-                start: a[0],
-                end: a[1],
-            },
-            Opcode::SetMemLimit => Request::SetMemLimit { bytes: a[0] },
-            Opcode::SetPriority => Request::SetPriority {
-                level: match a[0] {
-                    0 => PRIORITY_NORMAL,
-                    1 => PRIORITY_BELOW_NORMAL,
-                    n => {
-                        return Err(Error::invalid_value(format!(
-                            "client priority {n} is neither 0 (normal) nor 1 (below normal)"
-                        )));
-                    }
-                },
-            },
-            Opcode::SetSmShare => Request::SetSmShare {
-                percent: percent(a[0], "an SM share")?,
-            },
-            Opcode::ReserveSms => Request::ReserveSms {
-                percent: percent(a[0], "an SM reservation")?,
-            },
-            Opcode::SmInfo => Request::SmInfo,
-            Opcode::StreamBeginCapture => Request::StreamBeginCapture { stream: a[0] },
-            Opcode::StreamEndCapture => Request::StreamEndCapture { stream: a[0] },
-            Opcode::GraphInstantiate => Request::GraphInstantiate { graph: a[0] },
-            Opcode::GraphDestroy => Request::GraphDestroy { graph: a[0] },
-            Opcode::GraphExecDestroy => Request::GraphExecDestroy { exec: a[0] },
-            Opcode::GraphLaunch => Request::GraphLaunch { exec: a[0] },
+            _ => {
+                return Err(Error::invalid_value(format!(
+                    "command {}: occupancy query {kind} is not one of 0 (active blocks), 1 \
+                     (dynamic shared memory), 2 or 3 (active clusters, 3 past the portable \
+                     size), or has stray arguments",
+                    from.seq
+                )));
+            }
         };
-        Ok(req)
+        Ok(q)
     }
 }
 
-/// The query of an occupancy command's arguments.
-fn occupancy_query(seq: u64, a: [u64; 5]) -> Result<OccupancyQuery> {
-    let (kind, smem) = unpack(a[1]);
-    let unused = |used: usize| a[used..].iter().any(|v| *v != 0);
-    let q = match kind {
-        0 if smem == 0 && !unused(4) && a[3] <= u32::MAX as u64 => {
-            let (block_size, dynamic_smem) = unpack(a[2]);
-            OccupancyQuery::ActiveBlocks {
-                block_size,
-                dynamic_smem,
-                flags: a[3] as u32,
-            }
+/// A copy between two ranges of device memory, as the request, the backend's work and a batched
+/// run's shape all see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// Destination address.
+    pub dst: u64,
+    /// Source address.
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Three words: destination, source, length.
+impl Arg<'_> for DeviceCopy {
+    #[inline]
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        args[..3].copy_from_slice(&[self.dst, self.src, self.len]);
+    }
+
+    #[inline]
+    fn take(a: &[u64], _: &Source<'_>, _: &'static str) -> Result<DeviceCopy> {
+        Ok(DeviceCopy {
+            dst: a[0],
+            src: a[1],
+            len: a[2],
+        })
+    }
+}
+
+/// A fill of device memory: `count` elements of `elem_size` (1 or 4) bytes set to `value`, as
+/// the request, the backend's work and a batched run's shape all see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    /// Destination address.
+    pub dst: u64,
+    /// Value (the low byte for 1-byte elements).
+    pub value: u32,
+    /// 1 or 4.
+    pub elem_size: u8,
+    /// Elements.
+    pub count: u64,
+}
+
+impl Fill {
+    /// Bytes it fills, or `None` on overflow.
+    pub fn bytes(&self) -> Option<u64> {
+        self.count.checked_mul(self.elem_size as u64)
+    }
+}
+
+/// Four words: destination, value, element size, count. The element is 1 or 4 bytes, and the
+/// value fits it.
+impl Arg<'_> for Fill {
+    #[inline]
+    fn put(&self, args: &mut [u64], _: &mut &[u8]) {
+        args[..4].copy_from_slice(&[
+            self.dst,
+            self.value as u64,
+            self.elem_size as u64,
+            self.count,
+        ]);
+    }
+
+    fn take(a: &[u64], from: &Source<'_>, _: &'static str) -> Result<Fill> {
+        let elem_size = match a[2] {
+            1 => 1,
+            4 => 4,
+            n => return Err(from.error("element size", format_args!("{n} is neither 1 nor 4"))),
+        };
+        if a[1] > u32::MAX as u64 || (elem_size == 1 && a[1] > 0xff) {
+            return Err(from.error(
+                "value",
+                format_args!("{:#x} does not fit its {elem_size}-byte element", a[1]),
+            ));
         }
-        1 if smem == 0 && !unused(3) => {
-            let (blocks, block_size) = unpack(a[2]);
-            OccupancyQuery::DynamicSmem { blocks, block_size }
-        }
-        2 | 3 => {
-            let (bx, by) = unpack(a[2]);
-            let (bz, cx) = unpack(a[3]);
-            let (cy, cz) = unpack(a[4]);
-            OccupancyQuery::ActiveClusters {
-                block: Dim3 {
-                    x: bx,
-                    y: by,
-                    z: bz,
-                },
-                cluster: Dim3 {
-                    x: cx,
-                    y: cy,
-                    z: cz,
-                },
-                dynamic_smem: smem,
-                non_portable: kind == 3,
-            }
-        }
-        _ => {
-            return Err(Error::invalid_value(format!(
-                "command {seq}: occupancy query {kind} is not one of 0 (active blocks), 1 \
-                 (dynamic shared memory), 2 or 3 (active clusters, 3 past the portable size), or \
-                 has stray arguments"
-            )));
-        }
-    };
-    Ok(q)
+        Ok(Fill {
+            dst: a[0],
+            value: a[1] as u32,
+            elem_size,
+            count: a[3],
+        })
+    }
+}
+
+/// A client priority is [`PRIORITY_NORMAL`] or [`PRIORITY_BELOW_NORMAL`].
+fn priority_level(from: &Source<'_>, field: &str, level: &u32) -> Result<()> {
+    match *level {
+        PRIORITY_NORMAL | PRIORITY_BELOW_NORMAL => Ok(()),
+        n => Err(from.error(
+            field,
+            format_args!("{n} is neither 0 (normal) nor 1 (below normal)"),
+        )),
+    }
 }
 
 /// A percentage of the device's SMs: 1 to 100.
-fn percent(v: u64, what: &str) -> Result<u32> {
-    match v {
-        1..=100 => Ok(v as u32),
-        _ => Err(Error::invalid_value(format!(
-            "{what} of {v}% (it must be 1 to 100)"
-        ))),
+fn sm_percent(from: &Source<'_>, field: &str, percent: &u32) -> Result<()> {
+    match percent {
+        1..=100 => Ok(()),
+        v => Err(from.error(field, format_args!("of {v}% (it must be 1 to 100)"))),
     }
 }
 
@@ -1074,10 +819,12 @@ mod tests {
     fn every_request_round_trips() {
         let params = [7u8; 100];
         let name = b"saxpy_f32";
+        let mut seen = Vec::new();
         for req in [
             Request::MemAlloc { size: 1 << 40 },
             Request::MemFree { ptr: 0x1234 },
             Request::MemGetInfo,
+            Request::MemGetAddressRange { ptr: 0x1234 },
             Request::ContextLimits,
             Request::ModuleGlobal {
                 module: 3,
@@ -1141,21 +888,27 @@ mod tests {
                 len: 3,
             },
             Request::CopyDtoD {
-                dst: 1,
-                src: 2,
-                len: 3,
+                copy: DeviceCopy {
+                    dst: 1,
+                    src: 2,
+                    len: 3,
+                },
             },
             Request::Memset {
-                dst: 8,
-                value: 0xdeadbeef,
-                elem_size: 4,
-                count: 10,
+                fill: Fill {
+                    dst: 8,
+                    value: 0xdeadbeef,
+                    elem_size: 4,
+                    count: 10,
+                },
             },
             Request::Memset {
-                dst: 8,
-                value: 0xab,
-                elem_size: 1,
-                count: 10,
+                fill: Fill {
+                    dst: 8,
+                    value: 0xab,
+                    elem_size: 1,
+                    count: 10,
+                },
             },
             Request::ModuleData {
                 staging_offset: 0,
@@ -1173,46 +926,54 @@ mod tests {
             },
             Request::DeviceAttributes { first: 50 },
             Request::Launch {
-                function: 4,
-                grid: Dim3 { x: 1, y: 2, z: 3 },
-                block: Dim3 {
-                    x: 128,
-                    y: 1,
-                    z: u32::MAX,
+                spec: LaunchSpec {
+                    function: 4,
+                    grid: Dim3 { x: 1, y: 2, z: 3 },
+                    block: Dim3 {
+                        x: 128,
+                        y: 1,
+                        z: u32::MAX,
+                    },
+                    shared_mem: 48 << 10,
+                    cluster: None,
+                    params: &params,
                 },
-                shared_mem: 48 << 10,
-                cluster: None,
-                params: &params,
             },
             Request::Launch {
-                function: 4,
-                grid: Dim3 { x: 1, y: 1, z: 1 },
-                block: Dim3 { x: 1, y: 1, z: 1 },
-                shared_mem: 0,
-                cluster: None,
-                params: &[],
+                spec: LaunchSpec {
+                    function: 4,
+                    grid: Dim3 { x: 1, y: 1, z: 1 },
+                    block: Dim3 { x: 1, y: 1, z: 1 },
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &[],
+                },
             },
             Request::Launch {
-                function: 4,
-                grid: Dim3 { x: 132, y: 4, z: 2 },
-                block: Dim3 { x: 384, y: 2, z: 1 },
-                shared_mem: 227 << 10,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 4, y: 2, z: 2 },
-                    non_portable: true,
-                }),
-                params: &params,
+                spec: LaunchSpec {
+                    function: 4,
+                    grid: Dim3 { x: 132, y: 4, z: 2 },
+                    block: Dim3 { x: 384, y: 2, z: 1 },
+                    shared_mem: 227 << 10,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 4, y: 2, z: 2 },
+                        non_portable: true,
+                    }),
+                    params: &params,
+                },
             },
             Request::Launch {
-                function: 4,
-                grid: Dim3 { x: 2, y: 1, z: 1 },
-                block: Dim3 { x: 1, y: 1, z: 1 },
-                shared_mem: 0,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 2, y: 1, z: 1 },
-                    non_portable: false,
-                }),
-                params: &[],
+                spec: LaunchSpec {
+                    function: 4,
+                    grid: Dim3 { x: 2, y: 1, z: 1 },
+                    block: Dim3 { x: 1, y: 1, z: 1 },
+                    shared_mem: 0,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 2, y: 1, z: 1 },
+                        non_portable: false,
+                    }),
+                    params: &[],
+                },
             },
             Request::StreamCreate { priority: -5 },
             Request::StreamDestroy { stream: 11 },
@@ -1234,8 +995,30 @@ mod tests {
             Request::GraphExecDestroy { exec: 13 },
             Request::GraphLaunch { exec: 13 },
         ] {
+            seen.push(req.opcode());
             roundtrip(req);
         }
+        // A command added to the table is added here too.
+        for op in Opcode::ALL {
+            assert!(seen.contains(&op), "no request of {op:?} round-trips");
+        }
+    }
+
+    #[test]
+    fn an_address_range_query_is_its_pointer_in_the_first_word() {
+        let req = Request::MemGetAddressRange { ptr: 0xdead_0000 };
+        let (cmd, payload) = req.encode(3, 0, flags::REPLY);
+        assert_eq!(
+            (cmd.opcode, cmd.args, cmd.extra_slots, payload.len()),
+            (40, [0xdead_0000, 0, 0, 0, 0], 0, 0)
+        );
+        assert_eq!(Request::decode(&cmd, &[]).unwrap(), req);
+        let op = Opcode::MemGetAddressRange;
+        assert!(!op.is_stream_ordered() && !op.takes_payload() && !op.may_wait());
+        let mut marked = cmd;
+        marked.flags |= flags::MARK;
+        let e = Request::decode(&marked, &[]).unwrap_err();
+        assert!(e.message.contains("cannot carry MARK"), "{e}");
     }
 
     #[test]
@@ -1247,7 +1030,8 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let cmd = Command {
-                opcode: (x % 36) as u16,
+                // Every opcode the table declares, and one unknown value on each side.
+                opcode: (x % (Opcode::ALL.len() as u64 + 2)) as u16,
                 flags: ((x >> 8) % 8) as u16,
                 extra_slots: if i % 2 == 0 {
                     0
@@ -1302,12 +1086,14 @@ mod tests {
 
         let params = [0u8; 8];
         let launch = Request::Launch {
-            function: 1,
-            grid: Dim3::default(),
-            block: Dim3::default(),
-            shared_mem: 0,
-            cluster: None,
-            params: &params,
+            spec: LaunchSpec {
+                function: 1,
+                grid: Dim3::default(),
+                block: Dim3::default(),
+                shared_mem: 0,
+                cluster: None,
+                params: &params,
+            },
         };
         let (mut cmd, _) = launch.encode(1, 0, 0);
         cmd.args[4] = pack(0, 5000);
@@ -1320,13 +1106,13 @@ mod tests {
             "too many payload slots"
         );
 
-        let (mut cmd, _) = Request::Memset {
+        let fill = Fill {
             dst: 0,
             value: 0,
             elem_size: 1,
             count: 1,
-        }
-        .encode(1, 0, 0);
+        };
+        let (mut cmd, _) = Request::Memset { fill }.encode(1, 0, 0);
         cmd.args[1] = 0x100;
         assert!(Request::decode(&cmd, &[]).is_err(), "byte memset of 0x100");
         cmd.args[1] = 0;

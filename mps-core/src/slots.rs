@@ -6,7 +6,7 @@
 //! parameters may be scattered in the caller's memory (one pointer per parameter, as
 //! `cuLaunchKernel` takes them): a [`Payload`] gathers them as each slot is made.
 
-use crate::protocol::{Cluster, Command, Dim3, MAX_PARAM_BYTES, Request, SLOT_BYTES};
+use crate::protocol::{Command, LaunchSpec, MAX_PARAM_BYTES, Request, SLOT_BYTES};
 use crate::status::{Error, Result, Status};
 
 /// The bytes that follow a command's header slot.
@@ -53,16 +53,10 @@ impl<P: Payload> Slots<P> {
         Slots { header, payload }
     }
 
-    /// The slots of a launch of `function` (in clusters where `cluster` says so) whose packed
-    /// parameter bytes `params` gathers. Fails when they are more than [`MAX_PARAM_BYTES`].
-    #[allow(clippy::too_many_arguments)]
+    /// The slots of `launch`, whose packed parameter bytes its `params` gathers. Fails when
+    /// they are more than [`MAX_PARAM_BYTES`].
     pub fn launch(
-        function: u64,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        cluster: Option<Cluster>,
-        params: P,
+        launch: LaunchSpec<u64, P>,
         seq: u64,
         stream: u64,
         flags: u16,
@@ -70,28 +64,19 @@ impl<P: Payload> Slots<P> {
         // The header depends on the parameters' length only; `Request::encode` stays the one
         // place that lays a launch header out.
         static LENGTH_ONLY: [u8; MAX_PARAM_BYTES] = [0; MAX_PARAM_BYTES];
-        let sized = LENGTH_ONLY.get(..params.len()).ok_or_else(|| {
+        let len = launch.params.len();
+        let sized = LENGTH_ONLY.get(..len).ok_or_else(|| {
             Error::new(
                 Status::Unsupported,
                 format!(
-                    "the kernel takes {} bytes of parameters; mps passes at most {MAX_PARAM_BYTES}",
-                    params.len()
+                    "the kernel takes {len} bytes of parameters; mps passes at most {MAX_PARAM_BYTES}"
                 ),
             )
         })?;
-        let req = Request::Launch {
-            function,
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            params: sized,
-        };
+        let (spec, payload) = launch.with_params(sized);
+        let req = Request::Launch { spec };
         let (header, _) = req.encode(seq, stream, flags);
-        Ok(Slots {
-            header,
-            payload: params,
-        })
+        Ok(Slots { header, payload })
     }
 
     /// Slots in all, the header included.
@@ -130,7 +115,7 @@ impl<P: Payload> Slots<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::flags;
+    use crate::protocol::{Dim3, flags};
 
     fn decode_back(slots: &[Command]) -> (Command, Vec<u8>) {
         let payload = slots[1..]
@@ -185,17 +170,26 @@ mod tests {
         }
         let grid = Dim3 { x: 4, y: 2, z: 1 };
         let block = Dim3 { x: 128, y: 1, z: 1 };
-        let slots =
-            Slots::launch(5, grid, block, 256, None, Scattered(&parts, 84), 11, 3, 0).unwrap();
+        let spec = LaunchSpec {
+            function: 5,
+            grid,
+            block,
+            shared_mem: 256,
+            cluster: None,
+            params: Scattered(&parts, 84),
+        };
+        let slots = Slots::launch(spec, 11, 3, 0).unwrap();
         let all: Vec<Command> = slots.iter().collect();
         let direct: Vec<Command> = Slots::of(
             &Request::Launch {
-                function: 5,
-                grid,
-                block,
-                shared_mem: 256,
-                cluster: None,
-                params: &packed,
+                spec: LaunchSpec {
+                    function: 5,
+                    grid,
+                    block,
+                    shared_mem: 256,
+                    cluster: None,
+                    params: &packed,
+                },
             },
             11,
             3,
@@ -207,25 +201,22 @@ mod tests {
         let (cmd, payload) = decode_back(&all);
         assert!(matches!(
             Request::decode(&cmd, &payload).unwrap(),
-            Request::Launch { params, .. } if params == packed.as_slice()
+            Request::Launch { spec } if spec.params == packed.as_slice()
         ));
     }
 
     #[test]
     fn too_many_parameter_bytes_are_refused() {
         let big = [0u8; MAX_PARAM_BYTES + 1];
-        let e = Slots::launch(
-            1,
-            Dim3::default(),
-            Dim3::default(),
-            0,
-            None,
-            &big[..],
-            1,
-            0,
-            0,
-        )
-        .unwrap_err();
+        let spec = LaunchSpec {
+            function: 1,
+            grid: Dim3::default(),
+            block: Dim3::default(),
+            shared_mem: 0,
+            cluster: None,
+            params: &big[..],
+        };
+        let e = Slots::launch(spec, 1, 0, 0).unwrap_err();
         assert_eq!(e.status, Status::Unsupported);
         assert!(e.message.contains("4097 bytes"), "{e}");
     }

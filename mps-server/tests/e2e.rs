@@ -310,7 +310,7 @@ fn a_client_cannot_touch_another_clients_objects() {
     );
 
     // On the wire, past the library's own checks: every command naming the owner's objects.
-    use mps_core::protocol::{HostRef, Request};
+    use mps_core::protocol::{DeviceCopy, Fill, HostRef, LaunchSpec, Request};
     let mut raw = RawClient::connect(&server);
     let attempts: Vec<(Request<'_>, u64)> = vec![
         (Request::MemFree { ptr: p.0 }, 0),
@@ -332,18 +332,22 @@ fn a_client_cannot_touch_another_clients_objects() {
         ),
         (
             Request::CopyDtoD {
-                dst: p.0,
-                src: p.0,
-                len: 4,
+                copy: DeviceCopy {
+                    dst: p.0,
+                    src: p.0,
+                    len: 4,
+                },
             },
             0,
         ),
         (
             Request::Memset {
-                dst: p.0,
-                value: 1,
-                elem_size: 4,
-                count: 1,
+                fill: Fill {
+                    dst: p.0,
+                    value: 1,
+                    elem_size: 4,
+                    count: 1,
+                },
             },
             0,
         ),
@@ -376,12 +380,14 @@ fn a_client_cannot_touch_another_clients_objects() {
         ),
         (
             Request::Launch {
-                function: fill.0,
-                grid: grid(1),
-                block: grid(1),
-                shared_mem: 0,
-                cluster: None,
-                params: &[0; 24],
+                spec: LaunchSpec {
+                    function: fill.0,
+                    grid: grid(1),
+                    block: grid(1),
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &[0; 24],
+                },
             },
             0,
         ),
@@ -818,6 +824,32 @@ fn bad_input_gets_a_clear_status_and_message() {
     assert!(info.total_mem > 0 && info.sm_count > 0, "{info:?}");
     let (free, total) = c.mem_get_info().unwrap();
     assert!(free <= total && total == info.total_mem);
+}
+
+#[test]
+fn an_address_inside_an_allocation_finds_its_base_and_size() {
+    let server = TestServer::start();
+    let c = server.client();
+    let a = c.mem_alloc(1000).unwrap();
+    let b = c.mem_alloc(64).unwrap();
+    for offset in [0, 1, 999] {
+        let at = DevicePtr(a.0 + offset);
+        assert_eq!(c.mem_get_address_range(at).unwrap(), (a, 1000), "{offset}");
+    }
+    assert_eq!(c.mem_get_address_range(b).unwrap(), (b, 64));
+    // Past the end, freed, or another client's: none of this client's allocations.
+    let other = server.client();
+    let theirs = other.mem_alloc(128).unwrap();
+    c.mem_free(b).unwrap();
+    for (ptr, what) in [
+        (a.0 + 1000, "past the end"),
+        (b.0, "freed"),
+        (theirs.0, "another's"),
+    ] {
+        let e = c.mem_get_address_range(DevicePtr(ptr)).unwrap_err();
+        assert_eq!(e.status, Status::NotFound, "{what}: {e}");
+        assert!(e.message.contains("in no allocation"), "{what}: {e}");
+    }
 }
 
 #[test]

@@ -329,7 +329,7 @@ fn a_fault_on_one_device_leaves_the_other_serving() {
 #[test]
 fn a_standalone_server_serves_its_own_device_only() {
     if on_gpu() {
-        let n = mps_server::backend::cuda::driver::device_count().unwrap();
+        let n = mps_driver::device_count().unwrap();
         if n < 2 {
             skip(
                 "a_standalone_server_serves_its_own_device_only",

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
-    BackendKind, CONTEXT_LIMITS, Cluster, DeviceAttribute, Dim3, FUNC_ATTRIBUTES, OccupancyQuery,
-    ParamInfo,
+    BackendKind, CONTEXT_LIMITS, DeviceAttribute, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec,
+    OccupancyQuery, ParamInfo,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -158,26 +158,17 @@ pub trait FaultSink: Send + Sync + std::fmt::Debug {
     fn has_faulted(&self) -> bool;
 }
 
+/// A launch as a backend runs it: the backend's kernel, the parameters borrowed from the
+/// session's copy of the command or owned.
+pub type Launch<'a, B> = LaunchSpec<Arc<<B as Backend>::Function>, Cow<'a, [u8]>>;
+
 /// One unit of stream-ordered work. A launch's parameters are borrowed from the session's private
 /// copy of the command (a backend that submits synchronously hands them to the driver from
 /// there); a backend that runs work after `submit` returns keeps it with [`Op::into_owned`].
 #[derive(Debug)]
 pub enum Op<'a, B: Backend> {
     /// A kernel launch with its packed parameters.
-    Launch {
-        /// The kernel.
-        function: Arc<B::Function>,
-        /// Grid.
-        grid: Dim3,
-        /// Block.
-        block: Dim3,
-        /// Dynamic shared memory bytes.
-        shared_mem: u32,
-        /// The clusters the blocks are grouped in, if any (checked against the grid).
-        cluster: Option<Cluster>,
-        /// Packed parameter buffer, laid out by the function's parameter info.
-        params: Cow<'a, [u8]>,
-    },
+    Launch(Launch<'a, B>),
     /// Host to device.
     CopyHtoD {
         /// Device address.
@@ -193,25 +184,9 @@ pub enum Op<'a, B: Backend> {
         src: u64,
     },
     /// Device to device.
-    CopyDtoD {
-        /// Destination address.
-        dst: u64,
-        /// Source address.
-        src: u64,
-        /// Bytes.
-        len: u64,
-    },
-    /// Fill `count` elements of `elem_size` bytes with `value`.
-    Memset {
-        /// Destination address.
-        dst: u64,
-        /// Value (low byte for 1-byte elements).
-        value: u32,
-        /// 1 or 4.
-        elem_size: u8,
-        /// Elements.
-        count: u64,
-    },
+    CopyDtoD(DeviceCopy),
+    /// Fill device memory.
+    Memset(Fill),
     /// Record an event.
     Record(Arc<B::Event>),
     /// Wait for the latest record of an event made before this wait.
@@ -226,35 +201,11 @@ impl<B: Backend> Op<'_, B> {
     /// The same work owning everything it refers to (copies a launch's borrowed parameters).
     pub fn into_owned(self) -> Op<'static, B> {
         match self {
-            Op::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params,
-            } => Op::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params: Cow::Owned(params.into_owned()),
-            },
+            Op::Launch(l) => Op::Launch(l.map(|f| f, |p| Cow::Owned(p.into_owned()))),
             Op::CopyHtoD { dst, src } => Op::CopyHtoD { dst, src },
             Op::CopyDtoH { dst, src } => Op::CopyDtoH { dst, src },
-            Op::CopyDtoD { dst, src, len } => Op::CopyDtoD { dst, src, len },
-            Op::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => Op::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            },
+            Op::CopyDtoD(c) => Op::CopyDtoD(c),
+            Op::Memset(f) => Op::Memset(f),
             Op::Record(e) => Op::Record(e),
             Op::Wait(e) => Op::Wait(e),
             Op::GraphLaunch(g) => Op::GraphLaunch(g),

@@ -230,12 +230,12 @@ fn devices_to_serve(args: &Args) -> Result<Vec<u32>, String> {
     let (count, what) = match args.backend.as_str() {
         "sim" => (args.sim_devices, "the simulator presents"),
         "cuda" => (
-            cuda::driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
+            mps_driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
             "the CUDA driver sees",
         ),
         _ => match cuda::probe() {
             Ok(()) => (
-                cuda::driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
+                mps_driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
                 "the CUDA driver sees",
             ),
             Err(_) => (args.sim_devices, "the simulator presents (no usable GPU)"),

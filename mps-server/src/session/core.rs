@@ -18,7 +18,7 @@ use mps_core::protocol::{
     self, ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
     HostRef, Opcode, Request, flags,
 };
-use mps_core::{Error, Result};
+use mps_core::{Error, Result, Status};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
 
@@ -306,38 +306,24 @@ impl<B: Backend> SessionCore<B> {
             self.check_capture(cmd, &req)?;
         }
         match req {
-            Request::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster,
-                params,
-            } => {
-                let f = self.functions.get(function)?;
+            Request::Launch { spec } => {
+                let f = self.functions.get(spec.function)?;
                 let info = self.backend.info();
-                check_geometry(grid, block, shared_mem, &info.limits)?;
-                if let Some(c) = &cluster {
-                    check_clusters(grid, c, info.cc)?;
+                check_geometry(spec.grid, spec.block, spec.shared_mem, &info.limits)?;
+                if let Some(c) = &spec.cluster {
+                    check_clusters(spec.grid, c, info.cc)?;
                 }
-                if params.len() != f.param_bytes {
+                if spec.params.len() != f.param_bytes {
                     return Err(Error::invalid_value(format!(
                         "kernel takes {} bytes of parameters, the launch carries {}",
                         f.param_bytes,
-                        params.len()
+                        spec.params.len()
                     )));
                 }
                 self.stats.launched();
                 // The parameters stay where the shell copied the command to; a backend that
                 // runs the launch later copies them (`Op::into_owned`).
-                let op = Op::Launch {
-                    function: f.function.clone(),
-                    grid,
-                    block,
-                    shared_mem,
-                    cluster,
-                    params: Cow::Borrowed(params),
-                };
+                let op = Op::Launch(spec.map(|_| f.function.clone(), Cow::Borrowed));
                 self.enqueue(cmd, op)
             }
             Request::Mark => self.enqueue(cmd, Op::Nop),
@@ -354,29 +340,18 @@ impl<B: Backend> SessionCore<B> {
                 self.stats.copied(len);
                 self.enqueue(cmd, Op::CopyDtoH { dst, src })
             }
-            Request::CopyDtoD { dst, src, len } => {
-                self.check_device(src, len, "copy source")?;
-                self.check_device(dst, len, "copy destination")?;
-                self.stats.copied(len);
-                self.enqueue(cmd, Op::CopyDtoD { dst, src, len })
+            Request::CopyDtoD { copy } => {
+                self.check_device(copy.src, copy.len, "copy source")?;
+                self.check_device(copy.dst, copy.len, "copy destination")?;
+                self.stats.copied(copy.len);
+                self.enqueue(cmd, Op::CopyDtoD(copy))
             }
-            Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => {
-                let len = count.checked_mul(elem_size as u64).ok_or_else(|| {
-                    Error::invalid_value(format!("memset of {count} elements overflows"))
+            Request::Memset { fill } => {
+                let len = fill.bytes().ok_or_else(|| {
+                    Error::invalid_value(format!("memset of {} elements overflows", fill.count))
                 })?;
-                self.check_device(dst, len, "memset destination")?;
-                let op = Op::Memset {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                };
-                self.enqueue(cmd, op)
+                self.check_device(fill.dst, len, "memset destination")?;
+                self.enqueue(cmd, Op::Memset(fill))
             }
             Request::EventRecord { event } => {
                 let e = self.events.get(event)?.clone();
@@ -406,6 +381,13 @@ impl<B: Backend> SessionCore<B> {
                     0,
                 ]))
             }
+            Request::MemGetAddressRange { ptr } => match self.allocations.find(ptr) {
+                Some((base, size)) => Ok(Answer::Values([base, size, 0, 0])),
+                None => Err(Error::new(
+                    Status::NotFound,
+                    format!("{ptr:#x} lies in no allocation of this client"),
+                )),
+            },
             Request::SetPriority { level } => {
                 // A client may only lower what the server set.
                 let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);

@@ -477,18 +477,9 @@ pub(crate) enum Step {
 /// module to load) rather than only queue work: frees synchronise first, a stream's destruction
 /// waits for its running work, the last chunk of a module loads it, an unload may wait. A host
 /// buffer's descriptor goes out on the client's socket, which a client that never reads it can
-/// fill.
+/// fill. The command table marks these `waits` ([`Opcode::may_wait`]).
 fn may_wait(opcode: u16) -> bool {
-    [
-        Opcode::HostAlloc,
-        Opcode::MemFree,
-        Opcode::HostFree,
-        Opcode::StreamDestroy,
-        Opcode::ModuleData,
-        Opcode::ModuleUnload,
-    ]
-    .iter()
-    .any(|o| *o as u16 == opcode)
+    Opcode::from_u16(opcode).is_some_and(Opcode::may_wait)
 }
 
 /// Gives the calling thread the CPU priority of a client priority: a below-normal client's

@@ -8,11 +8,12 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::sys::{self, CUcontext};
+use cudarc::driver::result;
+use cudarc::driver::sys::CUcontext;
 use mps_core::{Error, Result};
 
-use super::driver::{DriverError, check};
 use crate::backend::FaultSink;
+use mps_driver::{Call, DriverError};
 
 thread_local! {
     /// Whether the context is current on this thread.
@@ -53,11 +54,20 @@ impl Context {
             if !b.get() {
                 // SAFETY: the context lives as long as the backend (the primary context is
                 // never released while the server runs).
-                let r = unsafe { sys::cuCtxSetCurrent(self.raw) };
+                let r = unsafe { result::ctx::set_current(self.raw) };
                 // A failure leaves the thread unbound; its next driver call reports why.
-                b.set(check(r, "cuCtxSetCurrent").is_ok());
+                b.set(r.call("cuCtxSetCurrent").is_ok());
             }
         });
+    }
+
+    /// Makes the context current on the calling thread, as every entry point that does work
+    /// must first ([`Context::bind`]), and fails with the context's failure once it died
+    /// ([`Context::alive`]).
+    #[inline]
+    pub(super) fn enter(&self) -> Result<()> {
+        self.bind();
+        self.alive()
     }
 
     /// Turns a driver result into ours; a failure that ends the context marks it dead and

@@ -1,41 +1,25 @@
 //! What the server reports of its device, read from the driver: name, memory, SMs, compute
 //! capability, launch limits, every attribute the driver answers and the UUID.
 
-use std::ffi::CStr;
-
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute_enum as A, CUfunction};
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{BackendKind, DeviceAttribute, Dim3};
 
-use super::driver::{DriverError, all_attributes, attribute, check, check_on, uuid};
 use crate::backend::DeviceInfo;
+use mps_driver::{Call, DriverError, all_attributes, attribute, uuid};
 
 /// Describes device `dev`; `units` splits its SM count into the partition units.
 pub(super) fn describe(
     dev: CUdevice,
     units: impl FnOnce(u32) -> Vec<u32>,
 ) -> Result<DeviceInfo, DriverError> {
-    let mut name = [0 as std::ffi::c_char; 128];
-    let mut total = 0usize;
-    // SAFETY: both calls write into the locals above, the name at most 127 bytes and a NUL.
-    unsafe {
-        check(
-            sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev),
-            "cuDeviceGetName",
-        )?;
-        check(
-            sys::cuDeviceTotalMem_v2(&mut total, dev),
-            "cuDeviceTotalMem",
-        )?;
-    }
-    // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer.
-    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
+    let name = mps_driver::name(dev)?;
+    let total = mps_driver::total_mem(dev)?;
     let sms = unsigned(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     Ok(DeviceInfo {
         name,
-        total_mem: total as u64,
+        total_mem: total,
         sm_count: sms,
         sm_units: units(sms),
         cc: (
@@ -93,16 +77,10 @@ fn unsigned(dev: CUdevice, attr: A) -> Result<u32, DriverError> {
 
 /// The static shared memory of kernel `f`, in bytes.
 pub(super) fn static_shared_memory(f: CUfunction) -> Result<u32, DriverError> {
-    let mut bytes = 0;
-    // SAFETY: f is a loaded kernel; writes one int.
-    let r = unsafe {
-        sys::cuFuncGetAttribute(
-            &mut bytes,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            f,
-        )
-    };
-    check(r, "cuFuncGetAttribute")?;
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES;
+    // SAFETY: f is a loaded kernel.
+    let bytes =
+        unsafe { result::function::get_function_attribute(f, attr) }.call("cuFuncGetAttribute")?;
     Ok(bytes.max(0) as u32)
 }
 
@@ -112,17 +90,12 @@ pub(super) fn static_shared_memory(f: CUfunction) -> Result<u32, DriverError> {
 /// only the default shared memory per block, static and dynamic together.
 /// Lets kernel `f` be launched in clusters larger than the portable 8 blocks.
 pub(super) fn allow_non_portable_clusters(f: CUfunction) -> Result<(), DriverError> {
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
     // SAFETY: f is a loaded kernel; 1 is a value the driver documents for the attribute.
-    let r = unsafe {
-        sys::cuFuncSetAttribute(
-            f,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-            1,
-        )
-    };
-    check_on(r, "cuFuncSetAttribute", || {
-        "NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1".to_string()
-    })
+    unsafe { result::function::set_function_attribute(f, attr, 1) }
+        .call_on("cuFuncSetAttribute", || {
+            "NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1".to_string()
+        })
 }
 
 pub(super) fn allow_dynamic_shared_memory(
@@ -131,16 +104,11 @@ pub(super) fn allow_dynamic_shared_memory(
     limits: &DeviceLimits,
 ) -> Result<(), DriverError> {
     let dynamic = limits.max_shared_mem_per_block_optin.saturating_sub(fixed);
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     // SAFETY: f is a loaded kernel; the value is within what the driver documents for it (the
     // opt-in limit less the kernel's static shared memory).
-    let r = unsafe {
-        sys::cuFuncSetAttribute(
-            f,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            dynamic as i32,
-        )
-    };
-    check_on(r, "cuFuncSetAttribute", || {
-        format!("MAX_DYNAMIC_SHARED_SIZE_BYTES = {dynamic}")
-    })
+    unsafe { result::function::set_function_attribute(f, attr, dynamic as i32) }
+        .call_on("cuFuncSetAttribute", || {
+            format!("MAX_DYNAMIC_SHARED_SIZE_BYTES = {dynamic}")
+        })
 }

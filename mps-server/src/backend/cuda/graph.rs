@@ -8,17 +8,18 @@
 //! client's SMs, as the stream's other work does. Kernel nodes may keep the green context they
 //! were captured in, so a graph keeps that partition alive as long as it lives.
 
-use cudarc::driver::sys::{self, CUgraph, CUgraphExec};
+use cudarc::driver::result;
+use cudarc::driver::sys;
 use mps_core::Result;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
-use super::driver::{check_on, released};
 use super::partition::Partition;
 use super::stream::CudaStream;
 use crate::backend::Op;
+use mps_driver::{Call, Graph, GraphExec, check_on};
 
 /// What a graph's nodes refer to: kernels (and so their modules), host buffers, and the SM
 /// partition they were captured in.
@@ -31,50 +32,20 @@ struct Keep {
 /// A captured graph, with what its nodes refer to.
 #[derive(Debug)]
 pub struct CudaGraph {
-    raw: CUgraph,
+    raw: Graph,
     keep: Arc<Keep>,
 }
 
 /// An executable graph, with what its nodes refer to.
 #[derive(Debug)]
 pub struct CudaGraphExec {
-    pub(super) raw: CUgraphExec,
+    pub(super) raw: GraphExec,
     _keep: Arc<Keep>,
-}
-
-// SAFETY: driver graph handles may be used from any thread once the context is current there
-// (every entry point binds it first); the session keeps a graph in its table and uses it from
-// one thread at a time.
-unsafe impl Send for CudaGraph {}
-// SAFETY: as above; an executable graph is only launched (cuGraphLaunch is thread-safe for
-// launches into different streams) and destroyed once, when its last reference goes.
-unsafe impl Send for CudaGraphExec {}
-// SAFETY: see `Send`.
-unsafe impl Sync for CudaGraphExec {}
-
-impl Drop for CudaGraph {
-    fn drop(&mut self) {
-        // SAFETY: made by cuStreamEndCapture and destroyed once; executable graphs made from it
-        // do not need it.
-        released(unsafe { sys::cuGraphDestroy(self.raw) }, "cuGraphDestroy");
-    }
-}
-
-impl Drop for CudaGraphExec {
-    fn drop(&mut self) {
-        // SAFETY: made by cuGraphInstantiateWithFlags and destroyed once; a launch still in
-        // flight completes first (the driver frees it then).
-        released(
-            unsafe { sys::cuGraphExecDestroy(self.raw) },
-            "cuGraphExecDestroy",
-        );
-    }
 }
 
 impl CudaBackend {
     pub(super) fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         // Move to the client's current partition now: a capturing stream cannot be replaced.
         self.follow_placement(stream)?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -99,34 +70,35 @@ impl CudaBackend {
             ops: stream.capture.borrow_mut().take().unwrap_or_default(),
             _partition: stream.partition.borrow().clone(),
         };
-        let mut raw: CUgraph = std::ptr::null_mut();
-        // SAFETY: a live stream that is capturing; writes one graph handle.
-        let r = unsafe { sys::cuStreamEndCapture(stream.raw.get(), &mut raw) };
+        // SAFETY: a live stream that is capturing.
+        let r = unsafe { result::stream::end_capture(stream.raw.get()) };
         stream.capturing.store(false, Ordering::Release);
-        self.ctx.check(check_on(r, "cuStreamEndCapture", || {
+        let raw = self.ctx.check(r.call_on("cuStreamEndCapture", || {
             format!("a stream of client {}", stream.client)
         }))?;
         Ok(CudaGraph {
-            raw,
+            // SAFETY: the capture made this graph, which nothing else destroys.
+            raw: unsafe { Graph::from_raw(raw) },
             keep: Arc::new(keep),
         })
     }
 
     pub(super) fn instantiate(&self, graph: &CudaGraph) -> Result<CudaGraphExec> {
-        self.ctx.bind();
-        self.ctx.alive()?;
-        let mut raw: CUgraphExec = std::ptr::null_mut();
-        // SAFETY: a live captured graph; writes one executable graph handle.
-        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut raw, graph.raw, 0) };
-        self.ctx
-            .check(check_on(r, "cuGraphInstantiateWithFlags", || {
+        self.ctx.enter()?;
+        let flags = sys::CUgraphInstantiate_flags(0);
+        // SAFETY: a live captured graph.
+        let r = unsafe { result::graph::instantiate(graph.raw.raw(), flags) };
+        let raw = self
+            .ctx
+            .check(r.call_on("cuGraphInstantiateWithFlags", || {
                 format!(
                     "a graph of {} kernel launches and host copies",
                     graph.keep.ops.len()
                 )
             }))?;
         Ok(CudaGraphExec {
-            raw,
+            // SAFETY: made here, destroyed by nothing else.
+            raw: unsafe { GraphExec::from_raw(raw) },
             _keep: graph.keep.clone(),
         })
     }

@@ -20,7 +20,7 @@ use cudarc::driver::sys::{self, CUresult, CUstream};
 use mps_core::{Error, Result};
 
 use super::context::Context;
-use super::driver::check_on;
+use mps_driver::check_on;
 
 /// How often the health thread samples which streams have work pending.
 const BUSY_SAMPLE: Duration = Duration::from_millis(5);

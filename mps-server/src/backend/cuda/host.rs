@@ -11,7 +11,7 @@ use mps_core::{Error, Result};
 use mps_ipc::segment::Segment;
 
 use super::context::Context;
-use super::driver::{check_on, released};
+use mps_driver::{check, check_on, released};
 
 /// The registered segments: host base address → (length, device address).
 #[derive(Default)]
@@ -39,10 +39,10 @@ impl Registrations {
         let mapped = check_on(r, "cuMemHostGetDevicePointer", || format!("{ptr:p}"));
         if let Err(e) = ctx.check(mapped) {
             // SAFETY: undoes the registration above.
-            released(
+            released(check(
                 unsafe { sys::cuMemHostUnregister(ptr) },
                 "cuMemHostUnregister",
-            );
+            ));
             return Err(e);
         }
         self.lock().insert(ptr as usize, (len, dev));
@@ -56,7 +56,7 @@ impl Registrations {
             // SAFETY: registered by register; no pending copy uses it (the session
             // synchronised first).
             let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
-            released(r, "cuMemHostUnregister");
+            released(check(r, "cuMemHostUnregister"));
         }
     }
 

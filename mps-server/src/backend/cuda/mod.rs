@@ -21,12 +21,11 @@
 //!   its new partition at their next submission after a change (`stream`).
 //! - GPU busy time is sampled by the health thread (`health`).
 //!
-//! Every driver result goes through one layer ([`driver`]), which keeps the driver's code and
-//! name and maps it to an mps status.
+//! Every driver result goes through one layer (the `mps-driver` crate, which the benchmark's
+//! native workers share), which keeps the driver's code and name and maps it to an mps status.
 
 mod context;
 mod device;
-pub mod driver;
 mod graph;
 mod health;
 mod host;
@@ -39,8 +38,11 @@ use std::ffi::{CString, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::sys::{self, CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream};
-use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
+use cudarc::driver::result;
+use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
+use mps_core::protocol::{
+    CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery, ParamInfo,
+};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -48,11 +50,10 @@ use mps_ipc::segment::Segment;
 use super::{Backend, ClientContext, DeviceInfo, HostBytes, Op, Publish};
 use crate::sm::Assignment;
 use context::Context;
-use driver::{check, check_on, released};
 pub use graph::{CudaGraph, CudaGraphExec};
 use health::LiveStreams;
 use host::Registrations;
-use objects::ModuleInner;
+use mps_driver::{self as driver, Call, Event, Module, check_on, released};
 pub use objects::{CudaEvent, CudaFunction, CudaModule};
 use partition::Partitions;
 pub use stream::CudaStream;
@@ -92,25 +93,16 @@ impl CudaBackend {
     /// driver library is missing.
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         probe().map_err(|e| Error::new(Status::Unsupported, e))?;
-        let mut dev = 0;
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: driver calls writing into the locals above; the context is retained for the
-        // life of the process.
-        unsafe {
-            check_on(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet", || {
-                format!("ordinal {ordinal}")
-            })?;
-            check(
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
-                "cuDevicePrimaryCtxRetain",
-            )?;
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-            check(
-                sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
-                "cuCtxGetStreamPriorityRange",
-            )?;
-        }
+        let dev =
+            result::device::get(ordinal).call_on("cuDeviceGet", || format!("ordinal {ordinal}"))?;
+        // SAFETY: `dev` is the driver's; the primary context is retained for the life of the
+        // process, so it stays valid once current.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .call_on("cuDevicePrimaryCtxRetain", || format!("device {ordinal}"))?;
+        // SAFETY: as above.
+        unsafe { result::ctx::set_current(ctx) }.call("cuCtxSetCurrent")?;
+        let (least, greatest) =
+            result::stream::get_priority_range().call("cuCtxGetStreamPriorityRange")?;
         let partitions = Partitions::discover(dev);
         if let Some(why) = partitions.unsupported() {
             tracing::warn!("SM shares and reservations are unavailable: {why}");
@@ -208,31 +200,30 @@ impl Backend for CudaBackend {
     }
 
     fn mem_alloc(&self, size: u64) -> Result<u64> {
-        self.ctx.bind();
-        self.ctx.alive()?;
-        let mut p = 0;
-        // SAFETY: writes one device pointer.
-        let r = unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) };
+        self.ctx.enter()?;
+        // SAFETY: the context is current; the driver checks the size.
+        let r = unsafe { result::malloc_sync(size as usize) };
         self.ctx
-            .check(check_on(r, "cuMemAlloc", || format!("{size} bytes")))?;
-        Ok(p)
+            .check(r.call_on("cuMemAlloc", || format!("{size} bytes")))
     }
 
     fn mem_free(&self, ptr: u64, _size: u64) {
         self.ctx.bind();
         // SAFETY: ptr came from cuMemAlloc and the session ensured no work of the client uses
         // it.
-        released(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree");
+        released(unsafe { result::free_sync(ptr) }.call("cuMemFree"));
     }
 
     fn mem_get_info(&self) -> (u64, u64) {
         self.ctx.bind();
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two sizes.
-        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
-        // A dead context reports nothing free (both stay 0).
-        released(r, "cuMemGetInfo");
-        (free as u64, total as u64)
+        match result::mem_get_info().call("cuMemGetInfo") {
+            Ok((free, total)) => (free as u64, total as u64),
+            // A dead context reports nothing free.
+            Err(e) => {
+                tracing::debug!("{e}");
+                (0, 0)
+            }
+        }
     }
 
     fn host_register(&self, segment: &Segment) -> Result<()> {
@@ -246,8 +237,7 @@ impl Backend for CudaBackend {
     }
 
     fn module_load(&self, image: &[u8]) -> Result<CudaModule> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         let format = ImageFormat::detect(image)?;
         // PTX must reach the driver NUL-terminated.
         let mut owned;
@@ -258,13 +248,13 @@ impl Backend for CudaBackend {
         } else {
             image
         };
-        let mut m: CUmodule = std::ptr::null_mut();
-        // SAFETY: bytes is a complete image (NUL-terminated if PTX) that outlives the call.
-        let r = unsafe { sys::cuModuleLoadData(&mut m, bytes.as_ptr() as *const c_void) };
-        self.ctx.check(check_on(r, "cuModuleLoadData", || {
-            format!("a {format:?} image of {} bytes", image.len())
-        }))?;
-        Ok(CudaModule(Arc::new(ModuleInner { raw: m })))
+        // SAFETY: bytes is a complete image (NUL-terminated if PTX): the format was detected
+        // from its headers.
+        let module = unsafe { Module::load_data(bytes) };
+        let module = self
+            .ctx
+            .check(module.map_err(|e| e.on(format!("a {format:?} image"))))?;
+        Ok(CudaModule(Arc::new(module)))
     }
 
     fn module_function(
@@ -276,7 +266,7 @@ impl Backend for CudaBackend {
         let mut f: CUfunction = std::ptr::null_mut();
         self.look_up("kernel", name, "cuModuleGetFunction", |cname| {
             // SAFETY: the module is loaded; cname is NUL-terminated.
-            unsafe { sys::cuModuleGetFunction(&mut f, module.0.raw, cname) }
+            unsafe { sys::cuModuleGetFunction(&mut f, module.0.raw(), cname) }
         })?;
         let mut params = Vec::new();
         loop {
@@ -308,13 +298,12 @@ impl Backend for CudaBackend {
     }
 
     fn module_global(&self, module: &CudaModule, name: &str) -> Result<(u64, u64)> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         let (mut ptr, mut size) = (0, 0);
         self.look_up("global", name, "cuModuleGetGlobal", |cname| {
             // SAFETY: the module is loaded; cname is NUL-terminated; writes an address and a
             // size.
-            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw, cname) }
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw(), cname) }
         })?;
         Ok((ptr, size as u64))
     }
@@ -328,14 +317,12 @@ impl Backend for CudaBackend {
         &self,
         function: &CudaFunction,
     ) -> Result<[Option<i32>; FUNC_ATTRIBUTES]> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         Ok(queries::function_attributes(function.raw))
     }
 
     fn occupancy(&self, function: &CudaFunction, query: OccupancyQuery) -> Result<u64> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         // As its launches will: a kernel asked about more dynamic shared memory than the
         // default per block is opted in first, so that the figure is the one launches get.
         self.opt_in(function)?;
@@ -343,14 +330,12 @@ impl Backend for CudaBackend {
     }
 
     fn place(&self, assignments: &[Assignment]) -> Result<()> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         self.partitions.place(assignments)
     }
 
     fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<CudaStream> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         self.new_stream(priority, client)
     }
 
@@ -361,8 +346,7 @@ impl Backend for CudaBackend {
         op: Op<'_, Self>,
         publish: Option<Publish>,
     ) -> Result<()> {
-        self.ctx.bind();
-        self.ctx.alive()?;
+        self.ctx.enter()?;
         stream.submitted.fetch_add(1, Ordering::Release);
         let capturing = stream.capture.borrow().is_some();
         if capturing && publish.is_some() {
@@ -378,14 +362,14 @@ impl Backend for CudaBackend {
         // The graph must keep alive what its nodes refer to (kernels, host buffers).
         let keep = capturing.then(|| op_keep(&op));
         match op {
-            Op::Launch {
+            Op::Launch(LaunchSpec {
                 function,
                 grid,
                 block,
                 shared_mem,
                 cluster,
                 params,
-            } => {
+            }) => {
                 let default = self.info.limits.max_shared_mem_per_block;
                 if shared_mem.saturating_add(function.static_shared) > default {
                     self.opt_in(&function)?;
@@ -485,19 +469,19 @@ impl Backend for CudaBackend {
                     format!("{len} bytes from {src:#x}, client {}", stream.client)
                 }))?;
             }
-            Op::CopyDtoD { dst, src, len } => {
+            Op::CopyDtoD(DeviceCopy { dst, src, len }) => {
                 // SAFETY: both device ranges were validated against the client's allocations.
                 let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s) };
                 self.ctx.check(check_on(r, "cuMemcpyDtoDAsync", || {
                     format!("{len} bytes {src:#x} to {dst:#x}, client {}", stream.client)
                 }))?;
             }
-            Op::Memset {
+            Op::Memset(Fill {
                 dst,
                 value,
                 elem_size,
                 count,
-            } => {
+            }) => {
                 // SAFETY: the device range was validated against the client's allocations.
                 let r = unsafe {
                     if elem_size == 1 {
@@ -515,7 +499,7 @@ impl Backend for CudaBackend {
             }
             Op::Record(ev) => {
                 // SAFETY: both handles are live.
-                let r = unsafe { sys::cuEventRecord(ev.raw, s) };
+                let r = unsafe { sys::cuEventRecord(ev.raw.raw(), s) };
                 self.ctx.check(check_on(r, "cuEventRecord", || {
                     format!("an event of client {}", stream.client)
                 }))?;
@@ -523,7 +507,7 @@ impl Backend for CudaBackend {
             }
             Op::Wait(ev) => {
                 // SAFETY: both handles are live.
-                let r = unsafe { sys::cuStreamWaitEvent(s, ev.raw, 0) };
+                let r = unsafe { sys::cuStreamWaitEvent(s, ev.raw.raw(), 0) };
                 self.ctx.check(check_on(r, "cuStreamWaitEvent", || {
                     format!("an event of client {}", stream.client)
                 }))?;
@@ -531,7 +515,7 @@ impl Backend for CudaBackend {
             Op::GraphLaunch(exec) => {
                 // SAFETY: a live executable graph (kept alive by `exec` until the call returns;
                 // the driver keeps it until the launch completes) and a live stream.
-                let r = unsafe { sys::cuGraphLaunch(exec.raw, s) };
+                let r = unsafe { sys::cuGraphLaunch(exec.raw.raw(), s) };
                 self.ctx.check(check_on(r, "cuGraphLaunch", || {
                     format!("a graph of client {}", stream.client)
                 }))?;
@@ -587,14 +571,11 @@ impl Backend for CudaBackend {
     }
 
     fn event_create(&self) -> Result<CudaEvent> {
-        self.ctx.bind();
-        self.ctx.alive()?;
-        let mut e: CUevent = std::ptr::null_mut();
-        // SAFETY: creates an event (timing enabled) in the bound context.
-        let r = unsafe { sys::cuEventCreate(&mut e, 0) };
-        self.ctx.check(check(r, "cuEventCreate"))?;
+        self.ctx.enter()?;
+        // Timing enabled: the default flags.
+        let e = Event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
         Ok(CudaEvent {
-            raw: e,
+            raw: self.ctx.check(e)?,
             recorded: AtomicBool::new(false),
         })
     }
@@ -608,17 +589,14 @@ impl Backend for CudaBackend {
                 )));
             }
         }
-        let mut ms = 0f32;
         // SAFETY: both events are live and recorded.
-        let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw) };
-        if r == CUresult::CUDA_ERROR_NOT_READY {
-            return Err(Error::new(
+        match unsafe { result::event::elapsed(start.raw.raw(), end.raw.raw()) } {
+            Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_READY => Err(Error::new(
                 Status::NotReady,
                 "an event's latest record has not completed yet",
-            ));
+            )),
+            r => self.ctx.check(r.call("cuEventElapsedTime")),
         }
-        self.ctx.check(check(r, "cuEventElapsedTime"))?;
-        Ok(ms)
     }
 }
 
@@ -638,21 +616,10 @@ fn op_keep(op: &Op<'_, CudaBackend>) -> Option<Op<'static, CudaBackend>> {
         HostBytes::Owned(_) => None,
     };
     match op {
-        Op::Launch {
-            function,
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            ..
-        } => Some(Op::Launch {
-            function: function.clone(),
-            grid: *grid,
-            block: *block,
-            shared_mem: *shared_mem,
-            cluster: *cluster,
-            params: std::borrow::Cow::Borrowed(&[]),
-        }),
+        Op::Launch(l) => Some(Op::Launch(
+            l.as_ref()
+                .map(Arc::clone, |_| std::borrow::Cow::Borrowed(&[][..])),
+        )),
         Op::CopyHtoD { dst, src } => shared(src).map(|src| Op::CopyHtoD { dst: *dst, src }),
         Op::CopyDtoH { dst, src } => shared(dst).map(|dst| Op::CopyDtoH { dst, src: *src }),
         _ => None,

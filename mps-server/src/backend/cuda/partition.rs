@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys::{self, CUdevResource, CUdevice, CUgreenCtx};
 use mps_core::{Error, Result, Status};
 
-use super::driver::{check, check_on, released};
 use crate::sm::{Assignment, Placement};
+use mps_driver::{check, check_on, released};
 
 /// A green context: kernels of its streams run on its SMs only.
 #[derive(Debug)]
@@ -26,10 +26,10 @@ impl Drop for Partition {
     fn drop(&mut self) {
         // SAFETY: created by cuGreenCtxCreate; the last owner is gone, and every stream made in
         // it was synchronised and destroyed before it let go (see `CudaStream`).
-        released(
+        released(check(
             unsafe { sys::cuGreenCtxDestroy(self.green) },
             "cuGreenCtxDestroy",
-        );
+        ));
     }
 }
 

@@ -1,13 +1,14 @@
 //! What the driver answers about the context and a kernel: limits, function attributes,
 //! occupancy. Clients ask once and keep the answers that do not change.
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{
     self, CUfunction, CUfunction_attribute as F, CUlaunchAttribute, CUlaunchAttributeID,
-    CUlaunchAttributeValue, CUlaunchConfig, CUlimit, CUresult,
+    CUlaunchAttributeValue, CUlaunchConfig, CUlimit,
 };
 use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery};
 
-use super::driver::{DriverError, check_on};
+use mps_driver::{Call, DriverError, check_on};
 
 const LIMITS: [CUlimit; CONTEXT_LIMITS] = [
     CUlimit::CU_LIMIT_STACK_SIZE,
@@ -43,22 +44,14 @@ const ATTRIBUTES: [F; FUNC_ATTRIBUTES] = [
 
 /// The current context's limits; one the driver refuses (a device without it) is `None`.
 pub(super) fn context_limits() -> [Option<u64>; CONTEXT_LIMITS] {
-    LIMITS.map(|limit| {
-        let mut v = 0usize;
-        // SAFETY: writes one size_t; the context is current (the caller bound it).
-        let r = unsafe { sys::cuCtxGetLimit(&mut v, limit) };
-        (r == CUresult::CUDA_SUCCESS).then_some(v as u64)
-    })
+    // The context is current (the caller bound it).
+    LIMITS.map(|limit| result::ctx::get_limit(limit).ok().map(|v| v as u64))
 }
 
 /// Kernel `f`'s attributes; one the driver refuses is `None`.
 pub(super) fn function_attributes(f: CUfunction) -> [Option<i32>; FUNC_ATTRIBUTES] {
-    ATTRIBUTES.map(|attr| {
-        let mut v = 0;
-        // SAFETY: f is a loaded kernel; writes one int.
-        let r = unsafe { sys::cuFuncGetAttribute(&mut v, attr, f) };
-        (r == CUresult::CUDA_SUCCESS).then_some(v)
-    })
+    // SAFETY: f is a loaded kernel.
+    ATTRIBUTES.map(|attr| unsafe { result::function::get_function_attribute(f, attr) }.ok())
 }
 
 /// The occupancy figure `query` asks of kernel `f`.
@@ -69,36 +62,31 @@ pub(super) fn occupancy(f: CUfunction, query: OccupancyQuery) -> Result<u64, Dri
             dynamic_smem,
             flags,
         } => {
-            let mut n = 0;
-            // SAFETY: f is a loaded kernel; writes one int.
-            let r = unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-                    &mut n,
+            // SAFETY: f is a loaded kernel.
+            let n = unsafe {
+                result::occupancy::max_active_block_per_multiprocessor_with_flags(
                     f,
                     block_size as i32,
                     dynamic_smem as usize,
                     flags,
                 )
-            };
-            check_on(
-                r,
+            }
+            .call_on(
                 "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
                 || format!("blocks of {block_size} threads, {dynamic_smem} bytes of shared memory"),
             )?;
             Ok(n.max(0) as u64)
         }
         OccupancyQuery::DynamicSmem { blocks, block_size } => {
-            let mut n = 0usize;
-            // SAFETY: f is a loaded kernel; writes one size_t.
-            let r = unsafe {
-                sys::cuOccupancyAvailableDynamicSMemPerBlock(
-                    &mut n,
+            // SAFETY: f is a loaded kernel.
+            let n = unsafe {
+                result::occupancy::available_dynamic_shared_mem_per_block(
                     f,
                     blocks as i32,
                     block_size as i32,
                 )
-            };
-            check_on(r, "cuOccupancyAvailableDynamicSMemPerBlock", || {
+            }
+            .call_on("cuOccupancyAvailableDynamicSMemPerBlock", || {
                 format!("{blocks} blocks of {block_size} threads")
             })?;
             Ok(n as u64)

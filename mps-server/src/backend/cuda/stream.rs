@@ -6,13 +6,14 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUstream};
 use mps_core::Result;
 
 use super::CudaBackend;
-use super::driver::{check_on, released};
 use super::partition::Partition;
 use crate::backend::{ClientContext, Publish, SmSlot};
+use mps_driver::{Call, check_on, released};
 
 /// A stream: a CUDA stream in the client's current partition (or the primary context).
 #[derive(Debug)]
@@ -129,8 +130,8 @@ impl CudaBackend {
         self.live.remove(raw);
         // SAFETY: a live stream, destroyed once, after its work is done.
         unsafe {
-            released(sys::cuStreamSynchronize(raw), "cuStreamSynchronize");
-            released(sys::cuStreamDestroy_v2(raw), "cuStreamDestroy");
+            released(result::stream::synchronize(raw).call("cuStreamSynchronize"));
+            released(result::stream::destroy(raw).call("cuStreamDestroy"));
         }
     }
 

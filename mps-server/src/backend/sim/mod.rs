@@ -26,7 +26,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mps_core::limits::DeviceLimits;
-use mps_core::protocol::{BackendKind, CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
+use mps_core::protocol::{
+    BackendKind, CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery,
+    ParamInfo,
+};
 use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
 use mps_ipc::segment::Segment;
@@ -318,7 +321,7 @@ impl Worker {
                         p.publish();
                     }
                 }
-                Err(e) if matches!(job.op, Op::Launch { .. }) => {
+                Err(e) if matches!(job.op, Op::Launch(_)) => {
                     self.context.kernel_failed(e, &*self.client.faults, job.seq)
                 }
                 Err(e) => self.client.faults.fault(job.seq, e),
@@ -345,12 +348,12 @@ impl Worker {
         publish: Option<&Publish>,
     ) -> Result<()> {
         match op {
-            Op::Launch {
+            Op::Launch(LaunchSpec {
                 function,
                 grid,
                 params,
                 ..
-            } => {
+            }) => {
                 let table = self
                     .client
                     .allocations
@@ -391,19 +394,19 @@ impl Worker {
                 unsafe { std::ptr::copy_nonoverlapping(s, d, len) };
                 Ok(())
             }
-            Op::CopyDtoD { dst, src, len } => {
+            Op::CopyDtoD(DeviceCopy { dst, src, len }) => {
                 let s = self.device(*src, *len, "copy source")?;
                 let d = self.device(*dst, *len, "copy destination")?;
                 // SAFETY: both ranges lie in device memory; `copy` allows overlap.
                 unsafe { std::ptr::copy(s, d, *len as usize) };
                 Ok(())
             }
-            Op::Memset {
+            Op::Memset(Fill {
                 dst,
                 value,
                 elem_size,
                 count,
-            } => {
+            }) => {
                 let len = count.checked_mul(*elem_size as u64).ok_or_else(|| {
                     Error::invalid_value(format!("memset of {count} elements overflows"))
                 })?;
@@ -787,14 +790,14 @@ mod tests {
         let module = sim.module_load(ptx).unwrap();
         let (function, _) = sim.module_function(&module, "fault_write").unwrap();
         let one = Dim3 { x: 1, y: 1, z: 1 };
-        let launch = Op::Launch {
+        let launch = Op::Launch(LaunchSpec {
             function: Arc::new(function),
             grid: one,
             block: one,
             shared_mem: 0,
             cluster: None,
             params: 0x10u64.to_le_bytes().to_vec().into(),
-        };
+        });
         sim.submit(&stream, 7, launch, None).unwrap();
         // Returns once the stream's work has run, and so once the fault was reported.
         sim.stream_destroy(stream);

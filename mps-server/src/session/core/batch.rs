@@ -53,11 +53,14 @@
 //!   launch of an executable graph after its previous ones, which across streams would order
 //!   work the client left unordered).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use mps_core::Result;
-use mps_core::protocol::{Command, Completion, CompletionKind, Dim3, HostRef, Request, flags};
+use mps_core::protocol::{
+    Command, Completion, CompletionKind, DeviceCopy, Fill, HostRef, LaunchSpec, Request, flags,
+};
 
 use super::{Answer, DONE, SessionCore};
 use crate::backend::{Backend, HostBytes, Op};
@@ -65,13 +68,8 @@ use crate::backend::{Backend, HostBytes, Op};
 /// One command of a run, as a shape compares it: everything that its graph node fixes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Desc {
-    Launch {
-        function: u64,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        params: Box<[u8]>,
-    },
+    /// A launch, never in clusters.
+    Launch(LaunchSpec<u64, Box<[u8]>>),
     CopyHtoD {
         dst: u64,
         host: u64,
@@ -84,17 +82,8 @@ pub(super) enum Desc {
         offset: u64,
         len: u64,
     },
-    CopyDtoD {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    Memset {
-        dst: u64,
-        value: u32,
-        elem_size: u8,
-        count: u64,
-    },
+    CopyDtoD(DeviceCopy),
+    Memset(Fill),
 }
 
 impl Desc {
@@ -102,23 +91,8 @@ impl Desc {
     fn of(req: &Request<'_>) -> Option<Desc> {
         Some(match *req {
             // A launch in clusters goes on its own, ending any run.
-            Request::Launch {
-                cluster: Some(_), ..
-            } => return None,
-            Request::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                cluster: None,
-                params,
-            } => Desc::Launch {
-                function,
-                grid,
-                block,
-                shared_mem,
-                params: params.into(),
-            },
+            Request::Launch { spec } if spec.cluster.is_some() => return None,
+            Request::Launch { spec } => Desc::Launch(spec.map(|f| f, Box::from)),
             Request::CopyHtoD {
                 dst,
                 src: HostRef::Buffer { handle, offset },
@@ -139,18 +113,8 @@ impl Desc {
                 offset,
                 len,
             },
-            Request::CopyDtoD { dst, src, len } => Desc::CopyDtoD { dst, src, len },
-            Request::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => Desc::Memset {
-                dst,
-                value,
-                elem_size,
-                count,
-            },
+            Request::CopyDtoD { copy } => Desc::CopyDtoD(copy),
+            Request::Memset { fill } => Desc::Memset(fill),
             _ => return None,
         })
     }
@@ -158,7 +122,7 @@ impl Desc {
     /// Bytes the server holds for it.
     fn bytes(&self) -> u64 {
         let params = match self {
-            Desc::Launch { params, .. } => params.len(),
+            Desc::Launch(l) => l.params.len(),
             _ => 0,
         };
         (std::mem::size_of::<Desc>() + params) as u64
@@ -318,8 +282,7 @@ impl<B: Backend> Batching<B> {
 
     /// Forgets the shapes that launch any of `functions`.
     pub(super) fn forget_functions(&mut self, functions: &[u64]) {
-        let launches =
-            |d: &Desc| matches!(d, Desc::Launch { function, .. } if functions.contains(function));
+        let launches = |d: &Desc| matches!(d, Desc::Launch(l) if functions.contains(&l.function));
         self.forget(|s| s.key.iter().any(launches));
     }
 
@@ -468,21 +431,7 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
         HostBytes::Owned(b) => HostBytes::Owned(b.clone()),
     };
     match op {
-        Op::Launch {
-            function,
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            params,
-        } => Op::Launch {
-            function: function.clone(),
-            grid: *grid,
-            block: *block,
-            shared_mem: *shared_mem,
-            cluster: *cluster,
-            params: std::borrow::Cow::Borrowed(params),
-        },
+        Op::Launch(l) => Op::Launch(l.as_ref().map(Arc::clone, |p| Cow::Borrowed(&**p))),
         Op::CopyHtoD { dst, src } => Op::CopyHtoD {
             dst: *dst,
             src: host(src),
@@ -491,22 +440,8 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
             dst: host(dst),
             src: *src,
         },
-        Op::CopyDtoD { dst, src, len } => Op::CopyDtoD {
-            dst: *dst,
-            src: *src,
-            len: *len,
-        },
-        Op::Memset {
-            dst,
-            value,
-            elem_size,
-            count,
-        } => Op::Memset {
-            dst: *dst,
-            value: *value,
-            elem_size: *elem_size,
-            count: *count,
-        },
+        Op::CopyDtoD(c) => Op::CopyDtoD(*c),
+        Op::Memset(f) => Op::Memset(*f),
         Op::Record(e) => Op::Record(e.clone()),
         Op::Wait(e) => Op::Wait(e.clone()),
         Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),

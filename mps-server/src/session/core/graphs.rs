@@ -179,18 +179,13 @@ impl<B: Backend> SessionCore<B> {
                 host(dst);
                 uses.device.push((src, len, "copy source"));
             }
-            Request::CopyDtoD { dst, src, len } => {
-                uses.device.push((src, len, "copy source"));
-                uses.device.push((dst, len, "copy destination"));
+            Request::CopyDtoD { copy: c } => {
+                uses.device.push((c.src, c.len, "copy source"));
+                uses.device.push((c.dst, c.len, "copy destination"));
             }
-            Request::Memset {
-                dst,
-                elem_size,
-                count,
-                ..
-            } => uses.device.push((
-                dst,
-                count.saturating_mul(elem_size as u64),
+            Request::Memset { fill } => uses.device.push((
+                fill.dst,
+                fill.bytes().unwrap_or(u64::MAX),
                 "memset destination",
             )),
             _ => {}

@@ -17,20 +17,24 @@ fn a_captured_stream_runs_nothing_and_each_launch_replays_it() {
     // acc = 0, one = 1.0 (run before the capture).
     c.ok(
         &Request::Memset {
-            dst: acc,
-            value: 0,
-            elem_size: 4,
-            count: n,
+            fill: Fill {
+                dst: acc,
+                value: 0,
+                elem_size: 4,
+                count: n,
+            },
         },
         s,
     );
     let one_bits = 1.0f32.to_bits();
     c.ok(
         &Request::Memset {
-            dst: one_f,
-            value: one_bits,
-            elem_size: 4,
-            count: n,
+            fill: Fill {
+                dst: one_f,
+                value: one_bits,
+                elem_size: 4,
+                count: n,
+            },
         },
         s,
     );
@@ -90,12 +94,14 @@ fn a_replay_runs_on_the_clients_sm_share() {
     params[8..].copy_from_slice(&counter.to_le_bytes());
     c.ok(&Request::StreamBeginCapture { stream: s }, 0);
     let four_blocks = Request::Launch {
-        function: spin,
-        grid: Dim3 { x: 4, y: 1, z: 1 },
-        block: one(),
-        shared_mem: 0,
-        cluster: None,
-        params: &params,
+        spec: LaunchSpec {
+            function: spin,
+            grid: Dim3 { x: 4, y: 1, z: 1 },
+            block: one(),
+            shared_mem: 0,
+            cluster: None,
+            params: &params,
+        },
     };
     c.ok(&four_blocks, s);
     let graph = c.ok(&Request::StreamEndCapture { stream: s }, 0)[0];
@@ -176,10 +182,12 @@ fn what_a_capture_cannot_hold_is_refused_by_name_and_spoils_it() {
     // Other streams run as usual.
     c.ok(
         &Request::Memset {
-            dst: p,
-            value: 1,
-            elem_size: 1,
-            count: 4,
+            fill: Fill {
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 4,
+            },
         },
         other,
     );
@@ -200,10 +208,12 @@ fn what_a_capture_cannot_hold_is_refused_by_name_and_spoils_it() {
     // The stream runs work again, and memory can be freed.
     c.ok(
         &Request::Memset {
-            dst: p,
-            value: 1,
-            elem_size: 1,
-            count: 4,
+            fill: Fill {
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 4,
+            },
         },
         s,
     );
@@ -320,10 +330,12 @@ fn graphs_and_captured_commands_are_bounded() {
     let mut c = server.client(limits);
     let p = c.alloc(16);
     let fill = Request::Memset {
-        dst: p,
-        value: 0,
-        elem_size: 1,
-        count: 16,
+        fill: Fill {
+            dst: p,
+            value: 0,
+            elem_size: 1,
+            count: 16,
+        },
     };
     c.ok(&Request::StreamBeginCapture { stream: 0 }, 0);
     c.ok(&fill, 0);

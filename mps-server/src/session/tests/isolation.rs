@@ -81,19 +81,23 @@ fn one_clients_handles_and_pointers_are_unknown_to_another() {
         ),
         (
             Request::CopyDtoD {
-                dst: q,
-                src: p,
-                len: 4,
+                copy: DeviceCopy {
+                    dst: q,
+                    src: p,
+                    len: 4,
+                },
             },
             0,
             not_ours,
         ),
         (
             Request::Memset {
-                dst: p,
-                value: 0,
-                elem_size: 1,
-                count: 4,
+                fill: Fill {
+                    dst: p,
+                    value: 0,
+                    elem_size: 1,
+                    count: 4,
+                },
             },
             0,
             not_ours,

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use mps_core::alloc::AllocTable;
 use mps_core::protocol::{
-    self, Command, Dim3, HostRef, MAX_STREAMS, Opcode, ParamInfo, Request, SLOT_BYTES, flags,
+    self, Command, DeviceCopy, Dim3, Fill, HostRef, LaunchSpec, MAX_STREAMS, Opcode, ParamInfo,
+    Request, SLOT_BYTES, flags,
 };
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
@@ -225,12 +226,14 @@ fn one() -> Dim3 {
 
 fn launch(function: u64, params: &[u8]) -> Request<'_> {
     Request::Launch {
-        function,
-        grid: one(),
-        block: one(),
-        shared_mem: 0,
-        cluster: None,
-        params,
+        spec: LaunchSpec {
+            function,
+            grid: one(),
+            block: one(),
+            shared_mem: 0,
+            cluster: None,
+            params,
+        },
     }
 }
 

@@ -194,9 +194,9 @@ impl Backend for Recorder {
             }
         }
         let (op, params) = match op {
-            Op::Launch { params, .. } => {
-                let borrowed = matches!(params, Cow::Borrowed(_));
-                (Opcode::Launch, Some((params.to_vec(), borrowed)))
+            Op::Launch(l) => {
+                let borrowed = matches!(l.params, Cow::Borrowed(_));
+                (Opcode::Launch, Some((l.params.to_vec(), borrowed)))
             }
             Op::Nop => (Opcode::Mark, None),
             Op::CopyHtoD { .. } => (Opcode::CopyHtoD, None),

@@ -53,10 +53,12 @@ fn malformed_commands_are_refused_before_anything_runs() {
     long_params.args[4] = 200 << 32;
     cases.push((long_params, vec![0; SLOT_BYTES], "longer than"));
     let (mut memset, _) = Request::Memset {
-        dst: 0,
-        value: 0,
-        elem_size: 4,
-        count: 1,
+        fill: Fill {
+            dst: 0,
+            value: 0,
+            elem_size: 4,
+            count: 1,
+        },
     }
     .encode(1, 0, flags::REPLY);
     memset.args[2] = 3;
@@ -71,7 +73,7 @@ fn malformed_commands_are_refused_before_anything_runs() {
     }
     .encode(1, 0, flags::REPLY);
     module.args[2] = 2;
-    cases.push((module, vec![], "'last'"));
+    cases.push((module, vec![], "last is 2, not 0 or 1"));
     let (mut priority, _) = Request::SetPriority { level: 1 }.encode(1, 0, flags::REPLY);
     priority.args[0] = 2;
     cases.push((priority, vec![], "neither 0"));
@@ -189,9 +191,11 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::CopyDtoD {
-                dst: p,
-                src: p + 128,
-                len: 256,
+                copy: DeviceCopy {
+                    dst: p,
+                    src: p + 128,
+                    len: 256,
+                },
             },
             s,
             Handle,
@@ -199,9 +203,11 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::CopyDtoD {
-                dst: p,
-                src: p,
-                len: u64::MAX,
+                copy: DeviceCopy {
+                    dst: p,
+                    src: p,
+                    len: u64::MAX,
+                },
             },
             s,
             Handle,
@@ -209,10 +215,12 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Memset {
-                dst: p,
-                value: 0,
-                elem_size: 4,
-                count: u64::MAX,
+                fill: Fill {
+                    dst: p,
+                    value: 0,
+                    elem_size: 4,
+                    count: u64::MAX,
+                },
             },
             s,
             Value,
@@ -220,10 +228,12 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Memset {
-                dst: p,
-                value: 0,
-                elem_size: 4,
-                count: 65,
+                fill: Fill {
+                    dst: p,
+                    value: 0,
+                    elem_size: 4,
+                    count: 65,
+                },
             },
             s,
             Handle,
@@ -295,16 +305,18 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         (launch(e, &params), s, Handle, "names an event"),
         (
             Request::Launch {
-                function: f,
-                grid: one(),
-                block: Dim3 {
-                    x: 2048,
-                    y: 1,
-                    z: 1,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: one(),
+                    block: Dim3 {
+                        x: 2048,
+                        y: 1,
+                        z: 1,
+                    },
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &params,
                 },
-                shared_mem: 0,
-                cluster: None,
-                params: &params,
             },
             s,
             Value,
@@ -312,12 +324,14 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: one(),
-                block: one(),
-                shared_mem: 2 << 30,
-                cluster: None,
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: one(),
+                    block: one(),
+                    shared_mem: 2 << 30,
+                    cluster: None,
+                    params: &params,
+                },
             },
             s,
             Value,
@@ -325,12 +339,14 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 0, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: None,
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 0, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: None,
+                    params: &params,
+                },
             },
             s,
             Value,
@@ -338,15 +354,17 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 3, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 2, y: 1, z: 1 },
-                    non_portable: false,
-                }),
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 3, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 2, y: 1, z: 1 },
+                        non_portable: false,
+                    }),
+                    params: &params,
+                },
             },
             s,
             Value,
@@ -354,15 +372,17 @@ fn every_opcode_checks_its_handles_pointers_and_ranges() {
         ),
         (
             Request::Launch {
-                function: f,
-                grid: Dim3 { x: 16, y: 1, z: 1 },
-                block: one(),
-                shared_mem: 0,
-                cluster: Some(Cluster {
-                    dims: Dim3 { x: 16, y: 1, z: 1 },
-                    non_portable: false,
-                }),
-                params: &params,
+                spec: LaunchSpec {
+                    function: f,
+                    grid: Dim3 { x: 16, y: 1, z: 1 },
+                    block: one(),
+                    shared_mem: 0,
+                    cluster: Some(Cluster {
+                        dims: Dim3 { x: 16, y: 1, z: 1 },
+                        non_portable: false,
+                    }),
+                    params: &params,
+                },
             },
             s,
             Value,

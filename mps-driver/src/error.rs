@@ -1,37 +1,16 @@
-//! The CUDA driver's results as mps errors.
-//!
-//! Every driver call whose failure matters goes through [`check`] (or [`check_on`], which names
-//! the object only when the call failed, so that a successful call formats nothing). A failure
-//! becomes a [`DriverError`] that keeps the driver's code, its name and the call and object that
-//! failed; [`status_of`] is the one table from a `CUresult` to an mps [`Status`], and
-//! [`is_sticky`] says which failures end the context. Releases whose failure leaves nothing to do
-//! go through [`released`].
-//!
-//! The module is public so that other programs that drive CUDA themselves (the benchmark's
-//! native workers) report failures the same way:
-//!
-//! ```no_run
-//! use cudarc::driver::sys;
-//! use mps_server::backend::cuda::driver::{self, DriverError, check, check_on};
-//!
-//! fn first_device() -> Result<sys::CUdevice, DriverError> {
-//!     driver::init()?;
-//!     let mut dev = 0;
-//!     // SAFETY: writes one int.
-//!     let r = unsafe { sys::cuDeviceGet(&mut dev, 0) };
-//!     check_on(r, "cuDeviceGet", || "ordinal 0".into())?;
-//!     Ok(dev)
-//! }
-//! ```
+//! A driver call's failure: its code, its name, the call and the object, and the mps status it
+//! becomes.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult, cudaError_enum as E};
+use cudarc::driver::result;
+use cudarc::driver::sys::{CUresult, cudaError_enum as E};
 use mps_core::{Error, Status};
 
-/// Set once [`init`] succeeded: the driver library is loaded and may describe its errors.
-static LOADED: AtomicBool = AtomicBool::new(false);
+/// Set once [`crate::init`] succeeded: the driver library is loaded and may describe its
+/// errors.
+pub(crate) static LOADED: AtomicBool = AtomicBool::new(false);
 
 /// A failed driver call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,27 +43,25 @@ impl DriverError {
     }
 
     /// The driver's name of the result, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`: `cuGetErrorName` once
-    /// [`init`] loaded the driver, else cudarc's variant, which carries the same name.
+    /// [`crate::init`] loaded the driver, else cudarc's variant, which carries the same name.
     pub fn name(&self) -> String {
         self.driver_text(|e| e.error_name())
             .unwrap_or_else(|| format!("{:?}", self.code))
     }
 
-    /// The driver's description of the result (`cuGetErrorString`), once [`init`] loaded it.
+    /// The driver's description of the result (`cuGetErrorString`), once [`crate::init`] loaded it.
     pub fn description(&self) -> Option<String> {
         self.driver_text(|e| e.error_string())
     }
 
     fn driver_text(
         &self,
-        ask: impl FnOnce(
-            &cudarc::driver::result::DriverError,
-        ) -> Result<&std::ffi::CStr, cudarc::driver::result::DriverError>,
+        ask: impl FnOnce(&result::DriverError) -> Result<&std::ffi::CStr, result::DriverError>,
     ) -> Option<String> {
         if !LOADED.load(Ordering::Acquire) {
             return None;
         }
-        let e = cudarc::driver::result::DriverError(self.code);
+        let e = result::DriverError(self.code);
         ask(&e).ok().map(|s| s.to_string_lossy().into_owned())
     }
 
@@ -146,105 +123,38 @@ pub fn check_on(
     check(code, call).map_err(|e| e.on(object()))
 }
 
+/// Names the call, and the object it was made on, of a result of cudarc's result layer
+/// (`cudarc::driver::result`), which keeps only the code.
+pub trait Call<T> {
+    /// The result, a failure naming `call`.
+    fn call(self, call: &'static str) -> Result<T, DriverError>;
+    /// As [`Call::call`], naming the object too; `object` runs only on failure.
+    fn call_on(self, call: &'static str, object: impl FnOnce() -> String)
+    -> Result<T, DriverError>;
+}
+
+impl<T> Call<T> for Result<T, result::DriverError> {
+    #[inline]
+    fn call(self, call: &'static str) -> Result<T, DriverError> {
+        self.map_err(|e| DriverError::new(e.0, call))
+    }
+
+    #[inline]
+    fn call_on(
+        self,
+        call: &'static str,
+        object: impl FnOnce() -> String,
+    ) -> Result<T, DriverError> {
+        self.map_err(|e| DriverError::new(e.0, call).on(object()))
+    }
+}
+
 /// For a call that releases something (in a `Drop`, or while tearing down), whose failure
 /// leaves nothing to do but say so: a dead context fails every release.
-pub fn released(code: CUresult, call: &'static str) {
-    if let Err(e) = check(code, call) {
+pub fn released(r: Result<(), DriverError>) {
+    if let Err(e) = r {
         tracing::debug!("{e}");
     }
-}
-
-/// Whether the driver library (libcuda.so) can be loaded.
-pub fn is_present() -> bool {
-    // SAFETY: is_culib_present only tries to open the library; it never panics.
-    unsafe { sys::is_culib_present() }
-}
-
-/// Loads the driver library and initialises it. Every other driver call comes after it:
-/// cudarc panics when a call is made and the library is missing. Without the library this
-/// fails with `CUDA_ERROR_STUB_LIBRARY`, the driver's own word for "no real driver here".
-pub fn init() -> Result<(), DriverError> {
-    if !is_present() {
-        return Err(
-            DriverError::new(E::CUDA_ERROR_STUB_LIBRARY, "loading libcuda.so")
-                .on("no NVIDIA driver is installed"),
-        );
-    }
-    // SAFETY: the library is present, so cudarc can resolve the symbol.
-    check(unsafe { sys::cuInit(0) }, "cuInit")?;
-    LOADED.store(true, Ordering::Release);
-    Ok(())
-}
-
-/// How many CUDA devices the driver sees (after `CUDA_VISIBLE_DEVICES`); loads and initialises
-/// the driver first.
-pub fn device_count() -> Result<u32, DriverError> {
-    init()?;
-    let mut n = 0;
-    // SAFETY: writes one int.
-    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
-    Ok(n.max(0) as u32)
-}
-
-/// One attribute of device `dev`.
-pub fn attribute(dev: CUdevice, attr: CUdevice_attribute) -> Result<i32, DriverError> {
-    let mut value = 0;
-    // SAFETY: writes one int; the driver checks `dev` and `attr`.
-    let r = unsafe { sys::cuDeviceGetAttribute(&mut value, attr, dev) };
-    check_on(r, "cuDeviceGetAttribute", || {
-        format!("{attr:?} of device {dev}")
-    })?;
-    Ok(value)
-}
-
-/// Every attribute of device `dev` from 1 to `CU_DEVICE_ATTRIBUTE_MAX` that the driver answers,
-/// as (attribute, value), in order; an attribute the driver refuses (one it does not know, or a
-/// number CUDA left unused) is left out.
-pub fn all_attributes(dev: CUdevice) -> Result<Vec<(i32, i32)>, DriverError> {
-    // The numbers are asked as plain ints: some in the range are no variant of cudarc's enum,
-    // so the function is taken from the driver with its C signature rather than through the
-    // enum-typed binding.
-    type GetAttribute = unsafe extern "C" fn(*mut i32, i32, CUdevice) -> CUresult;
-    let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
-    let mut found = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
-    // SAFETY: the name is NUL-terminated; the call writes one pointer and one status.
-    let r = unsafe {
-        sys::cuGetProcAddress_v2(
-            c"cuDeviceGetAttribute".as_ptr(),
-            &mut pfn,
-            12000,
-            0,
-            &mut found,
-        )
-    };
-    check_on(r, "cuGetProcAddress", || "cuDeviceGetAttribute".into())?;
-    if pfn.is_null() {
-        return Err(
-            DriverError::new(E::CUDA_ERROR_NOT_FOUND, "cuGetProcAddress")
-                .on(format!("cuDeviceGetAttribute: {found:?}")),
-        );
-    }
-    // SAFETY: the driver documents cuDeviceGetAttribute as
-    // `CUresult (int *pi, CUdevice_attribute attrib, CUdevice dev)`, the enum an int in C.
-    let get: GetAttribute = unsafe { std::mem::transmute(pfn) };
-    let mut all = Vec::new();
-    for attr in 1..CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX as i32 {
-        let mut value = 0;
-        // SAFETY: writes one int; the driver checks `attr` and `dev`.
-        if unsafe { get(&mut value, attr, dev) } == E::CUDA_SUCCESS {
-            all.push((attr, value));
-        }
-    }
-    Ok(all)
-}
-
-/// The UUID of device `dev` (`cuDeviceGetUuid_v2`).
-pub fn uuid(dev: CUdevice) -> Result<[u8; 16], DriverError> {
-    let mut u = sys::CUuuid { bytes: [0; 16] };
-    // SAFETY: writes one CUuuid.
-    let r = unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) };
-    check_on(r, "cuDeviceGetUuid_v2", || format!("device {dev}"))?;
-    Ok(u.bytes.map(|b| b as u8))
 }
 
 /// Whether a failure leaves the context unusable: every later call of any thread fails with it,
