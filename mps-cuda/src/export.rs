@@ -75,6 +75,21 @@ const TOOLS_CONTEXT: [u8; 16] = uuid_bytes(0x21318c60971432488ca641ff7324c8f2);
 const LIBRARY_CALLBACKS: [u8; 16] = uuid_bytes(0x1734dc26800d47458726c0f1e7dd8bca);
 /// Asked for first by cudart and never called; refusing it changes nothing (measured).
 const UNUSED_PROBE: [u8; 16] = uuid_bytes(0xf8cff95121468b4eb9e2fb469e7c0dd9);
+/// NVRTC's (libnvrtc.so.13), 7 words: the driver's cache of compiled programs, as its calls
+/// read natively (CuPy's kernels, traced with their arguments on the H200): [1] opens an entry
+/// for a source (or PTX) and its options, writing a handle; [3] looks the entry up,
+/// `CUDA_ERROR_NOT_FOUND` on a miss; [4] stores the PTX (or cubin) NVRTC made; [2] closes it.
+/// Refused: NVRTC then compiles every time, as on a miss, and CuPy's kernels gave the same
+/// results natively with the table refused. Said only with `MPS_CUDA_LOG`.
+const COMPILE_CACHE: [u8; 16] = uuid_bytes(0xda9151d33ae6cc41a5c04f26d533e328);
+/// `CU_ETID_ToolsModule` (the name in NVIDIA's cuxtra library), 99 words, asked by cuFFT
+/// (libcufft.so.12), which calls only [7], once per plan, with (context, module, callback,
+/// user data): NVIDIA's driver returns 1 (`CUDA_ERROR_INVALID_VALUE`) and cuFFT goes on, but
+/// with [7] answered 0, 1 or `CUDA_ERROR_NOT_SUPPORTED` without the driver, or the table
+/// refused, cuFFT fails its plan (`CUFFT_INTERNAL_ERROR`, measured): the driver's [7] must hand
+/// the callback something of its own of the module's, which is not known yet
+/// (docs/TRANSPARENT.md says what a trace must settle). Refused, said once.
+const TOOLS_MODULE: [u8; 16] = uuid_bytes(0x6e163fbeb958444d835ce182aff1991e);
 
 const NAMES: [&str; 8] = [
     "6bd5fb6c (cudart interface)",
@@ -480,7 +495,13 @@ fn hmac_md2(key: &[u8; 16], message: &[u8]) -> [u8; 16] {
     mac.finalize().into_bytes().into()
 }
 
-// ----- 21318c60: tools' view of contexts (cuBLASLt) -----
+// ----- 21318c60: tools' view of contexts (cuBLASLt, cuBLAS, cuFFT) -----
+//
+// `CU_ETID_ToolsContext` in NVIDIA's cuxtra library. Served: [4], the context's ID (cuBLASLt
+// once per matmul, cuFFT once per plan). [3] is `getDevice` and [4] `getContextNumber` in a
+// published table of names (by byte offset); nothing traced calls [3]. [51] is called by cuBLAS
+// through mps but not natively (CuPy's suite with it refused natively ran the same: it was never
+// reached), so what it must answer is not known: a stub.
 
 static TOOLS_CTX: Table<93> = Table([
     size(93),
@@ -665,8 +686,23 @@ exports! {
         if found.is_some() {
             return Ok(());
         }
-        if bytes != UNUSED_PROBE {
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if bytes == COMPILE_CACHE {
+            log::detail_once(format_args!("export table {hex}"), || {
+                format!(
+                    "cuGetExportTable({hex}), NVRTC's compile cache, is not served through \
+                     mps; returning CUDA_ERROR_NOT_SUPPORTED (NVRTC compiles without it)"
+                )
+            });
+        } else if bytes == TOOLS_MODULE {
+            log::once(&format!("export table {hex}"), || {
+                format!(
+                    "cuGetExportTable({hex}), the driver's tools module table that cuFFT's \
+                     plans need, is not supported through mps; returning \
+                     CUDA_ERROR_NOT_SUPPORTED (cuFFT then fails with CUFFT_INTERNAL_ERROR)"
+                )
+            });
+        } else if bytes != UNUSED_PROBE {
             log::once(&format!("export table {hex}"), || {
                 format!(
                     "cuGetExportTable({hex}) is not supported through mps; \

@@ -62,6 +62,17 @@ impl<T> Registry<T> {
     }
 
     /// Removes `handle`; in a memoised registry, what the threads' memos resolved lapses.
+    /// The objects `pick` selects, at the time of the call.
+    pub(crate) fn select(&self, pick: impl Fn(&T) -> bool) -> Vec<Arc<T>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|o| pick(o))
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn remove(&self, handle: usize) -> Option<Arc<T>> {
         let removed = self
             .map
@@ -103,6 +114,7 @@ mod tests {
         for (i, h) in handles.iter().enumerate() {
             assert_eq!(r.get(*h).as_deref(), Some(&i));
         }
+        assert_eq!(r.select(|v| *v >= 98).len(), 2);
         assert_eq!(r.remove(handles[3]).as_deref(), Some(&3));
         assert!(r.get(handles[3]).is_none());
         assert_eq!(r.remove_where(|v| v % 2 == 1).len(), 49);

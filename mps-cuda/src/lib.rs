@@ -29,6 +29,7 @@ mod abi;
 mod capture;
 mod connection;
 pub mod context;
+pub mod context_wide;
 pub mod device;
 mod driver;
 mod errors;

@@ -24,7 +24,8 @@ use crate::abi::{CUdriverProcAddressQueryResult, CUresult, PROC_PER_THREAD_DEFAU
 use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
-    context, device, errors, export, graph, kernel_queries, launch, memory, module, stream,
+    context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
+    stream,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -40,6 +41,7 @@ struct Abi {
 /// functions exported but not handed out: `tests/exports.rs` fails on that.
 const MODULES: &[&[Export]] = &[
     context::EXPORTS,
+    context_wide::EXPORTS,
     device::EXPORTS,
     export::EXPORTS,
     graph::EXPORTS,

@@ -117,6 +117,19 @@ fn context_limits_kernel_attributes_and_occupancy() {
 }
 
 #[test]
+fn context_ids_events_of_a_whole_context_and_its_sm_resource() {
+    let (stdout, _) = passes("context_wide", &[]);
+    assert!(
+        stdout.contains("cuCtxRecordEvent: waits for every stream"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cuCtxWaitEvent: every stream waits"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn streams_events_and_the_legacy_default_stream() {
     passes("streams_events", &[]);
 }

@@ -44,6 +44,7 @@ enum {
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_INVALID_RESOURCE_TYPE = 914,
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_INVALID_CLUSTER_SIZE = 912,
 };
@@ -225,7 +226,23 @@ CUresult cuGetErrorName(CUresult error, const char **str);
 CUresult cuGetErrorString(CUresult error, const char **str);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                              unsigned long long flags, CUdriverProcAddressQueryResult *status);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          unsigned long long flags);
 CUresult cuGetExportTable(const void **table, const CUuuid *id);
+/* CUdevResource (CUDA 12.4 to 13): the type, 92 bytes of the driver's, a union of 48 bytes
+ * whose SM member begins smCount, minSmPartitionSize, smCoscheduledAlignment. */
+typedef struct {
+    int type;
+    unsigned char internal[92];
+    unsigned int sm[12];
+    void *next;
+} CUdevResource;
+#define CU_DEV_RESOURCE_TYPE_SM 1
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id);
+CUresult cuCtxRecordEvent(CUcontext ctx, CUevent e);
+CUresult cuCtxWaitEvent(CUcontext ctx, CUevent e);
+CUresult cuCtxGetDevResource(CUcontext ctx, CUdevResource *resource, int type);
+CUresult cuGreenCtxGetId(void *green, unsigned long long *id);
 CUresult cuGraphCreate(void **graph, unsigned int flags);
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture(CUstream s, CUgraph *graph);
