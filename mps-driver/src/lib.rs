@@ -4,7 +4,7 @@
 //! Every driver call whose failure matters goes through [`check`] (or [`check_on`], which names
 //! the object only when the call failed, so that a successful call formats nothing). A failure
 //! becomes a [`DriverError`] that keeps the driver's code, its name and the call and object that
-//! failed; [`status_of`] is the one table from a `CUresult` to an mps [`Status`], and
+//! failed; [`status_of`] is the one table from a `CUresult` to an mps [`Status`](mps_core::Status), and
 //! [`is_sticky`] says which failures end the context. Releases whose failure leaves nothing to do
 //! go through [`released`]. Calls that cudarc's result layer (`cudarc::driver::result`) wraps
 //! are made through it, their results named with [`Call`]; the rest (the launch with its packed

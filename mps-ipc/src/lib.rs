@@ -3,7 +3,7 @@
 //! ([`doorbell`]), the layout of one client's channel ([`channel`]), and the handshake over a Unix
 //! socket ([`socket`]), the rules for trusting the directories and files they live in
 //! ([`trust`]), and the settings read from the environment under mps's and NVIDIA's names
-//! ([`env`]).
+//! ([`env`](mod@env)).
 //!
 //! Built with `--cfg loom`, only the ring and its atomics facade are compiled, so that loom can
 //! check the ring protocol exhaustively (`tests/loom_ring.rs`).

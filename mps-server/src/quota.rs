@@ -2,7 +2,7 @@
 //! and host-buffer bytes. A client's own limits are checked in its session; these sums are
 //! what a user opening many connections, or many processes, would otherwise escape them by.
 //!
-//! Each session holds a [`Charges`] on the server's [`Ledger`]; what it charged goes back when
+//! Each session holds a `Charges` on the server's [`Ledger`]; what it charged goes back when
 //! it is freed, and all of it when the session ends (the charges are dropped with it).
 
 use std::collections::HashMap;
