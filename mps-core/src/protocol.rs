@@ -16,8 +16,8 @@
 //! into a typed request or an error, never a panic.
 //!
 //! Every command is declared once, in the table below (the crate's `command_table` module says
-//! what it derives); how a field kind travels is its `Arg` implementation beside its type. The tests
-//! are at the end.
+//! what it derives); how a field kind travels is its `Arg` implementation beside its type. The
+//! tests are at the end.
 
 use bytemuck::{Pod, Zeroable};
 
