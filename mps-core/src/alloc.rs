@@ -117,15 +117,15 @@ impl AllocTable {
                 "{what} range at {addr:#x} is empty"
             )));
         }
-        let Some(end) = addr.checked_add(len) else {
-            return Err(Error::new(
-                status,
-                format!("{what} range {addr:#x}+{len} wraps"),
-            ));
-        };
+        let end = addr.checked_add(len);
         match self.find(addr) {
-            Some((s, l)) if end <= s + l => Ok(()),
-            Some((s, l)) if self.mapped.contains(&s) && self.mapped_through(s + l, end) => Ok(()),
+            Some((s, l)) if end.is_some_and(|end| end <= s + l) => Ok(()),
+            Some((s, l))
+                if self.mapped.contains(&s)
+                    && end.is_some_and(|end| self.mapped_through(s + l, end)) =>
+            {
+                Ok(())
+            }
             Some((s, l)) => Err(Error::new(
                 status,
                 format!(
