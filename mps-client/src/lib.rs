@@ -46,6 +46,7 @@ mod report;
 mod streams;
 mod submission;
 mod transport;
+mod vm;
 
 pub use connection::Client;
 pub use handles::{
@@ -56,3 +57,4 @@ pub use mps_core::handshake::BackendKind;
 pub use mps_core::protocol::{Cluster, Dim3, OccupancyQuery, ParamInfo};
 pub use mps_core::{Error, Result, Status};
 pub use queries::{ContextLimits, FunctionAttributes};
+pub use vm::PhysicalMem;

@@ -8,10 +8,17 @@ use crate::status::{Error, Result, Status};
 /// Allocation granularity: every allocation starts on this boundary (as cuMemAlloc's do).
 pub const ALLOC_ALIGN: u64 = 256;
 
-/// The device allocations one client holds: start address to size.
+/// The device allocations one client holds: start address to size. Besides allocations, it
+/// holds the client's mappings of physical memory into its reserved address ranges
+/// (`cuMemMap`'s): they count for the address checks of copies, memsets and kernels, and a
+/// range may run across adjacent mappings (a virtual range is contiguous however many physical
+/// allocations back it), but they are not allocations: `remove` refuses them and `bytes` leaves
+/// them out (the physical memory behind them is what is counted).
 #[derive(Debug, Default, Clone)]
 pub struct AllocTable {
     ranges: BTreeMap<u64, u64>,
+    /// Starts of the ranges in `ranges` that are mappings.
+    mapped: std::collections::BTreeSet<u64>,
     bytes: u64,
 }
 
@@ -44,8 +51,37 @@ impl AllocTable {
         Ok(())
     }
 
+    /// Records a mapping of physical memory at `[start, start + size)` (see the type's
+    /// comment); overlap with anything held is `MPS_ERROR_INTERNAL`, as for `insert`.
+    pub fn insert_mapped(&mut self, start: u64, size: u64) -> Result<()> {
+        self.insert(start, size)?;
+        self.bytes -= size;
+        self.mapped.insert(start);
+        Ok(())
+    }
+
+    /// Forgets the mapping that starts at `start` and returns its size.
+    pub fn remove_mapped(&mut self, start: u64) -> Result<u64> {
+        if !self.mapped.remove(&start) {
+            return Err(Error::invalid_value(format!(
+                "{start:#x} is not the start of a mapping of this client"
+            )));
+        }
+        Ok(self.ranges.remove(&start).expect("a mapping is a range"))
+    }
+
+    /// Whether `start` is the start of a mapping.
+    pub fn is_mapped(&self, start: u64) -> bool {
+        self.mapped.contains(&start)
+    }
+
     /// Forgets the allocation that starts at `start` and returns its size.
     pub fn remove(&mut self, start: u64) -> Result<u64> {
+        if self.mapped.contains(&start) {
+            return Err(Error::invalid_value(format!(
+                "device pointer {start:#x} is a mapping of physical memory, not an allocation; unmap it with cuMemUnmap"
+            )));
+        }
         match self.ranges.remove(&start) {
             Some(size) => {
                 self.bytes -= size;
@@ -81,8 +117,15 @@ impl AllocTable {
                 "{what} range at {addr:#x} is empty"
             )));
         }
+        let end = addr.checked_add(len);
         match self.find(addr) {
-            Some((s, l)) if addr.checked_add(len).is_some_and(|end| end <= s + l) => Ok(()),
+            Some((s, l)) if end.is_some_and(|end| end <= s + l) => Ok(()),
+            Some((s, l))
+                if self.mapped.contains(&s)
+                    && end.is_some_and(|end| self.mapped_through(s + l, end)) =>
+            {
+                Ok(())
+            }
             Some((s, l)) => Err(Error::new(
                 status,
                 format!(
@@ -96,7 +139,18 @@ impl AllocTable {
         }
     }
 
-    /// Bytes held.
+    /// Whether mappings follow one another without a gap from `from` to at least `end`.
+    fn mapped_through(&self, mut from: u64, end: u64) -> bool {
+        while from < end {
+            match self.ranges.get(&from) {
+                Some(l) if self.mapped.contains(&from) => from += l,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Bytes of the allocations held (mappings left out).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -111,9 +165,12 @@ impl AllocTable {
         self.ranges.is_empty()
     }
 
-    /// Every allocation, as (start, size), in address order.
+    /// Every allocation, as (start, size), in address order (mappings left out).
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.ranges.iter().map(|(s, l)| (*s, *l))
+        self.ranges
+            .iter()
+            .filter(|(s, _)| !self.mapped.contains(s))
+            .map(|(s, l)| (*s, *l))
     }
 }
 
@@ -142,6 +199,38 @@ impl RangeAllocator {
             size,
             free_bytes: size,
         }
+    }
+
+    /// Allocates `size` bytes (a multiple of `align`, itself a power of two multiple of
+    /// [`ALLOC_ALIGN`]) starting on an `align` boundary: the first free range that holds it.
+    pub fn alloc_aligned(&mut self, size: u64, align: u64) -> Result<u64> {
+        if size == 0 || align % ALLOC_ALIGN != 0 || !align.is_power_of_two() || size % align != 0 {
+            return Err(Error::invalid_value(format!(
+                "cannot allocate {size} bytes aligned to {align}"
+            )));
+        }
+        let found = self.free.iter().find_map(|(&s, &l)| {
+            let at = s.checked_next_multiple_of(align)?;
+            (at.checked_add(size)? <= s + l).then_some((s, l, at))
+        });
+        let Some((start, len, at)) = found else {
+            return Err(Error::new(
+                Status::OutOfMemory,
+                format!(
+                    "no free range of {size} bytes aligned to {align} ({} of {} bytes free, possibly fragmented)",
+                    self.free_bytes, self.size
+                ),
+            ));
+        };
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        if start + len > at + size {
+            self.free.insert(at + size, start + len - at - size);
+        }
+        self.free_bytes -= size;
+        Ok(at)
     }
 
     /// Allocates `size` bytes (rounded up to [`ALLOC_ALIGN`]) and returns (start, rounded size).
@@ -298,5 +387,46 @@ mod tests {
             }
             assert_eq!(a.free_bytes() + held.bytes(), 1 << 20);
         }
+    }
+
+    #[test]
+    fn a_range_may_run_across_adjacent_mappings_but_not_into_an_allocation() {
+        let mut t = AllocTable::default();
+        t.insert_mapped(0x10000, 0x1000).unwrap();
+        t.insert_mapped(0x11000, 0x1000).unwrap();
+        t.insert(0x12000, 0x1000).unwrap();
+        assert_eq!(t.bytes(), 0x1000);
+        assert_eq!(t.iter().collect::<Vec<_>>(), [(0x12000, 0x1000)]);
+        let s = Status::InvalidHandle;
+        t.check_range(0x10800, 0x1800, "dst", s).unwrap();
+        assert!(t.check_range(0x10800, 0x2000, "dst", s).is_err());
+        // A mapping is unmapped, not freed; an allocation is freed, not unmapped.
+        assert!(
+            t.remove(0x10000)
+                .unwrap_err()
+                .message
+                .contains("cuMemUnmap")
+        );
+        assert!(t.remove_mapped(0x12000).is_err());
+        assert_eq!(t.remove_mapped(0x11000).unwrap(), 0x1000);
+        assert!(t.check_range(0x10800, 0x1000, "dst", s).is_err());
+        assert!(t.is_mapped(0x10000) && !t.is_mapped(0x11000));
+    }
+
+    #[test]
+    fn aligned_allocations_start_on_their_boundary_and_give_back_the_rest() {
+        let mut a = RangeAllocator::new(0x1_0100, 0x10_0000);
+        let p = a.alloc_aligned(0x2_0000, 0x1_0000).unwrap();
+        assert_eq!(p, 0x2_0000);
+        assert_eq!(a.free_bytes(), 0x10_0000 - 0x2_0000);
+        assert!(
+            a.alloc_aligned(0x100, 0x1_0000).is_err(),
+            "size not a multiple"
+        );
+        let e = a.alloc_aligned(0x20_0000, 0x1_0000).unwrap_err();
+        assert_eq!(e.status, Status::OutOfMemory);
+        a.free(p, 0x2_0000);
+        assert_eq!(a.free_bytes(), 0x10_0000);
+        assert_eq!(a.alloc(0x10_0000).unwrap(), (0x1_0100, 0x10_0000));
     }
 }

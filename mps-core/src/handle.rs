@@ -28,6 +28,8 @@ crate::wire_enum! {
         Graph = 6 => "graph",
         /// An executable graph (`mps_graph_exec`).
         GraphExec = 7 => "executable graph",
+        /// A physical allocation of device memory (`CUmemGenericAllocationHandle`).
+        Physical = 8 => "physical allocation",
     }
 }
 

@@ -199,6 +199,33 @@ crate::command_table::commands! {
         /// The allocation of this client that holds the device address `ptr`
         /// (`cuMemGetAddressRange`'s): replies `[base, size, 0, 0]`.
         MemGetAddressRange = 40 => "mem_get_address_range" [] { ptr: u64 = 0 },
+        /// The granularity of reservations and physical allocations on the server's device
+        /// (`cuMemGetAllocationGranularity`'s minimum): replies `[granularity, 0, 0, 0]`.
+        VmGranularity = 41 => "vm_granularity" [],
+        /// Reserve `size` bytes of device address space aligned to `align` (0: the
+        /// granularity), never overlapping another client's (`cuMemAddressReserve`): replies
+        /// `[address, 0, 0, 0]`.
+        VmReserve = 42 => "vm_reserve" [] { size: u64 = 0, align: u64 = 1 },
+        /// Free a reservation that no mapping uses any more (`cuMemAddressFree`).
+        VmFree = 43 => "vm_free" [] { va: u64 = 0 },
+        /// Create `size` bytes of physical device memory (`cuMemCreate`): replies
+        /// `[handle, 0, 0, 0]`.
+        VmCreate = 44 => "vm_create" [] { size: u64 = 0 },
+        /// Release a physical allocation (`cuMemRelease`): its memory goes back once no mapping
+        /// uses it.
+        VmRelease = 45 => "vm_release" [] { handle: u64 = 0 },
+        /// Map `size` bytes of a physical allocation, from `offset`, at `va` inside one of the
+        /// client's reservations (`cuMemMap`).
+        VmMap = 46 => "vm_map" [] { va: u64 = 0, size: u64 = 1, handle: u64 = 2, offset: u64 = 3 },
+        /// Unmap the mapping at `va` of `size` bytes (`cuMemUnmap`), once the client's work is
+        /// done with it.
+        VmUnmap = 47 => "vm_unmap" [waits] { va: u64 = 0, size: u64 = 1 },
+        /// Make the mappings covering `[va, va + size)` readable and writable by the device
+        /// (`cuMemSetAccess`).
+        VmSetAccess = 48 => "vm_set_access" [] { va: u64 = 0, size: u64 = 1 },
+        /// The physical allocation mapped at `va` (`cuMemRetainAllocationHandle`'s): replies
+        /// `[handle, size of the allocation, 0, 0]`.
+        VmHandleAt = 49 => "vm_handle_at" [] { va: u64 = 0 },
     }
 }
 
@@ -825,6 +852,29 @@ mod tests {
             Request::MemFree { ptr: 0x1234 },
             Request::MemGetInfo,
             Request::MemGetAddressRange { ptr: 0x1234 },
+            Request::VmGranularity,
+            Request::VmReserve {
+                size: 1 << 21,
+                align: 0,
+            },
+            Request::VmFree { va: 0x1234 },
+            Request::VmCreate { size: 1 << 21 },
+            Request::VmRelease { handle: 7 },
+            Request::VmMap {
+                va: 0x1000,
+                size: 1 << 21,
+                handle: 7,
+                offset: 0,
+            },
+            Request::VmUnmap {
+                va: 0x1000,
+                size: 1 << 21,
+            },
+            Request::VmSetAccess {
+                va: 0x1000,
+                size: 1 << 21,
+            },
+            Request::VmHandleAt { va: 0x1000 },
             Request::ContextLimits,
             Request::ModuleGlobal {
                 module: 3,

@@ -237,6 +237,24 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn mem_free(&self, ptr: u64, size: u64);
     /// Free and total device memory.
     fn mem_get_info(&self) -> (u64, u64);
+    /// The granularity of reservations, physical allocations and mappings (a power of two;
+    /// the session checks every size, alignment and offset against it).
+    fn vm_granularity(&self) -> u64;
+    /// Reserves `size` bytes of device address space on an `align` boundary (a power of two).
+    fn vm_reserve(&self, size: u64, align: u64) -> Result<u64>;
+    /// Frees a reservation of `size` bytes at `va` in which nothing is mapped.
+    fn vm_free(&self, va: u64, size: u64);
+    /// Creates `size` bytes of physical device memory and returns the backend's handle of it.
+    fn vm_create(&self, size: u64) -> Result<u64>;
+    /// Releases a physical allocation of `size` bytes that no mapping uses.
+    fn vm_release(&self, phys: u64, size: u64);
+    /// Maps `size` bytes of the physical allocation `phys`, from `offset`, at `va`: inside a
+    /// reservation, where nothing is mapped (the session checked both).
+    fn vm_map(&self, va: u64, size: u64, phys: u64, offset: u64) -> Result<()>;
+    /// Unmaps `[va, va + size)`, one mapping made by `vm_map`, which no work uses.
+    fn vm_unmap(&self, va: u64, size: u64);
+    /// Makes the mapped `[va, va + size)` readable and writable by the device.
+    fn vm_set_access(&self, va: u64, size: u64) -> Result<()>;
     /// Makes a host buffer usable for direct copies (page-locks it on a GPU).
     fn host_register(&self, segment: &Segment) -> Result<()>;
     /// Undoes `host_register`; called once no pending copy uses the buffer.

@@ -34,6 +34,7 @@ pub(crate) use batch::MAX_RUN;
 mod graphs;
 mod memory;
 mod modules;
+mod vm;
 
 /// What the shell does with a handled command.
 #[derive(Debug)]
@@ -121,6 +122,8 @@ pub(crate) struct SessionCore<B: Backend> {
     batch: batch::Batching<B>,
     /// What this client charged to its process's and user's sums (given back on drop).
     charges: Charges,
+    /// Reservations, physical allocations and mappings.
+    vm: vm::Vm,
 }
 
 impl<B: Backend> SessionCore<B> {
@@ -165,6 +168,7 @@ impl<B: Backend> SessionCore<B> {
             ),
             pending_image: Vec::new(),
             allocations: AllocTable::default(),
+            vm: vm::Vm::new(limits.max_allocations),
             stats: Arc::default(),
             mem_limit: Arc::new(AtomicU64::new(registry.default_mem_limit())),
             priority: Arc::new(AtomicU32::new(registry.default_priority())),
@@ -373,7 +377,7 @@ impl<B: Backend> SessionCore<B> {
                     return Ok(Answer::Values([free, total, 0, 0]));
                 }
                 // Under a limit, the limit is the client's device.
-                let held = self.allocations.bytes();
+                let held = self.allocations.bytes() + self.vm.bytes();
                 Ok(Answer::Values([
                     limit.saturating_sub(held).min(free),
                     limit,
@@ -388,6 +392,26 @@ impl<B: Backend> SessionCore<B> {
                     format!("{ptr:#x} lies in no allocation of this client"),
                 )),
             },
+            Request::VmGranularity => self.vm_granularity(),
+            Request::VmReserve { size, align } => self.vm_reserve(size, align),
+            Request::VmFree { va } => self.vm_free(va),
+            Request::VmCreate { size } => self.vm_create(size),
+            Request::VmRelease { handle } => self.vm_release(handle),
+            Request::VmMap {
+                va,
+                size,
+                handle,
+                offset,
+            } => {
+                self.graphs.check_no_capture("map memory")?;
+                self.vm_map(va, size, handle, offset)
+            }
+            Request::VmUnmap { va, size } => {
+                self.graphs.check_no_capture("unmap memory")?;
+                self.vm_unmap(va, size)
+            }
+            Request::VmSetAccess { va, size } => self.vm_set_access(va, size),
+            Request::VmHandleAt { va } => self.vm_handle_at(va),
             Request::SetPriority { level } => {
                 // A client may only lower what the server set.
                 let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);
@@ -571,6 +595,7 @@ impl<B: Backend> SessionCore<B> {
             functions,
             mut host,
             pending_image,
+            mut vm,
             ..
         } = self;
         drop(pending_image);
@@ -594,6 +619,7 @@ impl<B: Backend> SessionCore<B> {
         }
         *table = AllocTable::default();
         drop(table);
+        vm.release(&*backend);
         drop(functions);
         for (_, seg) in host.drain() {
             backend.host_unregister(&seg);

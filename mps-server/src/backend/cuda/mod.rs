@@ -33,6 +33,7 @@ mod objects;
 mod partition;
 mod queries;
 mod stream;
+mod vm;
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -78,6 +79,10 @@ pub struct CudaBackend {
     live: Arc<LiveStreams>,
     priorities: (i32, i32),
     partitions: Partitions,
+    /// The device's ordinal, for the locations of physical memory and access.
+    ordinal: i32,
+    /// The driver's minimum VMM granularity (`None`: no VMM, and the sessions refuse it).
+    granularity: Option<u64>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -118,6 +123,8 @@ impl CudaBackend {
             live,
             priorities: (least, greatest),
             partitions,
+            ordinal,
+            granularity: vm::granularity(ordinal),
         })
     }
 
@@ -224,6 +231,40 @@ impl Backend for CudaBackend {
                 (0, 0)
             }
         }
+    }
+
+    fn vm_granularity(&self) -> u64 {
+        // Without VMM, a granularity no size meets: every reservation and allocation is
+        // refused by the session with the granularity in the message, before the driver.
+        self.granularity.unwrap_or(0)
+    }
+
+    fn vm_reserve(&self, size: u64, align: u64) -> Result<u64> {
+        vm::reserve(&self.ctx, size, align)
+    }
+
+    fn vm_free(&self, va: u64, size: u64) {
+        vm::free(&self.ctx, va, size)
+    }
+
+    fn vm_create(&self, size: u64) -> Result<u64> {
+        vm::create(&self.ctx, self.ordinal, size)
+    }
+
+    fn vm_release(&self, phys: u64, _size: u64) {
+        vm::release(&self.ctx, phys)
+    }
+
+    fn vm_map(&self, va: u64, size: u64, phys: u64, offset: u64) -> Result<()> {
+        vm::map(&self.ctx, va, size, phys, offset)
+    }
+
+    fn vm_unmap(&self, va: u64, size: u64) {
+        vm::unmap(&self.ctx, va, size)
+    }
+
+    fn vm_set_access(&self, va: u64, size: u64) -> Result<()> {
+        vm::set_access(&self.ctx, self.ordinal, va, size)
     }
 
     fn host_register(&self, segment: &Segment) -> Result<()> {

@@ -481,6 +481,42 @@ impl Backend for SimBackend {
         self.memory.info()
     }
 
+    fn vm_granularity(&self) -> u64 {
+        memory::GRANULARITY
+    }
+
+    fn vm_reserve(&self, size: u64, align: u64) -> Result<u64> {
+        self.context.alive()?;
+        self.memory.reserve(size, align)
+    }
+
+    fn vm_free(&self, va: u64, size: u64) {
+        self.memory.unreserve(va, size)
+    }
+
+    fn vm_create(&self, size: u64) -> Result<u64> {
+        self.context.alive()?;
+        self.memory.create(size)
+    }
+
+    fn vm_release(&self, phys: u64, size: u64) {
+        self.memory.release(phys, size)
+    }
+
+    fn vm_map(&self, va: u64, size: u64, phys: u64, offset: u64) -> Result<()> {
+        self.context.alive()?;
+        self.memory.map(va, size, phys, offset)
+    }
+
+    fn vm_unmap(&self, va: u64, size: u64) {
+        self.memory.unmap(va, size)
+    }
+
+    fn vm_set_access(&self, _va: u64, _size: u64) -> Result<()> {
+        // Mapped pages are read-write from the start; the session makes them the client's.
+        self.context.alive()
+    }
+
     fn host_register(&self, _segment: &Segment) -> Result<()> {
         Ok(())
     }

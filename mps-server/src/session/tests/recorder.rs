@@ -114,6 +114,34 @@ impl Backend for Recorder {
         (1 << 30, 1 << 30)
     }
 
+    fn vm_granularity(&self) -> u64 {
+        2 << 20
+    }
+
+    fn vm_reserve(&self, size: u64, _align: u64) -> Result<u64> {
+        self.mem_alloc(size)
+    }
+
+    fn vm_free(&self, _va: u64, _size: u64) {}
+
+    fn vm_create(&self, size: u64) -> Result<u64> {
+        self.mem_alloc(size)
+    }
+
+    fn vm_release(&self, _phys: u64, size: u64) {
+        self.freed.fetch_add(size, Ordering::Relaxed);
+    }
+
+    fn vm_map(&self, _va: u64, _size: u64, _phys: u64, _offset: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn vm_unmap(&self, _va: u64, _size: u64) {}
+
+    fn vm_set_access(&self, _va: u64, _size: u64) -> Result<()> {
+        Ok(())
+    }
+
     fn host_register(&self, _segment: &Segment) -> Result<()> {
         self.registered.fetch_add(1, Ordering::Relaxed);
         Ok(())
