@@ -1177,6 +1177,51 @@ fn the_daemons_flags_set_the_defaults_its_commands_report() {
     );
 }
 
+/// As NVIDIA's control daemon, the daemon takes its clients' defaults from `CUDA_MPS_*` in its
+/// own environment where mps's `MPS_*` names are unset, and a flag wins over both.
+#[test]
+fn the_daemons_environment_sets_defaults_in_nvidias_names_and_flags_win() {
+    let d = TestDaemon::launch("control", &server_bin(), &[], |cmd| {
+        cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40")
+            .env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=48MiB")
+            .env("CUDA_MPS_CLIENT_PRIORITY", "1")
+            .env("MPS_CLIENT_PRIORITY", "0");
+    });
+    assert_eq!(d.ctl_ok(&["get_default_active_thread_percentage"]), "40\n");
+    assert_eq!(d.ctl_ok(&["get_default_client_priority"]), "0\n");
+    assert_eq!(
+        d.ctl_ok(&["get_default_device_pinned_mem_limit", "0"]),
+        format!("{}\n", 48u64 << 20)
+    );
+    assert_eq!(d.client().mem_get_info().unwrap().1, 48 << 20);
+    let flagged = TestDaemon::launch(
+        "control",
+        &server_bin(),
+        &["--active-thread-percentage", "70"],
+        |cmd| {
+            cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40");
+        },
+    );
+    assert_eq!(
+        flagged.ctl_ok(&["get_default_active_thread_percentage"]),
+        "70\n"
+    );
+    let bad = Command::new(control_bin())
+        .args(["-f", "--backend", "sim", "--pipe-dir"])
+        .arg(temp_dir("control-bad-env"))
+        .arg("--log-dir")
+        .arg(temp_dir("control-bad-env-log"))
+        .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "150")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        said.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=150"),
+        "{said}"
+    );
+}
+
 /// `--server-arg` reaches every server the daemon starts: here a limit per client.
 #[test]
 fn server_args_reach_the_daemons_servers() {

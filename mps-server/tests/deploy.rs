@@ -177,7 +177,11 @@ fn shipped_files_carry_the_crates_version() {
             .any(|l| l == format!("Version: {version}")),
         "deploy/debian/mpsclient.pc does not say Version: {version}"
     );
-    for page in ["docs/man/mps-control.1", "docs/man/mps-server.1"] {
+    for page in [
+        "docs/man/mps-control.1",
+        "docs/man/mps-server.1",
+        "docs/man/mps-run.1",
+    ] {
         let th = read(page);
         let th = th.lines().next().unwrap();
         assert!(th.contains(&format!("\"mps {version}\"")), "{page}: {th}");

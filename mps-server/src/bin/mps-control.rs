@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use mps_core::units::parse_size;
+use mps_core::units::{parse_device_limit, parse_size};
+use mps_ipc::env;
 use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
 use mps_server::control::{
-    CONTROL_SOCKET, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig,
-    HelloLimits, send_command,
+    CONTROL_SOCKET, Command, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon,
+    DaemonConfig, HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
 use mps_server::process::{
@@ -67,15 +68,18 @@ struct Args {
     #[arg(long, value_parser = ["client", "context"])]
     sim_fault_scope: Option<String>,
     /// Device memory each client may hold, e.g. 2GiB (0: no limit); the daemon's
-    /// set_default_device_pinned_mem_limit changes it later.
-    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
-    device_pinned_mem_limit: u64,
-    /// Priority of clients: 0 normal, 1 below normal (set_default_client_priority).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
-    client_priority: u32,
-    /// Share of the SMs each client may use, percent (set_default_active_thread_percentage).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
-    active_thread_percentage: u32,
+    /// set_default_device_pinned_mem_limit changes it later [default: $MPS_PINNED_DEVICE_MEM_LIMIT,
+    /// else $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (a size, or per device: 0=1G,1=512M); else 0]
+    #[arg(long, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    device_pinned_mem_limit: Option<u64>,
+    /// Priority of clients: 0 normal, 1 below normal (set_default_client_priority)
+    /// [default: $MPS_CLIENT_PRIORITY, else $CUDA_MPS_CLIENT_PRIORITY; else 0]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1))]
+    client_priority: Option<u32>,
+    /// Share of the SMs each client may use, percent (set_default_active_thread_percentage)
+    /// [default: $MPS_ACTIVE_THREAD_PERCENTAGE, else $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; else 100]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    active_thread_percentage: Option<u32>,
     /// Ceiling on the SMs a server's clients may reserve in all, percent
     /// (set_max_sm_reservation default).
     #[arg(long, default_value_t = DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
@@ -151,6 +155,7 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         check_server_args(&server_bin, &server_args)?;
     }
     let devices = devices_to_serve(args)?;
+    let from_env = EnvDefaults::read(&devices)?;
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),
         devices: devices.clone(),
@@ -158,9 +163,12 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         server_bin,
         server_args,
         defaults: Defaults {
-            mem_limit: args.device_pinned_mem_limit,
-            priority: args.client_priority,
-            sm_share: args.active_thread_percentage,
+            mem_limit: args.device_pinned_mem_limit.unwrap_or(0),
+            priority: args.client_priority.or(from_env.priority).unwrap_or(0),
+            sm_share: args
+                .active_thread_percentage
+                .or(from_env.sm_share)
+                .unwrap_or(100),
             max_sm_reserve: args.max_sm_reservation,
         },
         standby: args.standby,
@@ -175,6 +183,14 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         "mps-control listening in {}, serving devices {devices:?}",
         pipe_dir.display()
     );
+    // The environment's memory limits are per device; a flag sets every device's.
+    if args.device_pinned_mem_limit.is_none() {
+        for (device, bytes) in from_env.mem_limits {
+            daemon
+                .answer(Command::SetDefaultDevicePinnedMemLimit { device, bytes })
+                .map_err(|e| e.message)?;
+        }
+    }
     let daemon = Arc::new(daemon);
     if let Some(addr) = &args.metrics_listen {
         let listener = std::net::TcpListener::bind(addr)
@@ -197,6 +213,48 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     daemon.run(&STOP);
     let _ = daemon.pipe_dir().remove("metrics.addr");
     Ok(())
+}
+
+/// Client defaults from the daemon's own environment, as NVIDIA's control daemon takes them:
+/// mps's `MPS_*` names, else NVIDIA's `CUDA_MPS_*` ones. A flag on the command line wins over
+/// both; a value that does not parse stops the daemon with the variable's name.
+struct EnvDefaults {
+    sm_share: Option<u32>,
+    priority: Option<u32>,
+    /// Device memory per client, for each served device the variable gives a limit for.
+    mem_limits: Vec<(u32, u64)>,
+}
+
+impl EnvDefaults {
+    fn read(devices: &[u32]) -> Result<EnvDefaults, String> {
+        let percent = |name: &'static str, min: u32, max: u32| {
+            match env::setting(name) {
+            None => Ok(None),
+            Some((value, var)) => value
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|v| (min..=max).contains(v))
+                .map(Some)
+                .ok_or_else(|| {
+                    format!("{var}={value} is not a whole number from {min} to {max}; unset it or fix it")
+                }),
+        }
+        };
+        let mut mem_limits = Vec::new();
+        if let Some((spec, var)) = env::setting("MPS_PINNED_DEVICE_MEM_LIMIT") {
+            for &device in devices {
+                let limit = parse_device_limit(&spec, device)
+                    .map_err(|e| format!("{var}={spec}: {}", e.message))?;
+                mem_limits.extend(limit.map(|bytes| (device, bytes)));
+            }
+        }
+        Ok(EnvDefaults {
+            sm_share: percent("MPS_ACTIVE_THREAD_PERCENTAGE", 1, 100)?,
+            priority: percent("MPS_CLIENT_PRIORITY", 0, 1)?,
+            mem_limits,
+        })
+    }
 }
 
 /// Refuses to start on server options that every server would refuse (a misspelt option, a
