@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from services import MpsDaemon, NvidiaMps, command_env
+from services import MpsDaemon, NvidiaMps, command_env, json_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,17 +49,7 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
             break
         time.sleep(0.1)
     open(os.path.join(work, "go"), "w").close()
-    results = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=seconds + 120)
-            line = out.decode().strip().splitlines()[-1] if out.strip() else ""
-            results.append(json.loads(line) if p.returncode == 0 and line.startswith("{") else None)
-        except (subprocess.TimeoutExpired, ValueError):
-            p.kill()
-            p.wait()
-            results.append(None)
-    return results
+    return [json_result(p, seconds + 120) for p in procs]
 
 
 def summary(results):

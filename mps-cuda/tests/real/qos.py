@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from services import MpsDaemon, NvidiaMps, command_env
+from services import MpsDaemon, NvidiaMps, command_env, json_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = "/tmp/mps-real-qos"
@@ -56,17 +56,6 @@ def wait_ready(names, procs, limit=240):
         time.sleep(0.1)
 
 
-def result(p, timeout):
-    try:
-        out, _ = p.communicate(timeout=timeout)
-        line = out.decode().strip().splitlines()[-1] if out.strip() else ""
-        return json.loads(line) if p.returncode == 0 and line.startswith("{") else None
-    except (subprocess.TimeoutExpired, ValueError):
-        p.kill()
-        p.wait()
-        return None
-
-
 def scenario(mode, lat_env, train_env, seconds, bin_dir, err):
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
@@ -81,9 +70,9 @@ def scenario(mode, lat_env, train_env, seconds, bin_dir, err):
                           f"{err}.trainer{i}.err") for i in (1, 2)]
         wait_ready([1, 2], trainers)
     open(os.path.join(WORK, "go"), "w").close()
-    lat_result = result(lat, seconds + 120)
+    lat_result = json_result(lat, seconds + 120)
     open(os.path.join(WORK, "stop"), "w").close()
-    train_results = [result(t, 120) for t in trainers]
+    train_results = [json_result(t, 120) for t in trainers]
     its = [r["iterations"] / r["seconds"] for r in train_results if r]
     return {
         "latency": lat_result,

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from services import MPS_PIPE, MpsDaemon
+from services import MPS_PIPE, MpsDaemon, command_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = ["torch_cnn", "torch_transformer", "torch_graphs", "torch_compile",
@@ -38,15 +38,10 @@ def mode_env(mode):
     return MEMLIMIT if mode == "memlimit" else {}
 
 
-def launch(program, mode, bin_dir, pipe, out_dir, extra_env):
-    env = dict(os.environ)
-    env.update(extra_env)
-    env["PYTHONUNBUFFERED"] = "1"
-    cmd = [sys.executable, os.path.join(HERE, f"{program}.py")]
-    if mode != "native":
-        env.update({"MPS_PIPE_DIRECTORY": pipe, "MPS_CUDA_LOG": "1"})
-        env.update(mode_env(mode))
-        cmd = [f"{bin_dir}/mps-run"] + cmd
+def launch(program, mode, bin_dir, out_dir):
+    # Every mode but native runs through mps, with what the mode adds to the environment.
+    cmd, env = command_env("native" if mode == "native" else "mps", bin_dir,
+                           [sys.executable, os.path.join(HERE, f"{program}.py")], mode_env(mode))
     base = os.path.join(out_dir, f"{program}.{mode}")
     return subprocess.Popen(cmd, env=env, stdout=open(base + ".out", "wb"),
                             stderr=open(base + ".err", "wb"), start_new_session=True)
@@ -82,7 +77,7 @@ def run_mode(mode, programs, bin_dir, pipe, out_dir, limit):
         if line != "holding":
             print(f"runner: the reservation holder did not start: {line!r}", file=sys.stderr)
     began = time.time()
-    procs = {p: launch(p, mode, bin_dir, pipe, out_dir, {}) for p in programs}
+    procs = {p: launch(p, mode, bin_dir, out_dir) for p in programs}
     results = {}
     for p, proc in procs.items():
         left = max(1.0, limit - (time.time() - began))

@@ -2,6 +2,7 @@
 NVIDIA's MPS, each started and stopped by the script (never left running), and the environment
 a program gets in each mode."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,3 +74,16 @@ def command_env(mode, bin_dir, cmd, extra=None):
         env.update(MPS_PIPE_DIRECTORY=MPS_PIPE, MPS_CUDA_LOG="1")
         return [f"{bin_dir}/mps-run", *cmd], env
     return cmd, env
+
+
+def json_result(proc, timeout):
+    """The JSON line `proc` printed last, once it exits within `timeout` seconds; None if it
+    failed, printed none or overran (then it is killed)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        line = out.decode().strip().splitlines()[-1] if out.strip() else ""
+        return json.loads(line) if proc.returncode == 0 and line.startswith("{") else None
+    except (subprocess.TimeoutExpired, ValueError):
+        proc.kill()
+        proc.wait()
+        return None

@@ -237,14 +237,11 @@ impl<B: Backend> SessionCore<B> {
                 }
             }
             Err(err) => {
-                if matches!(
+                let launch = matches!(
                     Opcode::from_u16(cmd.opcode),
                     Some(Opcode::Launch | Opcode::LaunchCluster)
-                ) {
-                    self.log_failed_launch(cmd.seq, &err);
-                } else {
-                    tracing::debug!(client = self.ctx.id, seq = cmd.seq, "command failed: {err}");
-                }
+                );
+                self.log_failure(cmd.seq, &err, launch);
                 // A command that fails ends the run: the work before it is queued first.
                 self.batch.offered = None;
                 self.end_run();
@@ -257,10 +254,13 @@ impl<B: Backend> SessionCore<B> {
         }
     }
 
-    /// Logs a failed launch (the message names the kernel, its geometry and the driver's
-    /// result), within the bound [`Stats::launch_failed`] keeps.
-    fn log_failed_launch(&self, seq: u64, err: &Error) {
-        if let Some(n) = self.stats.launch_failed() {
+    /// Logs a failed command: a launch as a warning (the message names the kernel, its
+    /// geometry and the driver's result), within the bound [`Stats::launch_failed`] keeps;
+    /// anything else at debug level.
+    fn log_failure(&self, seq: u64, err: &Error, launch: bool) {
+        if !launch {
+            tracing::debug!(client = self.ctx.id, seq, "command failed: {err}");
+        } else if let Some(n) = self.stats.launch_failed() {
             tracing::warn!(
                 client = self.ctx.id,
                 seq,

@@ -518,11 +518,7 @@ impl<B: Backend> SessionCore<B> {
         for h in held {
             let launch = matches!(h.op, Op::Launch { .. });
             if let Err(err) = self.submit_now(self.batch.stream, h.seq, h.op) {
-                if launch {
-                    self.log_failed_launch(h.seq, &err);
-                } else {
-                    tracing::debug!(client = self.ctx.id, seq = h.seq, "command failed: {err}");
-                }
+                self.log_failure(h.seq, &err, launch);
                 if failed == 0 {
                     self.batch
                         .errors
