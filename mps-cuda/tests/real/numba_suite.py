@@ -1,7 +1,13 @@
 """Numba-cuda: a `@cuda.jit` kernel over a device array."""
 
 import numpy as np
-from numba import cuda
+
+# numba-cuda 0.x registers an overload of np.row_stack, which NumPy 2.5 removed (an alias of
+# vstack since NumPy 2.0): without the alias numba-cuda fails at import, natively too.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+from numba import cuda  # noqa: E402
 
 from common import emit, run
 

@@ -16,7 +16,10 @@ def body():
     print(f"torch_train: {sms} SMs", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     net = torchvision.models.resnet50(weights=None, num_classes=100).cuda().train()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    # A small step without momentum keeps the curve where cuDNN's choice of kernels (which
+    # follows the SM count) cannot move it: at lr 0.01 with momentum 0.9 the curve is chaotic,
+    # and NVIDIA's MPS at 50% of the SMs gave 5.45 at step 30 where natively 3.00 (measured).
+    opt = torch.optim.SGD(net.parameters(), lr=0.002, momentum=0.0)
     scaler = torch.amp.GradScaler("cuda")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(32, 3, 224, 224, generator=g).cuda()
