@@ -141,21 +141,32 @@ fn pinned_host_memory_with_async_copies_and_memsets() {
 
 #[test]
 fn the_multiprocessor_count_is_the_clients_share() {
-    if backend() != "sim" {
-        skip(
-            "the_multiprocessor_count_is_the_clients_share",
-            "the simulator's 16 SMs give a known share; on a GPU the real-programs suite's \
-             share50 mode (cuDNN's training) checks it",
+    if backend() == "sim" {
+        // Half of the simulator's 16 SMs.
+        passes(
+            "sm_share",
+            &[("MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("EXPECT_SMS", "8")],
         );
+        // Without a share, the whole device.
+        passes("sm_share", &[("EXPECT_SMS", "16")]);
         return;
     }
-    // Half of the simulator's 16 SMs.
-    passes(
-        "sm_share",
-        &[("MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("EXPECT_SMS", "8")],
+    // On a GPU the share is whole units of SMs (8 on an H200), rounded up: at least half of the
+    // device's SMs and fewer than all of them.
+    let count = |env: &[(&str, &str)]| -> u32 {
+        let (stdout, _) = passes("sm_share", env);
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("multiprocessor count "))
+            .unwrap_or_else(|| panic!("sm_share printed no multiprocessor count: {stdout}"));
+        line.trim().parse().unwrap()
+    };
+    let whole = count(&[]);
+    let half = count(&[("MPS_ACTIVE_THREAD_PERCENTAGE", "50")]);
+    assert!(
+        half * 2 >= whole && half < whole,
+        "a 50% share is told {half} of the device's {whole} SMs"
     );
-    // Without a share, the whole device.
-    passes("sm_share", &[("EXPECT_SMS", "16")]);
 }
 
 #[test]

@@ -167,6 +167,16 @@ struct Held {
     threads: usize,
 }
 
+impl Held {
+    /// Whether this is what the server held at `base`: the same descriptors, and the same
+    /// threads, or on a GPU no more of them (the CUDA driver ends some of the threads it started
+    /// for its own work: one ended between two soaks on an H200).
+    fn back_at(&self, base: Held) -> bool {
+        self.fds == base.fds
+            && (self.threads == base.threads || on_gpu() && self.threads <= base.threads)
+    }
+}
+
 fn held(pid: u32) -> Held {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -341,7 +351,7 @@ fn wait_for_baseline(server: &TestServer, base: Held, free: u64, when: &str) {
     wait_until(
         &format!("{when}: the server's descriptors and threads back at {base:?}"),
         || held(pid),
-        |h| *h == base,
+        |h| h.back_at(base),
     );
     let slack = if on_gpu() { GPU_MEMORY_SLACK } else { 0 };
     wait_until(
@@ -353,7 +363,7 @@ fn wait_for_baseline(server: &TestServer, base: Held, free: u64, when: &str) {
     wait_until(
         &format!("{when}: the probe's connection closed"),
         || held(pid),
-        |h| *h == base,
+        |h| h.back_at(base),
     );
 }
 

@@ -1,7 +1,9 @@
 /* The multiprocessor count a client of mps is told: the SMs of its share (the test sets
- * MPS_ACTIVE_THREAD_PERCENTAGE and EXPECT_SMS), as NVIDIA's MPS tells its clients, since
- * libraries size kernels by it; the kernels still run. Through mps only (MPS_ONLY=1).
+ * MPS_ACTIVE_THREAD_PERCENTAGE, and EXPECT_SMS where it knows the count), as NVIDIA's MPS tells
+ * its clients, since libraries size kernels by it; the kernels still run. It prints the count.
+ * Through mps only (MPS_ONLY=1).
  * Usage: sm_share <test_kernels.ptx> */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "cuda_api.h"
@@ -9,8 +11,6 @@
 int main(void) {
     requires_mps("sm_share");
     const char *want_text = getenv("EXPECT_SMS");
-    ASSERT(want_text != NULL, "EXPECT_SMS is not set");
-    int want = atoi(want_text);
     CUcontext ctx;
     CUdevice dev;
     CHECK(cuInit(0));
@@ -18,7 +18,11 @@ int main(void) {
     CHECK(cuCtxCreate_v2(&ctx, 0, dev));
     int sms = 0;
     CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-    ASSERT(sms == want, "the multiprocessor count is %d, expected the share's %d", sms, want);
+    printf("multiprocessor count %d\n", sms);
+    if (want_text != NULL) {
+        int want = atoi(want_text);
+        ASSERT(sms == want, "the multiprocessor count is %d, expected the share's %d", sms, want);
+    }
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 4096));
     CHECK(cuMemsetD8_v2(p, 7, 4096));
