@@ -85,6 +85,37 @@ impl Client {
         Ok((DevicePtr(ptr), size))
     }
 
+    /// The names of `module`'s kernels, in the order the server's driver lists them.
+    pub fn module_function_names(&self, module: Module) -> Result<Vec<String>> {
+        let mut bytes = Vec::new();
+        let count = loop {
+            let c = self.transport.call(&Request::ModuleFunctionNames {
+                module: module.0,
+                offset: bytes.len() as u64,
+            })?;
+            let [total, count, ..] = c.values;
+            bytes.extend_from_slice(c.data());
+            if bytes.len() as u64 >= total {
+                break count;
+            }
+            if c.data().is_empty() {
+                return Err(Error::internal("the server's kernel names ended early"));
+            }
+        };
+        let names: Vec<String> = bytes
+            .split(|b| *b == 0)
+            .take(count as usize)
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        if names.len() as u64 != count {
+            return Err(Error::internal(format!(
+                "the server named {} kernels of the {count} it counted",
+                names.len()
+            )));
+        }
+        Ok(names)
+    }
+
     /// The occupancy figure `query` of kernel `f`, per SM of the whole device.
     pub fn occupancy(&self, f: Function, query: OccupancyQuery) -> Result<u64> {
         Ok(self

@@ -226,6 +226,10 @@ crate::command_table::commands! {
         /// The physical allocation mapped at `va` (`cuMemRetainAllocationHandle`'s): replies
         /// `[handle, size of the allocation, 0, 0]`.
         VmHandleAt = 49 => "vm_handle_at" [] { va: u64 = 0 },
+        /// The names of a module's kernels (`cuModuleEnumerateFunctions`'), each followed by a
+        /// NUL, from byte `offset` of their concatenation: replies `[its length, the kernel
+        /// count, 0, 0]` and, in its data, up to [`COMPLETION_DATA_BYTES`] of it.
+        ModuleFunctionNames = 50 => "module_function_names" [] { module: u64 = 0, offset: u64 = 1 },
     }
 }
 
@@ -875,6 +879,10 @@ mod tests {
                 size: 1 << 21,
             },
             Request::VmHandleAt { va: 0x1000 },
+            Request::ModuleFunctionNames {
+                module: 3,
+                offset: 200,
+            },
             Request::ContextLimits,
             Request::ModuleGlobal {
                 module: 3,

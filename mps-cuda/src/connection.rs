@@ -195,6 +195,11 @@ impl Connection {
         Ok((p.0, size))
     }
 
+    /// The names of `module`'s kernels, as the server's driver lists them.
+    pub(crate) fn module_function_names(&self, module: Module) -> Res<Vec<String>> {
+        self.client.module_function_names(module).map_err(fail)
+    }
+
     pub(crate) fn occupancy(&self, f: Function, q: mps_client::OccupancyQuery) -> Res<u64> {
         self.client.occupancy(f, q).map_err(fail)
     }

@@ -13,7 +13,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, Once};
 
 use hmac::{KeyInit, Mac, SimpleHmac};
@@ -83,15 +83,10 @@ const UNUSED_PROBE: [u8; 16] = uuid_bytes(0xf8cff95121468b4eb9e2fb469e7c0dd9);
 /// results natively with the table refused. Said only with `MPS_CUDA_LOG`.
 const COMPILE_CACHE: [u8; 16] = uuid_bytes(0xda9151d33ae6cc41a5c04f26d533e328);
 /// `CU_ETID_ToolsModule` (the name in NVIDIA's cuxtra library), 99 words, asked by cuFFT
-/// (libcufft.so.12), which calls only [7], once per plan, with (context, module, callback,
-/// user data): NVIDIA's driver returns 1 (`CUDA_ERROR_INVALID_VALUE`) and cuFFT goes on, but
-/// with [7] answered 0, 1 or `CUDA_ERROR_NOT_SUPPORTED` without the driver, or the table
-/// refused, cuFFT fails its plan (`CUFFT_INTERNAL_ERROR`, measured): the driver's [7] must hand
-/// the callback something of its own of the module's, which is not known yet
-/// (docs/TRANSPARENT.md says what a trace must settle). Refused, said once.
+/// (libcufft.so.12), which calls only [7], once per plan: see [`module_functions`].
 const TOOLS_MODULE: [u8; 16] = uuid_bytes(0x6e163fbeb958444d835ce182aff1991e);
 
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 9] = [
     "6bd5fb6c (cudart interface)",
     "a094798c (tools callback hooks)",
     "42d85a81 (tools thread-local storage)",
@@ -100,6 +95,7 @@ const NAMES: [&str; 8] = [
     "d4082055 (integrity check)",
     "21318c60 (tools context)",
     "1734dc26 (library callbacks)",
+    "6e163fbe (tools module)",
 ];
 
 const fn uuid_bytes(v: u128) -> [u8; 16] {
@@ -660,9 +656,161 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         INTEGRITY_CHECK => (&INTEGRITY as *const Table<3>).cast(),
         TOOLS_CONTEXT => (&TOOLS_CTX as *const Table<93>).cast(),
         LIBRARY_CALLBACKS => (&CALLBACKS as *const Table<17>).cast(),
+        TOOLS_MODULE => (&TOOLS_MOD as *const Table<99>).cast(),
         _ => return None,
     };
     Some(t)
+}
+
+// ----- 6e163fbe: a module's functions (cuFFT) -----
+
+static TOOLS_MOD: Table<99> = Table([
+    size(99),
+    stub!(8, 1),
+    stub!(8, 2),
+    stub!(8, 3),
+    stub!(8, 4),
+    stub!(8, 5),
+    stub!(8, 6),
+    word!(
+        module_functions
+            as unsafe extern "C" fn(
+                CUcontext,
+                usize,
+                Option<FunctionVisitor>,
+                *mut c_void,
+                usize,
+                usize,
+            ) -> CUresult
+    ),
+    stub!(8, 8),
+    stub!(8, 9),
+    stub!(8, 10),
+    stub!(8, 11),
+    stub!(8, 12),
+    stub!(8, 13),
+    stub!(8, 14),
+    stub!(8, 15),
+    stub!(8, 16),
+    stub!(8, 17),
+    stub!(8, 18),
+    stub!(8, 19),
+    stub!(8, 20),
+    stub!(8, 21),
+    stub!(8, 22),
+    stub!(8, 23),
+    stub!(8, 24),
+    stub!(8, 25),
+    stub!(8, 26),
+    stub!(8, 27),
+    stub!(8, 28),
+    stub!(8, 29),
+    stub!(8, 30),
+    stub!(8, 31),
+    stub!(8, 32),
+    stub!(8, 33),
+    stub!(8, 34),
+    stub!(8, 35),
+    stub!(8, 36),
+    stub!(8, 37),
+    stub!(8, 38),
+    stub!(8, 39),
+    stub!(8, 40),
+    stub!(8, 41),
+    stub!(8, 42),
+    stub!(8, 43),
+    stub!(8, 44),
+    stub!(8, 45),
+    stub!(8, 46),
+    stub!(8, 47),
+    stub!(8, 48),
+    stub!(8, 49),
+    stub!(8, 50),
+    stub!(8, 51),
+    stub!(8, 52),
+    stub!(8, 53),
+    stub!(8, 54),
+    stub!(8, 55),
+    stub!(8, 56),
+    stub!(8, 57),
+    stub!(8, 58),
+    stub!(8, 59),
+    stub!(8, 60),
+    stub!(8, 61),
+    stub!(8, 62),
+    stub!(8, 63),
+    stub!(8, 64),
+    stub!(8, 65),
+    stub!(8, 66),
+    stub!(8, 67),
+    stub!(8, 68),
+    stub!(8, 69),
+    stub!(8, 70),
+    stub!(8, 71),
+    stub!(8, 72),
+    stub!(8, 73),
+    stub!(8, 74),
+    stub!(8, 75),
+    stub!(8, 76),
+    stub!(8, 77),
+    stub!(8, 78),
+    stub!(8, 79),
+    stub!(8, 80),
+    stub!(8, 81),
+    stub!(8, 82),
+    stub!(8, 83),
+    stub!(8, 84),
+    stub!(8, 85),
+    stub!(8, 86),
+    stub!(8, 87),
+    stub!(8, 88),
+    stub!(8, 89),
+    stub!(8, 90),
+    stub!(8, 91),
+    stub!(8, 92),
+    stub!(8, 93),
+    stub!(8, 94),
+    stub!(8, 95),
+    stub!(8, 96),
+    stub!(8, 97),
+    stub!(8, 98),
+]);
+
+/// What [7] calls for each function: `(user, function, its name, 0, 0, module)`; 0 goes on.
+type FunctionVisitor =
+    unsafe extern "C" fn(*mut c_void, usize, *const c_char, usize, usize, usize) -> u64;
+
+/// Slot 7 `(context, module, visit, user, module, _)`: walks the module's functions, calling
+/// `visit(user, function, name, 0, 0, module)` for each, and then returns
+/// `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's driver was traced doing for cuFFT (on an H200, a plan's
+/// module of one function: its visitor kept the function whose name it wanted in `user[0]` and
+/// answered 0: docs/bench/h200-2026-12-01-suite). What a visitor's
+/// other answers mean was not seen; one is taken to end the walk. cuFFT refuses a plan without
+/// the walk (`CUFFT_INTERNAL_ERROR`, measured natively with the table refused).
+unsafe extern "C" fn module_functions(
+    _ctx: CUcontext,
+    module: usize,
+    visit: Option<FunctionVisitor>,
+    user: *mut c_void,
+    module_again: usize,
+    _unknown: usize,
+) -> CUresult {
+    let walked = entry("tools module: functions", || {
+        let visit = visit.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        for f in crate::module::functions_of_handle(module)? {
+            let name = crate::module::function_obj(f)?.c_name.as_ptr();
+            // SAFETY: the caller hands a visitor of this signature with its own `user`; the
+            // name lives as long as the function, which outlives the call.
+            if unsafe { visit(user, f, name, 0, 0, module_again) } != 0 {
+                break;
+            }
+        }
+        Ok(())
+    });
+    match walked {
+        CUresult::CUDA_SUCCESS => CUresult::CUDA_ERROR_INVALID_VALUE,
+        failed => failed,
+    }
 }
 
 // ----- the exports -----
@@ -692,14 +840,6 @@ exports! {
                 format!(
                     "cuGetExportTable({hex}), NVRTC's compile cache, is not served through \
                      mps; returning CUDA_ERROR_NOT_SUPPORTED (NVRTC compiles without it)"
-                )
-            });
-        } else if bytes == TOOLS_MODULE {
-            log::once(&format!("export table {hex}"), || {
-                format!(
-                    "cuGetExportTable({hex}), the driver's tools module table that cuFFT's \
-                     plans need, is not supported through mps; returning \
-                     CUDA_ERROR_NOT_SUPPORTED (cuFFT then fails with CUFFT_INTERNAL_ERROR)"
                 )
             });
         } else if bytes != UNUSED_PROBE {

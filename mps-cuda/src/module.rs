@@ -11,7 +11,7 @@
 //! the launches that use it are `launch`'s.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
@@ -145,37 +145,89 @@ fn function(out: *mut *mut c_void, h: usize, name: *const c_char, library: bool)
     check(!out.is_null() && !name.is_null())?;
     // SAFETY: the caller guarantees a non-null `name` is a NUL-terminated string.
     let name = unsafe { name_str(name) }?;
-    let d = driver()?;
-    let m = module_obj(h, library)?;
-    let mut known = lock(&m.functions);
-    let f = match known.get(name) {
-        Some(f) => *f,
-        None => {
-            // Fetched on a device the module is loaded on: its context's, or the library's
-            // first.
-            let (dev, module) = m
-                .each_loaded()
-                .next()
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-            let conn = connection(dev)?;
-            let (function, params) = conn.get_function(module, name)?;
-            let layout = conn.kernel_layout(function)?;
-            let slots: Vec<OnceLock<(Function, KernelLayout)>> =
-                (0..d.devices.len()).map(|_| OnceLock::new()).collect();
-            let _ = slots[dev as usize].set((function, layout));
-            let (f, _) = d.functions.insert_with(|_| FunctionObj {
-                module: m.handle,
-                name: name.to_string(),
-                function: slots,
-                params,
-                attributes: (0..d.devices.len()).map(|_| Mutex::new(None)).collect(),
-            });
-            known.insert(name.to_string(), f);
-            f
-        }
-    };
+    let f = function_of(&*module_obj(h, library)?, name)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(out, std::ptr::without_provenance_mut(f)) }
+}
+
+/// The handle of module `m`'s function `name`: from the module's own list, else fetched once.
+fn function_of(m: &ModuleObj, name: &str) -> Res<usize> {
+    let d = driver()?;
+    let mut known = lock(&m.functions);
+    if let Some(f) = known.get(name) {
+        return Ok(*f);
+    }
+    let c_name = CString::new(name).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    // Fetched on a device the module is loaded on: its context's, or the library's first.
+    let (dev, module) = m
+        .each_loaded()
+        .next()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let conn = connection(dev)?;
+    let (function, params) = conn.get_function(module, name)?;
+    let layout = conn.kernel_layout(function)?;
+    let slots: Vec<OnceLock<(Function, KernelLayout)>> =
+        (0..d.devices.len()).map(|_| OnceLock::new()).collect();
+    let _ = slots[dev as usize].set((function, layout));
+    let (f, _) = d.functions.insert_with(|_| FunctionObj {
+        module: m.handle,
+        name: name.to_string(),
+        c_name,
+        function: slots,
+        params,
+        attributes: (0..d.devices.len()).map(|_| Mutex::new(None)).collect(),
+    });
+    known.insert(name.to_string(), f);
+    Ok(f)
+}
+
+/// The handles of every function of module `m`, in the order the server's driver lists them.
+fn functions_of(m: &ModuleObj) -> Res<Vec<usize>> {
+    let (dev, module) = m
+        .each_loaded()
+        .next()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let names = connection(dev)?.module_function_names(module)?;
+    names.iter().map(|n| function_of(m, n)).collect()
+}
+
+/// The handles of every function of module or library `h`, whichever it is.
+pub(crate) fn functions_of_handle(h: usize) -> Res<Vec<usize>> {
+    let m = driver()?
+        .modules
+        .get(h)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    functions_of(&m)
+}
+
+/// How many functions module (or library) `h` has.
+fn function_count(count: *mut u32, h: usize, library: bool) -> Res<()> {
+    check(!count.is_null())?;
+    let n = functions_of(&*module_obj(h, library)?)?.len();
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(count, n as u32) }
+}
+
+/// Up to `room` function handles of module (or library) `h` into `out`, as
+/// `cuModuleEnumerateFunctions` hands them out.
+fn enumerate(out: *mut *mut c_void, room: u32, h: usize, library: bool) -> Res<()> {
+    check(!out.is_null() && room > 0)?;
+    let all = functions_of(&*module_obj(h, library)?)?;
+    for (i, f) in all.iter().take(room as usize).enumerate() {
+        // SAFETY: the caller guarantees `out` has room for `room` handles; i < room.
+        unsafe { out.add(i).write(std::ptr::without_provenance_mut(*f)) };
+    }
+    Ok(())
+}
+
+/// The name of function (or kernel) `h`, alive as long as it is.
+fn function_name(out: *mut *const c_char, h: usize) -> Res<()> {
+    check(!out.is_null())?;
+    let f = function_obj(h)?;
+    // The registry keeps the object, and so its name, until its module is unloaded.
+    let p = f.c_name.as_ptr();
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { put(out, p) }
 }
 
 /// The address and size of global `name` of module (or library) `h` on the current context's
@@ -396,6 +448,53 @@ exports! {
         // SAFETY: the caller guarantees a non-null `f` is writable.
         unsafe { put(f, kernel.cast()) }
     };
+
+    /// # Safety
+    /// `count` must be NULL or writable.
+    pub unsafe fn cuModuleGetFunctionCount(
+        count: *mut u32,
+        module: CUmodule,
+    ) ["cuModuleGetFunctionCount" 12040] =
+        function_count(count, module as usize, false);
+
+    /// # Safety
+    /// `functions` must be NULL or have room for `count` handles.
+    pub unsafe fn cuModuleEnumerateFunctions(
+        functions: *mut CUfunction,
+        count: u32,
+        module: CUmodule,
+    ) ["cuModuleEnumerateFunctions" 12040] =
+        enumerate(functions.cast(), count, module as usize, false);
+
+    /// # Safety
+    /// `count` must be NULL or writable.
+    pub unsafe fn cuLibraryGetKernelCount(
+        count: *mut u32,
+        library: CUlibrary,
+    ) ["cuLibraryGetKernelCount" 12040] =
+        function_count(count, library as usize, true);
+
+    /// # Safety
+    /// `kernels` must be NULL or have room for `count` handles.
+    pub unsafe fn cuLibraryEnumerateKernels(
+        kernels: *mut CUkernel,
+        count: u32,
+        library: CUlibrary,
+    ) ["cuLibraryEnumerateKernels" 12040] =
+        enumerate(kernels.cast(), count, library as usize, true);
+
+    /// # Safety
+    /// `name` must be NULL or writable.
+    pub unsafe fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) ["cuFuncGetName" 12030] =
+        function_name(name, f as usize);
+
+    /// # Safety
+    /// `name` must be NULL or writable.
+    pub unsafe fn cuKernelGetName(
+        name: *mut *const c_char,
+        kernel: CUkernel,
+    ) ["cuKernelGetName" 12030] =
+        function_name(name, kernel as usize);
 
     /// # Safety
     /// `offset` and `size` must be NULL or writable.

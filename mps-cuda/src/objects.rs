@@ -147,6 +147,8 @@ impl ModuleObj {
 pub(crate) struct FunctionObj {
     pub(crate) module: usize,
     pub(crate) name: String,
+    /// The name as `cuFuncGetName` hands it out, alive as long as the function.
+    pub(crate) c_name: std::ffi::CString,
     /// Its mps function on each device, by ordinal, with its parameter layout there, fetched
     /// on the first launch there.
     pub(crate) function: Vec<OnceLock<(Function, KernelLayout)>>,

@@ -82,7 +82,6 @@ unsupported! {
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
-    cuFuncGetName
     cuFuncSetCacheConfig
     cuFuncSetSharedMemConfig
     cuGLCtxCreate
@@ -190,12 +189,9 @@ unsupported! {
     cuIpcOpenMemHandle
     cuIpcOpenMemHandle_v2
     cuKernelGetLibrary
-    cuKernelGetName
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
     cuLaunchHostFunc
-    cuLibraryEnumerateKernels
-    cuLibraryGetKernelCount
     cuLibraryGetManaged
     cuLibraryGetModule
     cuLibraryGetUnifiedFunction

@@ -251,6 +251,11 @@ fn proc_addresses_by_version_and_unsupported_functions_refused_once() {
 }
 
 #[test]
+fn a_modules_kernels_are_listed_named_and_walked_as_cufft_walks_them() {
+    passes("module_functions", &[]);
+}
+
+#[test]
 fn the_export_tables_behave_as_the_runtime_expects() {
     passes("export_tables", &[]);
 }

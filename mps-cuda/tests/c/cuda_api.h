@@ -206,6 +206,12 @@ CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *nam
 CUresult cuLibraryUnload(CUlibrary library);
 CUresult cuKernelGetFunction(CUfunction *f, CUkernel kernel);
 CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size);
+CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule mod);
+CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned int numFunctions, CUmodule mod);
+CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib);
+CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib);
+CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                         CUstream s, void **kernelParams, void **extra);

@@ -269,6 +269,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(Self::Function, Vec<ParamInfo>)>;
     /// The device address and size of the global variable `name` of a module.
     fn module_global(&self, module: &Self::Module, name: &str) -> Result<(u64, u64)>;
+    /// The names of a module's kernels, in the order the device's driver lists them.
+    fn module_function_names(&self, module: &Self::Module) -> Result<Vec<String>>;
     /// The context's stream priority range (least, greatest) and its limits
     /// (`cuCtxGetLimit`'s, by `CUlimit`; `None` where the device has no such limit).
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]);

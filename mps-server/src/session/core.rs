@@ -105,6 +105,9 @@ pub(crate) struct SessionCore<B: Backend> {
     streams: Streams<B::Stream>,
     events: HandleTable<Arc<B::Event>>,
     modules: HandleTable<Arc<B::Module>>,
+    /// Each module's kernel names as [`Request::ModuleFunctionNames`] pages them (their count,
+    /// and each name followed by a NUL), read from the backend when first asked.
+    function_names: std::collections::HashMap<u64, (u64, Arc<[u8]>)>,
     functions: HandleTable<FunctionEntry<B>>,
     host: HandleTable<Arc<Segment>>,
     /// Bytes of the host buffers in `host`.
@@ -157,6 +160,7 @@ impl<B: Backend> SessionCore<B> {
             streams: Streams::new(default_stream, limits.max_streams),
             events: HandleTable::new(HandleKind::Event, limits.max_events),
             modules: HandleTable::new(HandleKind::Module, limits.max_modules),
+            function_names: std::collections::HashMap::new(),
             functions: HandleTable::new(HandleKind::Function, limits.max_functions),
             host: HandleTable::new(HandleKind::HostBuffer, limits.max_host_buffers),
             host_bytes: 0,
@@ -460,6 +464,9 @@ impl<B: Backend> SessionCore<B> {
             Request::DeviceAttributes { first } => Ok(self.device_attributes(seq, first)),
             Request::ContextLimits => Ok(self.context_limits(seq)),
             Request::ModuleGlobal { module, name } => self.module_global(module, name),
+            Request::ModuleFunctionNames { module, offset } => {
+                self.module_function_names(seq, module, offset)
+            }
             Request::FuncAttributes { function } => self.func_attributes(seq, function),
             Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {

@@ -349,6 +349,37 @@ impl Backend for CudaBackend {
         Ok((ptr, size as u64))
     }
 
+    fn module_function_names(&self, module: &CudaModule) -> Result<Vec<String>> {
+        self.ctx.enter()?;
+        let on = || "a module".to_string();
+        let mut count = 0u32;
+        // SAFETY: the module is loaded; the driver writes a count.
+        let r = unsafe { sys::cuModuleGetFunctionCount(&mut count, module.0.raw()) };
+        self.ctx
+            .check(check_on(r, "cuModuleGetFunctionCount", on))?;
+        let mut functions: Vec<CUfunction> = vec![std::ptr::null_mut(); count as usize];
+        // SAFETY: the module is loaded; `functions` has room for `count` handles.
+        let r = unsafe {
+            sys::cuModuleEnumerateFunctions(functions.as_mut_ptr(), count, module.0.raw())
+        };
+        self.ctx
+            .check(check_on(r, "cuModuleEnumerateFunctions", on))?;
+        functions
+            .into_iter()
+            .map(|f| {
+                let mut name: *const std::ffi::c_char = std::ptr::null();
+                // SAFETY: f is a function of the loaded module; the driver writes a pointer to
+                // its NUL-terminated name, which lives as long as the module.
+                let r = unsafe { sys::cuFuncGetName(&mut name, f) };
+                self.ctx.check(check_on(r, "cuFuncGetName", on))?;
+                // SAFETY: the driver succeeded, so `name` is a NUL-terminated string.
+                Ok(unsafe { std::ffi::CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned())
+            })
+            .collect()
+    }
+
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
         self.ctx.bind();
         (self.priorities, queries::context_limits())

@@ -610,6 +610,11 @@ impl Backend for SimBackend {
         ))
     }
 
+    fn module_function_names(&self, module: &SimModule) -> Result<Vec<String>> {
+        self.context.alive()?;
+        Ok(module.entries.iter().map(|e| e.name.clone()).collect())
+    }
+
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
         (occupancy::PRIORITIES, occupancy::context_limits())
     }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use mps_core::handle::{Handle, HandleKind};
-use mps_core::protocol::{Completion, OccupancyQuery, PARAMS_PER_REPLY, ParamInfo};
+use mps_core::protocol::{
+    COMPLETION_DATA_BYTES, Completion, OccupancyQuery, PARAMS_PER_REPLY, ParamInfo,
+};
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result};
 
@@ -88,6 +90,7 @@ impl<B: Backend> SessionCore<B> {
 
     pub(super) fn module_unload(&mut self, module: u64) -> Result<Answer> {
         self.modules.remove(module)?;
+        self.function_names.remove(&module);
         let kernels: Vec<u64> = self
             .functions
             .iter()
@@ -132,6 +135,45 @@ impl<B: Backend> SessionCore<B> {
             .map_err(|_| Error::invalid_value("global name is not UTF-8"))?;
         let (ptr, size) = self.backend.module_global(&m, name)?;
         Ok(Answer::Values([ptr, size, 0, 0]))
+    }
+
+    /// A page of the names of a module's kernels, from byte `offset` of their concatenation
+    /// (each name followed by a NUL), with their length and count.
+    pub(super) fn module_function_names(
+        &mut self,
+        seq: u64,
+        module: u64,
+        offset: u64,
+    ) -> Result<Answer> {
+        let m = self.modules.get(module)?.clone();
+        let (count, names) = match self.function_names.get(&module) {
+            Some(known) => known.clone(),
+            None => {
+                let list = self.backend.module_function_names(&m)?;
+                let mut bytes = Vec::new();
+                for name in &list {
+                    bytes.extend_from_slice(name.as_bytes());
+                    bytes.push(0);
+                }
+                let known = (list.len() as u64, Arc::<[u8]>::from(bytes));
+                self.function_names.insert(module, known.clone());
+                known
+            }
+        };
+        let start = usize::try_from(offset)
+            .ok()
+            .filter(|o| *o <= names.len())
+            .ok_or_else(|| {
+                Error::invalid_value(format!(
+                    "offset {offset} lies past the {} bytes of the module's kernel names",
+                    names.len()
+                ))
+            })?;
+        let page = &names[start..names.len().min(start + COMPLETION_DATA_BYTES)];
+        let mut c = Completion::reply(seq, [names.len() as u64, count, 0, 0]);
+        c.data[..page.len()].copy_from_slice(page);
+        c.data_len = page.len() as u32;
+        Ok(Answer::Full(Box::new(c)))
     }
 
     pub(super) fn param_info(&self, seq: u64, function: u64, first: u32) -> Result<Answer> {

@@ -106,3 +106,38 @@ fn a_module_global_is_the_backend_answer_and_needs_a_module_of_the_client() {
     };
     c.refused(&wrong, 0, Status::InvalidHandle, "");
 }
+
+#[test]
+fn a_modules_kernel_names_come_in_pages_and_go_with_the_module() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let page =
+        |c: &mut Client<_>, offset| full(c, &Request::ModuleFunctionNames { module: m, offset });
+    let ([total, count, ..], first) = page(&mut c, 0).unwrap();
+    let mut names = first;
+    while (names.len() as u64) < total {
+        let (_, more) = page(&mut c, names.len() as u64).unwrap();
+        assert!(
+            !more.is_empty(),
+            "a page past {} of {total} bytes",
+            names.len()
+        );
+        names.extend(more);
+    }
+    let listed: Vec<&[u8]> = names.split(|b| *b == 0).filter(|n| !n.is_empty()).collect();
+    assert_eq!(listed.len() as u64, count);
+    assert!(listed.contains(&&b"fill_u32"[..]), "{listed:?}");
+    assert_eq!(names.len() as u64, total);
+    let past = Request::ModuleFunctionNames {
+        module: m,
+        offset: total + 1,
+    };
+    c.refused(&past, 0, Status::InvalidValue, "lies past the");
+    c.call(&Request::ModuleUnload { module: m }, 0).unwrap();
+    let gone = Request::ModuleFunctionNames {
+        module: m,
+        offset: 0,
+    };
+    c.refused(&gone, 0, Status::InvalidHandle, "");
+}

@@ -170,6 +170,10 @@ impl Backend for Recorder {
         ))
     }
 
+    fn module_function_names(&self, _module: &()) -> Result<Vec<String>> {
+        Ok(vec!["fill_u32".to_string()])
+    }
+
     /// Nothing to report: the session tests ask these of the simulator.
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; protocol::CONTEXT_LIMITS]) {
         ((0, 0), [None; protocol::CONTEXT_LIMITS])
