@@ -29,6 +29,10 @@ pub(crate) struct Stats {
     pub(crate) batch_misses: AtomicU64,
     /// Graphs made of runs.
     pub(crate) batch_graphs: AtomicU64,
+    /// Shapes learned, and held runs that left the shape they followed (the server's log says
+    /// them when the client goes: why runs miss their graphs).
+    pub(crate) batch_learned: AtomicU64,
+    pub(crate) batch_diverged: AtomicU64,
     /// Shapes cached now, and the bytes they hold.
     pub(crate) batch_entries: AtomicU64,
     pub(crate) batch_bytes: AtomicU64,
@@ -52,6 +56,15 @@ impl Stats {
 
     pub(crate) fn batch_missed(&self) {
         self.batch_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_learned(&self) {
+        self.batch_learned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a held run that left its shape; returns how many did so far.
+    pub(crate) fn batch_diverged(&self) -> u64 {
+        self.batch_diverged.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub(crate) fn batch_instantiated(&self) {

@@ -430,13 +430,20 @@ impl<B: Backend> Session<B> {
             .unwrap_or_else(|| "server is stopping".into());
         let stats = self.core.stats().clone();
         let r = self.core.release();
-        let [hits, misses, graphs] = [&stats.batch_hits, &stats.batch_misses, &stats.batch_graphs]
-            .map(|c| c.load(Ordering::Relaxed));
+        let [hits, misses, graphs, learned, diverged] = [
+            &stats.batch_hits,
+            &stats.batch_misses,
+            &stats.batch_graphs,
+            &stats.batch_learned,
+            &stats.batch_diverged,
+        ]
+        .map(|c| c.load(Ordering::Relaxed));
         if hits + misses > 0 {
             tracing::info!(
                 client = self.id,
                 "launch batching: {hits} runs launched from cached graphs, {misses} not \
-                 (graphs made: {graphs})"
+                 (graphs made: {graphs}; shapes learned: {learned}; held runs that left \
+                 their shape: {diverged})"
             );
         }
         tracing::info!(

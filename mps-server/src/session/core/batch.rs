@@ -128,6 +128,17 @@ impl Desc {
         (std::mem::size_of::<Desc>() + params) as u64
     }
 
+    /// What kind of command it is, for the log.
+    fn kind(&self) -> &'static str {
+        match self {
+            Desc::Launch(_) => "a launch",
+            Desc::CopyHtoD { .. } => "a copy to the device",
+            Desc::CopyDtoH { .. } => "a copy from the device",
+            Desc::CopyDtoD(_) => "a device-to-device copy",
+            Desc::Memset(_) => "a memset",
+        }
+    }
+
     fn host_buffer(&self) -> Option<u64> {
         match self {
             Desc::CopyHtoD { host, .. } | Desc::CopyDtoH { host, .. } => Some(*host),
@@ -189,6 +200,58 @@ const PROBATION: u64 = 4;
 /// Commands after which a run ends (see "Long runs go in pieces"): enough that a request's
 /// work is one run, few enough that a graph of them is made in about a millisecond.
 pub(crate) const MAX_RUN: usize = 256;
+
+/// Held runs of a client that left their shape whose divergence the log describes.
+const DIVERGENCES_LOGGED: u64 = 3;
+
+/// How `got` differs from `want`, the command the shape had next.
+fn divergence(want: Option<&Desc>, got: &Desc) -> String {
+    let Some(want) = want else {
+        return format!("{} past the shape's end", got.kind());
+    };
+    match (want, got) {
+        (Desc::Launch(a), Desc::Launch(b)) if a.function != b.function => {
+            "a launch of another kernel".into()
+        }
+        (Desc::Launch(a), Desc::Launch(b)) if (a.grid, a.block) != (b.grid, b.block) => format!(
+            "the same kernel in grid {:?} and block {:?}, not {:?} and {:?}",
+            b.grid, b.block, a.grid, a.block
+        ),
+        (Desc::Launch(a), Desc::Launch(b)) if a.shared_mem != b.shared_mem => format!(
+            "the same kernel with {} bytes of shared memory, not {}",
+            b.shared_mem, a.shared_mem
+        ),
+        (Desc::Launch(a), Desc::Launch(b)) => {
+            let words = |p: &[u8]| -> Vec<u64> {
+                p.chunks(8)
+                    .map(|c| {
+                        let mut w = [0u8; 8];
+                        w[..c.len()].copy_from_slice(c);
+                        u64::from_le_bytes(w)
+                    })
+                    .collect()
+            };
+            let (wa, wb) = (words(&a.params), words(&b.params));
+            let differ: Vec<String> = wa
+                .iter()
+                .zip(&wb)
+                .enumerate()
+                .filter(|(_, (x, y))| x != y)
+                .take(3)
+                .map(|(i, (x, y))| format!("bytes {}..{}: {y:#x}, not {x:#x}", i * 8, i * 8 + 8))
+                .collect();
+            format!(
+                "the same kernel with other parameters ({} bytes; {})",
+                b.params.len(),
+                differ.join(", ")
+            )
+        }
+        (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
+            format!("{} where the shape had {}", b.kind(), a.kind())
+        }
+        (_, b) => format!("{} with other addresses, values or sizes", b.kind()),
+    }
+}
 
 /// One client's batching state.
 pub(super) struct Batching<B: Backend> {
@@ -460,6 +523,9 @@ impl<B: Backend> SessionCore<B> {
         if next.is_empty() && self.batch.holds() {
             // The run left every shape it followed: what was held goes now, as a graph if it
             // makes up a shape, else as it came.
+            if self.batch.whole().0.is_none() {
+                self.report_divergence(&desc);
+            }
             self.flush_held();
             next = self.batch.matching(&desc);
         }
@@ -483,6 +549,30 @@ impl<B: Backend> SessionCore<B> {
             self.end_run();
         }
         DONE
+    }
+
+    /// Counts a held run that left the shape it followed with `got`, and says where and how
+    /// for the client's first few: the log then tells why a program's runs miss their graphs.
+    fn report_divergence(&self, got: &Desc) {
+        let count = self.stats.batch_diverged();
+        let n = self.batch.held.len();
+        let Some(shape) = self
+            .batch
+            .candidates
+            .first()
+            .map(|i| &self.batch.shapes[*i])
+        else {
+            return;
+        };
+        if count <= DIVERGENCES_LOGGED {
+            tracing::info!(
+                client = self.ctx.id,
+                "launch batching: a run left the shape it followed at command {} of {}: {}",
+                n + 1,
+                shape.key.len(),
+                divergence(shape.key.get(n), got)
+            );
+        }
     }
 
     fn submit_now(&self, stream: u64, seq: u64, op: Op<'_, B>) -> Result<Answer> {
@@ -543,7 +633,11 @@ impl<B: Backend> SessionCore<B> {
         }
         self.flush_held();
         if !self.batch.recent.is_empty() || self.batch.recent_overflow {
+            let before = self.batch.learned;
             self.batch.learn();
+            if self.batch.learned > before {
+                self.stats.batch_learned();
+            }
             self.batch_cache_changed();
         }
     }

@@ -188,6 +188,18 @@ fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
     // The first shape's graph still serves its own runs.
     assert_eq!(run(&mut r, 7), vec![7; n]);
     assert_eq!(r.counters(), [3, 2, 2, 2]);
+    let stats = r.c.core.stats();
+    assert_eq!(stats.batch_learned.load(Ordering::Relaxed), 2);
+    // Each run of 9 left the shape of 7 at its first command, before anything was held.
+    assert_eq!(stats.batch_diverged.load(Ordering::Relaxed), 0);
+    // A run that begins as the shape of 7 and goes on otherwise leaves it once held.
+    let (s, params) = (r.s, fill_params(r.x, 7, r.n));
+    quiet(&mut r.c, &launch(r.fill, &params), s);
+    let other = r.copy_out(r.x, r.n * 4);
+    quiet(&mut r.c, &other, s);
+    r.sync();
+    assert_eq!(u32s(&r.output.1, 2 * n)[n..], vec![7; n]);
+    assert_eq!(r.c.core.stats().batch_diverged.load(Ordering::Relaxed), 1);
 }
 
 /// A command that ends a run, sent to the rig.
