@@ -25,7 +25,7 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTAL
 use crate::capture;
 use crate::connection::{Connection, Res, Stream};
 use crate::context::{context, current, handle_of};
-use crate::driver::{connection, driver};
+use crate::driver::{Allocation, HostBuffer, connection, driver, next_buffer_id};
 use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::objects::Context;
@@ -36,7 +36,12 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     capture::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.mem_alloc(size as u64)?;
-    lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
+    let a = Allocation {
+        ctx: ctx.handle,
+        size: size as u64,
+        id: next_buffer_id(),
+    };
+    lock(&driver()?.allocations).insert((ctx.device, p), a);
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(dptr, p) }
 }
@@ -80,7 +85,13 @@ fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
-    lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
+    let b = HostBuffer {
+        len: size,
+        ctx: ctx.handle,
+        device: ctx.device,
+        id: next_buffer_id(),
+    };
+    lock(&driver()?.host).insert(p as usize, b);
     Ok(p.cast())
 }
 
@@ -92,7 +103,7 @@ fn pinned(p: usize, len: usize, conn: &Connection) -> Res<bool> {
     Ok(host
         .range(..=p)
         .next_back()
-        .is_some_and(|(base, (n, _, dev))| p + len <= base + n && *dev == conn.ordinal()))
+        .is_some_and(|(base, b)| p + len <= base + b.len && b.device == conn.ordinal()))
 }
 
 // ----- copies -----
@@ -343,9 +354,10 @@ exports! {
     pub fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost" 2000] = {
         current()?;
         let host = &driver()?.host;
-        let (_, _, dev) = *lock(host)
+        let dev = lock(host)
             .get(&(p as usize))
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
+            .device;
         let conn = connection(dev)?;
         capture::free_call(conn, "cuMemFreeHost")?;
         // Forgotten only once the server freed it: a buffer it keeps (a graph copies through

@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    stream,
+    stream, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -50,6 +50,7 @@ const MODULES: &[&[Export]] = &[
     memory::EXPORTS,
     module::EXPORTS,
     stream::EXPORTS,
+    vmm::EXPORTS,
     EXPORTS,
 ];
 

@@ -213,8 +213,6 @@ unsupported! {
     cuLogsDumpToMemory
     cuLogsRegisterCallback
     cuLogsUnregisterCallback
-    cuMemAddressFree
-    cuMemAddressReserve
     cuMemAdvise
     cuMemAdvise_v2
     cuMemAllocAsync
@@ -222,15 +220,12 @@ unsupported! {
     cuMemAllocManaged
     cuMemAllocPitch
     cuMemAllocPitch_v2
-    cuMemCreate
     cuMemDiscardAndPrefetchBatchAsync
     cuMemDiscardBatchAsync
     cuMemExportToShareableHandle
     cuMemFreeAsync
     cuMemGetAddressRange
     cuMemGetAddressRange_v2
-    cuMemGetAllocationGranularity
-    cuMemGetAllocationPropertiesFromHandle
     cuMemGetDefaultMemPool
     cuMemGetMemPool
     cuMemHostGetDevicePointer
@@ -240,7 +235,6 @@ unsupported! {
     cuMemHostRegister_v2
     cuMemHostUnregister
     cuMemImportFromShareableHandle
-    cuMemMap
     cuMemPoolCreate
     cuMemPoolDestroy
     cuMemPoolExportPointer
@@ -257,11 +251,7 @@ unsupported! {
     cuMemPrefetchBatchAsync
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
-    cuMemRelease
-    cuMemRetainAllocationHandle
-    cuMemSetAccess
     cuMemSetMemPool
-    cuMemUnmap
     cuMemcpy
     cuMemcpy2DAsync
     cuMemcpy2DAsync_v2
