@@ -169,3 +169,32 @@ pub(crate) mod vmm {
     pub(crate) const GRANULARITY_MINIMUM: u32 = 0x0;
     pub(crate) const GRANULARITY_RECOMMENDED: u32 = 0x1;
 }
+
+/// `CUpointer_attribute` and `CUmemorytype`: what `cuPointerGetAttribute` is asked.
+pub(crate) mod pointer_attribute {
+    pub(crate) const CONTEXT: u32 = 1;
+    pub(crate) const MEMORY_TYPE: u32 = 2;
+    pub(crate) const DEVICE_POINTER: u32 = 3;
+    pub(crate) const HOST_POINTER: u32 = 4;
+    pub(crate) const P2P_TOKENS: u32 = 5;
+    pub(crate) const SYNC_MEMOPS: u32 = 6;
+    pub(crate) const BUFFER_ID: u32 = 7;
+    pub(crate) const IS_MANAGED: u32 = 8;
+    pub(crate) const DEVICE_ORDINAL: u32 = 9;
+    pub(crate) const IS_LEGACY_CUDA_IPC_CAPABLE: u32 = 10;
+    pub(crate) const RANGE_START_ADDR: u32 = 11;
+    pub(crate) const RANGE_SIZE: u32 = 12;
+    pub(crate) const MAPPED: u32 = 13;
+    pub(crate) const ALLOWED_HANDLE_TYPES: u32 = 14;
+    pub(crate) const IS_GPU_DIRECT_RDMA_CAPABLE: u32 = 15;
+    pub(crate) const ACCESS_FLAGS: u32 = 16;
+    pub(crate) const MEMPOOL_HANDLE: u32 = 17;
+    pub(crate) const MAPPING_SIZE: u32 = 18;
+    pub(crate) const MAPPING_BASE_ADDR: u32 = 19;
+    pub(crate) const MEMORY_BLOCK_ID: u32 = 20;
+    pub(crate) const IS_HW_DECOMPRESS_CAPABLE: u32 = 21;
+
+    /// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
+    pub(crate) const MEMORYTYPE_HOST: u32 = 1;
+    pub(crate) const MEMORYTYPE_DEVICE: u32 = 2;
+}

@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    stream, vmm,
+    pointer, stream, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -49,6 +49,7 @@ const MODULES: &[&[Export]] = &[
     launch::EXPORTS,
     memory::EXPORTS,
     module::EXPORTS,
+    pointer::EXPORTS,
     stream::EXPORTS,
     vmm::EXPORTS,
     EXPORTS,

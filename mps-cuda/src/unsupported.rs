@@ -225,7 +225,6 @@ unsupported! {
     cuMemExportToShareableHandle
     cuMemFreeAsync
     cuMemGetAddressRange
-    cuMemGetAddressRange_v2
     cuMemGetDefaultMemPool
     cuMemGetMemPool
     cuMemHostGetDevicePointer
@@ -294,8 +293,6 @@ unsupported! {
     cuMulticastUnbind
     cuOccupancyMaxPotentialBlockSize
     cuOccupancyMaxPotentialClusterSize
-    cuPointerGetAttribute
-    cuPointerGetAttributes
     cuProfilerInitialize
     cuProfilerStart
     cuProfilerStop

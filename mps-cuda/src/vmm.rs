@@ -29,7 +29,7 @@ use crate::abi::vmm::{
 use crate::abi::{CUdevice, CUdeviceptr, CUresult};
 use crate::connection::Res;
 use crate::context::current;
-use crate::driver::{connection, driver};
+use crate::driver::{connection, driver, next_buffer_id};
 use crate::ffi::{check, exports, lock, put};
 use crate::log;
 
@@ -52,6 +52,8 @@ struct Mapping {
     handle: Handle,
     /// Whether the device may access it (`cuMemSetAccess`).
     access: bool,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
+    id: u64,
 }
 
 /// This process's handles, and each device's reservations and mappings by (device, address).
@@ -274,6 +276,7 @@ fn map(va: u64, size: usize, offset: usize, handle: Handle, flags: u64) -> Res<(
         size: size as u64,
         handle,
         access: false,
+        id: next_buffer_id(),
     };
     t.mappings.insert((dev, va), m);
     if let Some(p) = t.physical.get_mut(&handle) {
@@ -411,6 +414,48 @@ fn properties(out: *mut AllocationProp, handle: Handle) -> Res<()> {
     };
     // SAFETY: the caller guarantees a non-null `out` is writable.
     unsafe { put(out, prop) }
+}
+
+/// What this library knows of a device address in a reservation, for pointer queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reserved {
+    pub(crate) device: CUdevice,
+    /// The reservation: start and size.
+    pub(crate) range: (u64, u64),
+    /// The mapping there, if any.
+    pub(crate) mapping: Option<Mapped>,
+}
+
+/// A mapping, for pointer queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mapped {
+    pub(crate) start: u64,
+    pub(crate) size: u64,
+    pub(crate) access: bool,
+    /// Its physical allocation's shareable handle types.
+    pub(crate) handle_types: u32,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
+    pub(crate) id: u64,
+}
+
+/// The reservation holding `va`, if any, and its mapping there.
+pub(crate) fn reserved(va: u64) -> Res<Option<Reserved>> {
+    let t = lock(&TABLES);
+    let Some((device, start, size)) = t.reservation(va, 1)? else {
+        return Ok(None);
+    };
+    let mapping = holding(&t.mappings, device, va, 1, |m| m.size).map(|(s, m)| Mapped {
+        start: s,
+        size: m.size,
+        access: m.access,
+        handle_types: t.physical.get(&m.handle).map_or(0, |p| p.handle_types),
+        id: m.id,
+    });
+    Ok(Some(Reserved {
+        device,
+        range: (start, size),
+        mapping,
+    }))
 }
 
 // ----- the exports -----

@@ -229,6 +229,11 @@ fn virtual_memory_reserved_mapped_grown_and_freed_as_xla_and_pytorch_do() {
 }
 
 #[test]
+fn pointer_queries_on_device_host_pageable_and_mapped_memory() {
+    passes("pointer_queries", &[]);
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }
