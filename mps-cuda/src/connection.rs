@@ -119,6 +119,12 @@ impl Connection {
         self.client.host_alloc(size).map_err(fail)
     }
 
+    /// The device address of `ptr` in one of this connection's host buffers: where the
+    /// server's kernels and copies reach it.
+    pub(crate) fn host_device_address(&self, ptr: *const u8) -> Option<u64> {
+        self.client.host_device_address(ptr).map(|p| p.0)
+    }
+
     pub(crate) fn host_free(&self, ptr: *mut u8) -> Res<()> {
         self.client.host_free(ptr).map_err(fail)
     }

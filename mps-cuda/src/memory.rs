@@ -339,8 +339,8 @@ exports! {
         host_alloc(pp, size, 0);
 
     /// Every flag is accepted: all contexts of the process share the buffers (PORTABLE), the
-    /// server maps them for the device (DEVICEMAP; their device address is not handed out), and
-    /// write-combining is a hint.
+    /// server maps them for the device whatever the flags (DEVICEMAP: `cuMemHostGetDevicePointer`
+    /// gives their device address), and write-combining is a hint.
     ///
     /// # Safety
     /// `pp` must be NULL or writable.
@@ -350,6 +350,31 @@ exports! {
         flags: u32,
     ) ["cuMemHostAlloc" 2020] =
         host_alloc(pp, size, flags);
+
+    /// The device address of page-locked memory: the server's mapping of the buffer, which is
+    /// not its address in this process (the server maps it in its own). CUDA_ERROR_INVALID_VALUE
+    /// for memory not from `cuMemHostAlloc` or `cuMemAllocHost`, or flags other than 0.
+    ///
+    /// # Safety
+    /// `pdptr` must be NULL or writable.
+    pub unsafe fn cuMemHostGetDevicePointer_v2(
+        pdptr: *mut CUdeviceptr,
+        p: *mut c_void,
+        flags: u32,
+    ) ["cuMemHostGetDevicePointer" 3020] = {
+        check(!pdptr.is_null() && flags == 0)?;
+        let dev = lock(&driver()?.host)
+            .range(..=(p as usize))
+            .next_back()
+            .filter(|(base, b)| p as usize - **base < b.len)
+            .map(|(_, b)| b.device)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let d = connection(dev)?
+            .host_device_address(p.cast())
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(pdptr, d) }
+    };
 
     pub fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost" 2000] = {
         current()?;

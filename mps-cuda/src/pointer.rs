@@ -7,9 +7,9 @@
 //!
 //! A pointer this library does not know (pageable host memory, say) is
 //! CUDA_ERROR_INVALID_VALUE for `cuPointerGetAttribute`, as CUDA answers for it, and zeroes for
-//! `cuPointerGetAttributes`, as CUDA documents. A page-locked host buffer has no device
-//! address through mps (the server maps it in its own process): its `DEVICE_POINTER` is
-//! CUDA_ERROR_INVALID_VALUE. Memory in a reservation has no context (CONTEXT is NULL); an
+//! `cuPointerGetAttributes`, as CUDA documents. A page-locked host buffer's `DEVICE_POINTER`
+//! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), not its address in this
+//! process. Memory in a reservation has no context (CONTEXT is NULL); an
 //! address reserved but not mapped answers only `MAPPED` (0) and its range.
 
 use std::ffi::c_void;
@@ -18,7 +18,7 @@ use crate::abi::pointer_attribute as P;
 use crate::abi::{CUdevice, CUdeviceptr, CUresult};
 use crate::connection::Res;
 use crate::context::{current, to_cucontext};
-use crate::driver::{Allocation, HostBuffer, driver};
+use crate::driver::{Allocation, HostBuffer, connection, driver};
 use crate::ffi::{check, exports, lock};
 use crate::log;
 use crate::vmm::{self, Reserved};
@@ -34,6 +34,8 @@ enum Memory {
     Host {
         base: usize,
         b: HostBuffer,
+        /// The pointer's device address (`cuMemHostGetDevicePointer`'s), if the server gave one.
+        device_ptr: Option<u64>,
     },
     Reserved(Reserved),
 }
@@ -63,13 +65,21 @@ fn find(ptr: u64) -> Res<Option<Memory>> {
     if let Some(r) = vmm::reserved(ptr)? {
         return Ok(Some(Memory::Reserved(r)));
     }
-    let host = lock(&d.host);
     let p = ptr as usize;
-    Ok(host
+    let found = lock(&d.host)
         .range(..=p)
         .next_back()
         .filter(|(base, b)| p - **base < b.len)
-        .map(|(base, b)| Memory::Host { base: *base, b: *b }))
+        .map(|(base, b)| (*base, *b));
+    let Some((base, b)) = found else {
+        return Ok(None);
+    };
+    let device_ptr = connection(b.device)?.host_device_address(p as *const u8);
+    Ok(Some(Memory::Host {
+        base,
+        b,
+        device_ptr,
+    }))
 }
 
 /// An attribute's value, in the C type CUDA gives it.
@@ -141,20 +151,30 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
     }
     // A device allocation or a host buffer: one range, the whole of it mapped.
     let (device, ctx, base, size, id, host) = match memory {
-        Memory::Device { device, base, a } => (device, a.ctx, base, a.size, a.id, false),
-        Memory::Host { base, b } => (b.device, b.ctx, base as u64, b.len as u64, b.id, true),
+        Memory::Device { device, base, a } => (device, a.ctx, base, a.size, a.id, None),
+        Memory::Host {
+            base,
+            b,
+            device_ptr,
+        } => {
+            let host = Some(device_ptr);
+            (b.device, b.ctx, base as u64, b.len as u64, b.id, host)
+        }
         Memory::Reserved(_) => unreachable!("answered above"),
     };
     Ok(match attr {
         P::CONTEXT => Word(to_cucontext(ctx) as u64),
-        P::MEMORY_TYPE => U32(if host {
+        P::MEMORY_TYPE => U32(if host.is_some() {
             P::MEMORYTYPE_HOST
         } else {
             P::MEMORYTYPE_DEVICE
         }),
-        P::DEVICE_POINTER if host => return Err(No),
-        P::DEVICE_POINTER => Word(ptr),
-        P::HOST_POINTER if host => Word(ptr),
+        P::DEVICE_POINTER => match host {
+            None => Word(ptr),
+            Some(Some(d)) => Word(d),
+            Some(None) => return Err(No),
+        },
+        P::HOST_POINTER if host.is_some() => Word(ptr),
         P::HOST_POINTER => return Err(No),
         P::SYNC_MEMOPS => Bool(false),
         P::BUFFER_ID | P::MEMORY_BLOCK_ID => U64(id),

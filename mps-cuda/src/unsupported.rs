@@ -228,7 +228,6 @@ unsupported! {
     cuMemGetDefaultMemPool
     cuMemGetMemPool
     cuMemHostGetDevicePointer
-    cuMemHostGetDevicePointer_v2
     cuMemHostGetFlags
     cuMemHostRegister
     cuMemHostRegister_v2
