@@ -27,6 +27,7 @@ use crate::abi::vmm::{
     LOCATION_DEVICE, Location,
 };
 use crate::abi::{CUdevice, CUdeviceptr, CUresult};
+use crate::capture;
 use crate::connection::Res;
 use crate::context::current;
 use crate::driver::{connection, driver, next_buffer_id};
@@ -296,7 +297,10 @@ fn reserved_on(va: u64, size: u64) -> Res<CUdevice> {
 
 fn unmap(va: u64, size: usize) -> Res<()> {
     let dev = reserved_on(va, size as u64)?;
-    connection(dev)?.vm_unmap(va, size as u64)?;
+    let conn = connection(dev)?;
+    // Unmapping waits for the device, as freeing does: not while a stream there captures.
+    capture::free_call(conn, "cuMemUnmap")?;
+    conn.vm_unmap(va, size as u64)?;
     let mut t = lock(&TABLES);
     let gone: Vec<(CUdevice, u64)> = t
         .mappings
@@ -507,7 +511,8 @@ exports! {
         flags: u64,
     ) ["cuMemMap" 10020] = map(ptr, size, offset, handle, flags);
 
-    /// Unmaps once this process's work on the device is done with the memory.
+    /// Unmaps once this process's work on the device is done with the memory (refused while a
+    /// stream of the device captures, as `cuMemFree` is).
     pub fn cuMemUnmap(ptr: CUdeviceptr, size: usize) ["cuMemUnmap" 10020] = unmap(ptr, size);
 
     /// # Safety
