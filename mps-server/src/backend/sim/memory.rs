@@ -14,8 +14,8 @@
 //!   mapped elsewhere keeps its data; `vm_unmap` puts `PROT_NONE` pages back.
 //!
 //! Reservations are ranges of the virtual part, carved by an allocator of their own; so are
-//! the device addresses of clients' host buffers (`map_host`: the buffer's memory file mapped
-//! there, as a GPU maps page-locked host memory for the device). Nothing
+//! the device addresses of clients' host buffers, page-aligned (`map_host`: the buffer's memory
+//! file mapped there, as a GPU maps page-locked host memory for the device). Nothing
 //! reaches a physical allocation through its range of the memory part: no client holds it in its
 //! allocation table. Pages are committed on first touch, so a large `--sim-memory` costs nothing
 //! until used.
@@ -41,6 +41,9 @@ pub const BASE: u64 = 0x7f00_0000_0000;
 
 /// The granularity of reservations and physical allocations: 2 MiB, a GPU's.
 pub const GRANULARITY: u64 = 2 << 20;
+
+/// The page size of host buffers, and so of their device addresses.
+const HOST_PAGE: u64 = 4096;
 
 /// How many times the device's memory the address space for reservations spans (at least
 /// [`MIN_VA_BYTES`]): address space is reserved beyond the memory, as on a GPU.
@@ -252,13 +255,26 @@ impl DeviceMemory {
     /// `fd`) into the virtual part, as a GPU maps page-locked host memory for the device, and
     /// returns its device address: kernels and copies there reach the buffer's own pages.
     pub fn map_host(&self, fd: BorrowedFd<'_>, len: u64) -> Result<u64> {
-        let size = len
-            .checked_next_multiple_of(GRANULARITY)
-            .filter(|s| *s > 0)
-            .ok_or_else(|| Error::invalid_value(format!("a host buffer of {len} bytes")))?;
-        let va = self.reserve(size, GRANULARITY)?;
+        if len == 0 || len % HOST_PAGE != 0 {
+            return Err(Error::invalid_value(format!(
+                "a host buffer of {len} bytes is not whole pages"
+            )));
+        }
+        let size = len;
+        // Page-aligned, as a GPU maps host memory: a small buffer takes no granule of its own.
+        let va = lock(&self.reservations)
+            .alloc_aligned(size, HOST_PAGE)
+            .map_err(|e| {
+                Error::new(
+                    e.status,
+                    format!(
+                        "cannot find device addresses for a host buffer: {}",
+                        e.message
+                    ),
+                )
+            })?;
         let mut mapped = lock(&self.mapped);
-        let pages = NonZeroUsize::new(len as usize).expect("checked above");
+        let pages = NonZeroUsize::new(len as usize).expect("checked above: not empty");
         // SAFETY: `[va, va + len)` is a fresh reservation inside this value's own address
         // range, so MAP_FIXED replaces only its inaccessible pages; no reference into them
         // exists.
@@ -286,7 +302,7 @@ impl DeviceMemory {
     /// Undoes [`DeviceMemory::map_host`].
     pub fn unmap_host(&self, va: u64, len: u64) {
         self.unmap(va, len);
-        self.unreserve(va, len.next_multiple_of(GRANULARITY));
+        self.unreserve(va, len);
     }
 
     /// Unmaps what `map` mapped at `va`.
@@ -381,7 +397,7 @@ mod tests {
         let m = DeviceMemory::new(8 << 20).unwrap();
         let seg = mps_ipc::segment::Segment::create("mps-test-host", 8192).unwrap();
         let va = m.map_host(seg.fd(), 8192).unwrap();
-        assert!(va >= m.va_base && va % GRANULARITY == 0, "{va:#x}");
+        assert!(va >= m.va_base && va % HOST_PAGE == 0, "{va:#x}");
         write(&m, va + 8190, b"dv");
         // SAFETY: the segment is mapped read-write for 8192 bytes in this process.
         let mine = unsafe { std::slice::from_raw_parts(seg.as_ptr().add(8190), 2) };
