@@ -90,7 +90,8 @@ enum Value {
     U64(u64),
     U32(u32),
     I32(i32),
-    /// A C `bool` (one byte).
+    /// A boolean, written as the C API's booleans are, a 32-bit 0 or 1: callers pass an
+    /// `int` (cudart's `isManaged`) or `unsigned int` (CUDA.jl's) without clearing it first.
     Bool(bool),
 }
 
@@ -199,14 +200,14 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
 /// `data` must be writable for the attribute's C type.
 unsafe fn write(data: *mut c_void, v: Value) {
     // SAFETY: the caller guarantees room for the attribute's type; C callers need not align
-    // the bytes of a bool or a word in a buffer, so the writes are unaligned.
+    // a word in a buffer, so the writes are unaligned.
     unsafe {
         match v {
             Value::Word(x) => data.cast::<usize>().write_unaligned(x as usize),
             Value::U64(x) => data.cast::<u64>().write_unaligned(x),
             Value::U32(x) => data.cast::<u32>().write_unaligned(x),
             Value::I32(x) => data.cast::<i32>().write_unaligned(x),
-            Value::Bool(x) => data.cast::<u8>().write(x as u8),
+            Value::Bool(x) => data.cast::<u32>().write_unaligned(x as u32),
         }
     }
 }

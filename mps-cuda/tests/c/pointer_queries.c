@@ -16,7 +16,7 @@ static unsigned long long word(int attr, CUdeviceptr p) {
     return v;
 }
 
-/* One attribute of `p` that is a 32-bit integer or a bool (zeroed first: a bool is a byte). */
+/* One attribute of `p` that is a 32-bit integer or a boolean. */
 static int small(int attr, CUdeviceptr p) {
     int v = 0;
     CHECK(cuPointerGetAttribute(&v, attr, p));
@@ -43,6 +43,12 @@ int main(int argc, char **argv) {
     ASSERT(small(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, in) == 0, "device ordinal");
     ASSERT(small(CU_POINTER_ATTRIBUTE_IS_MANAGED, in) == 0, "managed");
     ASSERT(small(CU_POINTER_ATTRIBUTE_MAPPED, in) == 1, "mapped");
+    if (mps_only()) {
+        /* A boolean is a whole 32-bit integer, as callers that do not clear theirs expect. */
+        int whole = 0x5a5a5a5a;
+        CHECK(cuPointerGetAttribute(&whole, CU_POINTER_ATTRIBUTE_MAPPED, in));
+        ASSERT(whole == 1, "MAPPED wrote %#x", whole);
+    }
     ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, in) == d, "range start");
     ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_SIZE, in) == MIB, "range size");
     unsigned long long id = word(CU_POINTER_ATTRIBUTE_BUFFER_ID, in);
