@@ -26,7 +26,7 @@ impl Client {
         let reply = self
             .transport
             .call(&Request::HostAlloc { size: size as u64 })?;
-        let [handle, len, ..] = reply.values;
+        let [handle, len, device, _] = reply.values;
         let mut msg: HostBufferFd = bytemuck::Zeroable::zeroed();
         let fds = socket::recv(&self.transport.socket, bytemuck::bytes_of_mut(&mut msg), 1)
             .map_err(|e| lost(format!("receiving a host buffer: {e}")))?;
@@ -48,8 +48,26 @@ impl Client {
             .buffers
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(addr as usize, HostMapping { handle, segment });
+            .insert(
+                addr as usize,
+                HostMapping {
+                    handle,
+                    segment,
+                    device,
+                },
+            );
         Ok(addr)
+    }
+
+    /// The device address of host address `ptr` inside a host buffer of
+    /// [`Client::host_alloc`] (`cuMemHostGetDevicePointer`'s): where kernels and copies reach
+    /// that byte. `None` outside every host buffer.
+    pub fn host_device_address(&self, ptr: *const u8) -> Option<DevicePtr> {
+        let host = self.host.buffers.read().unwrap_or_else(|p| p.into_inner());
+        let addr = ptr as usize;
+        let (base, m) = host.range(..=addr).next_back()?;
+        let off = addr - base;
+        (off < m.segment.len() && m.device != 0).then_some(DevicePtr(m.device + off as u64))
     }
 
     /// Frees a host buffer from [`Client::host_alloc`] (after this client's pending work).

@@ -11,6 +11,8 @@ use mps_ipc::segment::Segment;
 pub(crate) struct HostMapping {
     pub(crate) handle: u64,
     pub(crate) segment: Segment,
+    /// Its device address: where kernels and copies reach it (0 if the server gave none).
+    pub(crate) device: u64,
 }
 
 /// The client's shared host memory.

@@ -102,7 +102,8 @@ crate::command_table::commands! {
         MemFree = 2 => "mem_free" [waits] { ptr: u64 = 0 },
         /// Free and total device memory, as the client's limit shows them.
         MemGetInfo = 3 => "mem_get_info" [],
-        /// Create a host buffer shared with the server.
+        /// Create a host buffer shared with the server: replies `[handle, length, its device
+        /// address (where kernels and copies reach it), 0]`, and sends its descriptor.
         HostAlloc = 4 => "host_alloc" [waits] { size: u64 = 0 },
         /// Free a host buffer.
         HostFree = 5 => "host_free" [waits] { handle: u64 = 0 },

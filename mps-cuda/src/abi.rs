@@ -97,3 +97,104 @@ pub(crate) mod device_attribute {
     pub(crate) const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 =
         D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as i32;
 }
+
+/// CUDA's virtual memory management types, with every enumeration a plain integer (a program
+/// may pass a value cudarc's enums lack), laid out as `cuda.h` lays them out (checked against
+/// cudarc's declarations below).
+pub(crate) mod vmm {
+    /// `CUmemGenericAllocationHandle`.
+    pub(crate) type Handle = u64;
+
+    /// `CUmemLocation`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct Location {
+        pub(crate) type_: u32,
+        pub(crate) id: i32,
+    }
+
+    /// `CUmemAllocationProp`'s `allocFlags`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct AllocFlags {
+        pub(crate) compression_type: u8,
+        pub(crate) gpu_direct_rdma_capable: u8,
+        pub(crate) usage: u16,
+        pub(crate) reserved: [u8; 4],
+    }
+
+    /// `CUmemAllocationProp`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct AllocationProp {
+        pub(crate) type_: u32,
+        pub(crate) requested_handle_types: u32,
+        pub(crate) location: Location,
+        pub(crate) win32_handle_meta_data: *mut std::ffi::c_void,
+        pub(crate) alloc_flags: AllocFlags,
+    }
+
+    /// `CUmemAccessDesc`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct AccessDesc {
+        pub(crate) location: Location,
+        pub(crate) flags: u32,
+    }
+
+    const _: () = {
+        use cudarc::driver::sys as s;
+        assert!(size_of::<Location>() == size_of::<s::CUmemLocation>());
+        assert!(size_of::<AllocationProp>() == size_of::<s::CUmemAllocationProp>());
+        assert!(align_of::<AllocationProp>() == align_of::<s::CUmemAllocationProp>());
+        assert!(size_of::<AccessDesc>() == size_of::<s::CUmemAccessDesc>());
+    };
+
+    /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+    pub(crate) const ALLOCATION_PINNED: u32 = 1;
+    /// `CU_MEM_LOCATION_TYPE_DEVICE`.
+    pub(crate) const LOCATION_DEVICE: u32 = 1;
+    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the one shareable handle type an allocation
+    /// may ask for (it is created, and its export refused: see `vmm`).
+    pub(crate) const HANDLE_POSIX_FD: u32 = 0x1;
+    /// `CU_MEM_ACCESS_FLAGS_PROT_NONE`, `_READ` and `_READWRITE`.
+    pub(crate) const ACCESS_NONE: u32 = 0x0;
+    pub(crate) const ACCESS_READ: u32 = 0x1;
+    pub(crate) const ACCESS_READWRITE: u32 = 0x3;
+    /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM` and `_RECOMMENDED`.
+    pub(crate) const GRANULARITY_MINIMUM: u32 = 0x0;
+    pub(crate) const GRANULARITY_RECOMMENDED: u32 = 0x1;
+}
+
+/// `CUpointer_attribute` and `CUmemorytype`: what `cuPointerGetAttribute` is asked.
+pub(crate) mod pointer_attribute {
+    pub(crate) const CONTEXT: u32 = 1;
+    pub(crate) const MEMORY_TYPE: u32 = 2;
+    pub(crate) const DEVICE_POINTER: u32 = 3;
+    pub(crate) const HOST_POINTER: u32 = 4;
+    pub(crate) const P2P_TOKENS: u32 = 5;
+    pub(crate) const SYNC_MEMOPS: u32 = 6;
+    pub(crate) const BUFFER_ID: u32 = 7;
+    pub(crate) const IS_MANAGED: u32 = 8;
+    pub(crate) const DEVICE_ORDINAL: u32 = 9;
+    pub(crate) const IS_LEGACY_CUDA_IPC_CAPABLE: u32 = 10;
+    pub(crate) const RANGE_START_ADDR: u32 = 11;
+    pub(crate) const RANGE_SIZE: u32 = 12;
+    pub(crate) const MAPPED: u32 = 13;
+    pub(crate) const ALLOWED_HANDLE_TYPES: u32 = 14;
+    pub(crate) const IS_GPU_DIRECT_RDMA_CAPABLE: u32 = 15;
+    pub(crate) const ACCESS_FLAGS: u32 = 16;
+    pub(crate) const MEMPOOL_HANDLE: u32 = 17;
+    pub(crate) const MAPPING_SIZE: u32 = 18;
+    pub(crate) const MAPPING_BASE_ADDR: u32 = 19;
+    pub(crate) const MEMORY_BLOCK_ID: u32 = 20;
+    pub(crate) const IS_HW_DECOMPRESS_CAPABLE: u32 = 21;
+
+    /// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
+    pub(crate) const MEMORYTYPE_HOST: u32 = 1;
+    pub(crate) const MEMORYTYPE_DEVICE: u32 = 2;
+}

@@ -6,7 +6,7 @@
 //! CUDA result the server's driver gave, or else that of its status.
 
 use mps_client::Client;
-use mps_client::Error;
+use mps_client::{Error, PhysicalMem};
 pub(crate) use mps_client::{Event, Function, Graph, GraphExec, KernelLayout, Module, Stream};
 use mps_core::protocol::{Cluster, Dim3, ParamInfo};
 
@@ -42,6 +42,8 @@ pub(crate) struct Connection {
     /// The device's CUDA ordinal in this process.
     ordinal: i32,
     device: Device,
+    /// The device's VMM granularity, once the server gave it.
+    granularity: std::sync::OnceLock<u64>,
 }
 
 impl Connection {
@@ -72,6 +74,7 @@ impl Connection {
             client,
             ordinal: ordinal as i32,
             device,
+            granularity: std::sync::OnceLock::new(),
         })
     }
 
@@ -114,6 +117,12 @@ impl Connection {
 
     pub(crate) fn host_alloc(&self, size: usize) -> Res<*mut u8> {
         self.client.host_alloc(size).map_err(fail)
+    }
+
+    /// The device address of `ptr` in one of this connection's host buffers: where the
+    /// server's kernels and copies reach it.
+    pub(crate) fn host_device_address(&self, ptr: *const u8) -> Option<u64> {
+        self.client.host_device_address(ptr).map(|p| p.0)
     }
 
     pub(crate) fn host_free(&self, ptr: *mut u8) -> Res<()> {
@@ -165,6 +174,66 @@ impl Connection {
         self.client
             .memset_d32(dst, value, count, stream)
             .map_err(fail)
+    }
+
+    // ----- virtual memory management -----
+
+    /// The granularity of the device's reservations, physical allocations and mappings
+    /// (asked once); `CUDA_ERROR_NOT_SUPPORTED` where its server has no VMM.
+    pub(crate) fn vm_granularity(&self) -> Res<u64> {
+        if let Some(g) = self.granularity.get() {
+            return Ok(*g);
+        }
+        let g = self.client.vm_granularity().map_err(fail)?;
+        Ok(*self.granularity.get_or_init(|| g))
+    }
+
+    pub(crate) fn vm_reserve(&self, size: u64, align: u64) -> Res<u64> {
+        self.client
+            .vm_reserve(size, align)
+            .map(|p| p.0)
+            .map_err(fail)
+    }
+
+    pub(crate) fn vm_free(&self, va: u64) -> Res<()> {
+        self.client.vm_free(mps_client::DevicePtr(va)).map_err(fail)
+    }
+
+    pub(crate) fn vm_create(&self, size: u64) -> Res<u64> {
+        self.client.vm_create(size).map(|p| p.0).map_err(fail)
+    }
+
+    pub(crate) fn vm_release(&self, handle: u64) -> Res<()> {
+        self.client.vm_release(PhysicalMem(handle)).map_err(fail)
+    }
+
+    pub(crate) fn vm_map(&self, va: u64, size: u64, handle: u64, offset: u64) -> Res<()> {
+        let va = mps_client::DevicePtr(va);
+        self.client
+            .vm_map(va, size, PhysicalMem(handle), offset)
+            .map_err(fail)
+    }
+
+    pub(crate) fn vm_unmap(&self, va: u64, size: u64) -> Res<()> {
+        self.client
+            .vm_unmap(mps_client::DevicePtr(va), size)
+            .map_err(fail)
+    }
+
+    pub(crate) fn vm_set_access(&self, va: u64, size: u64) -> Res<()> {
+        self.client
+            .vm_set_access(mps_client::DevicePtr(va), size)
+            .map_err(fail)
+    }
+
+    /// The server's handle of the physical allocation mapped at `va`, retained (one more
+    /// release is due).
+    pub(crate) fn vm_retain_handle(&self, va: u64) -> Res<u64> {
+        let (h, _) = self
+            .client
+            .vm_retain_handle(mps_client::DevicePtr(va))
+            .map_err(fail)?;
+        Ok(h.0)
     }
 
     // ----- modules and launches -----

@@ -115,7 +115,7 @@ fn release_resources(ctx: &Context) -> Res<()> {
         let mut a = lock(&d.allocations);
         let mine: Vec<(CUdevice, u64)> = a
             .iter()
-            .filter(|(_, c)| **c == h)
+            .filter(|(_, a)| a.ctx == h)
             .map(|(key, _)| *key)
             .collect();
         mine.iter().for_each(|p| {
@@ -130,7 +130,7 @@ fn release_resources(ctx: &Context) -> Res<()> {
         let mut a = lock(&d.host);
         let mine: Vec<usize> = a
             .iter()
-            .filter(|(_, (_, c, _))| *c == h)
+            .filter(|(_, b)| b.ctx == h)
             .map(|(p, _)| *p)
             .collect();
         mine.iter().for_each(|p| {

@@ -64,8 +64,9 @@ fn get_uuid(out: *mut CUuuid, dev: CUdevice) -> Res<()> {
 
 /// What a client of mps has, whatever the GPU: one context shared by many processes (compute
 /// mode default, MPS enabled), concurrent kernels, and none of what the library does not offer
-/// (managed memory, registering host memory, memory pools, virtual memory management,
-/// cooperative launches).
+/// (managed memory, registering host memory, memory pools, cooperative launches, shareable
+/// handles of physical memory, compressed or GPUDirect RDMA physical memory). Virtual memory
+/// management is the server's to say ([`attribute_of`]).
 const MPS: &[(A, i32)] = &[
     (A::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, 0),
     (A::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, 1),
@@ -81,7 +82,18 @@ const MPS: &[(A, i32)] = &[
     ),
     (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0),
     (
-        A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+        A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        0,
+    ),
+    (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, 0),
+    (
+        A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED,
+        0,
+    ),
+    (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0),
+    (A::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0),
+    (
+        A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
         0,
     ),
     (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 0),
@@ -117,8 +129,16 @@ pub(crate) fn attribute(d: &Device, attrib: i32, reported: mps_core::Result<i32>
     }
 }
 
-/// Attribute `attrib` of the connection's device (see [`attribute`]).
+/// Attribute `attrib` of the connection's device (see [`attribute`]); virtual memory
+/// management is supported where the device's server has a granularity for it.
 pub(crate) fn attribute_of(conn: &Connection, attrib: i32) -> Res<i32> {
+    if attrib == A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED as i32 {
+        return match conn.vm_granularity() {
+            Ok(_) => Ok(1),
+            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED) => Ok(0),
+            Err(e) => Err(e),
+        };
+    }
     attribute(conn.device(), attrib, conn.reported_attribute(attrib))
 }
 

@@ -6,7 +6,8 @@
 //! [`connection`] is the one place that maps a device (and so a context, and what belongs to
 //! it) to its connection.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::abi::{CUdevice, CUresult};
@@ -66,12 +67,39 @@ pub(crate) struct Driver {
     pub(crate) modules: Registry<ModuleObj>,
     /// Functions and kernels share one registry: cudart launches a CUkernel as a CUfunction.
     pub(crate) functions: Registry<FunctionObj>,
-    /// Device allocations: (device, address) → the context that made them. Two servers may
-    /// hand out the same address, so the address alone names no allocation.
-    pub(crate) allocations: Mutex<HashMap<(CUdevice, u64), usize>>,
+    /// Device allocations by (device, address). Two servers may hand out the same address,
+    /// so the address alone names no allocation.
+    pub(crate) allocations: Mutex<BTreeMap<(CUdevice, u64), Allocation>>,
     /// Page-locked host allocations (the servers' shared host buffers, mapped into this
-    /// process, so their addresses are distinct): address → (length, context, device).
-    pub(crate) host: Mutex<BTreeMap<usize, (usize, usize, CUdevice)>>,
+    /// process, so their addresses are distinct), by address.
+    pub(crate) host: Mutex<BTreeMap<usize, HostBuffer>>,
+}
+
+/// A device allocation (`cuMemAlloc`'s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Allocation {
+    /// The context that made it.
+    pub(crate) ctx: usize,
+    pub(crate) size: u64,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
+    pub(crate) id: u64,
+}
+
+/// A page-locked host buffer (`cuMemHostAlloc`'s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostBuffer {
+    pub(crate) len: usize,
+    /// The context that made it, and its device.
+    pub(crate) ctx: usize,
+    pub(crate) device: CUdevice,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
+    pub(crate) id: u64,
+}
+
+/// A new process-wide unique buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), never 0.
+pub(crate) fn next_buffer_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
@@ -114,7 +142,7 @@ pub(crate) fn init() -> Res<()> {
                 events: Registry::memoised(),
                 modules: Registry::default(),
                 functions: Registry::memoised(),
-                allocations: Mutex::new(HashMap::new()),
+                allocations: Mutex::new(BTreeMap::new()),
                 host: Mutex::new(BTreeMap::new()),
             })
         })

@@ -19,7 +19,7 @@
 //!   handles stand for); `driver` (the devices and the registries) and `capture` (CUDA's rules
 //!   of stream capture);
 //! - the areas of the API, each over those: `context`, `device`; `stream`, `module`, `export`;
-//!   `memory`, `graph`, `kernel_queries`; `launch`; then `proc` over them all, and
+//!   `memory`, `vmm`, `graph`, `kernel_queries`; `pointer`, `launch`; then `proc` over them all, and
 //!   `unsupported`. A context's release frees what an area above keeps for it (the runtime's
 //!   storage, modules) through the hooks that area registers (`driver::on_release`).
 
@@ -46,9 +46,11 @@ pub mod memory;
 pub mod module;
 mod objects;
 mod order;
+pub mod pointer;
 pub mod proc;
 pub mod stream;
 pub mod unsupported;
+pub mod vmm;
 
 #[cfg(test)]
 mod tests {

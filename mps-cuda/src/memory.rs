@@ -25,7 +25,7 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, MEMHOSTAL
 use crate::capture;
 use crate::connection::{Connection, Res, Stream};
 use crate::context::{context, current, handle_of};
-use crate::driver::{connection, driver};
+use crate::driver::{Allocation, HostBuffer, connection, driver, next_buffer_id};
 use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::objects::Context;
@@ -36,7 +36,12 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
     capture::unsafe_call("cuMemAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.mem_alloc(size as u64)?;
-    lock(&driver()?.allocations).insert((ctx.device, p), ctx.handle);
+    let a = Allocation {
+        ctx: ctx.handle,
+        size: size as u64,
+        id: next_buffer_id(),
+    };
+    lock(&driver()?.allocations).insert((ctx.device, p), a);
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(dptr, p) }
 }
@@ -80,7 +85,13 @@ fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
     let p = ctx.conn()?.host_alloc(size)?;
-    lock(&driver()?.host).insert(p as usize, (size, ctx.handle, ctx.device));
+    let b = HostBuffer {
+        len: size,
+        ctx: ctx.handle,
+        device: ctx.device,
+        id: next_buffer_id(),
+    };
+    lock(&driver()?.host).insert(p as usize, b);
     Ok(p.cast())
 }
 
@@ -92,7 +103,7 @@ fn pinned(p: usize, len: usize, conn: &Connection) -> Res<bool> {
     Ok(host
         .range(..=p)
         .next_back()
-        .is_some_and(|(base, (n, _, dev))| p + len <= base + n && *dev == conn.ordinal()))
+        .is_some_and(|(base, b)| p + len <= base + b.len && b.device == conn.ordinal()))
 }
 
 // ----- copies -----
@@ -328,8 +339,8 @@ exports! {
         host_alloc(pp, size, 0);
 
     /// Every flag is accepted: all contexts of the process share the buffers (PORTABLE), the
-    /// server maps them for the device (DEVICEMAP; their device address is not handed out), and
-    /// write-combining is a hint.
+    /// server maps them for the device whatever the flags (DEVICEMAP: `cuMemHostGetDevicePointer`
+    /// gives their device address), and write-combining is a hint.
     ///
     /// # Safety
     /// `pp` must be NULL or writable.
@@ -340,12 +351,38 @@ exports! {
     ) ["cuMemHostAlloc" 2020] =
         host_alloc(pp, size, flags);
 
+    /// The device address of page-locked memory: the server's mapping of the buffer, which is
+    /// not its address in this process (the server maps it in its own). CUDA_ERROR_INVALID_VALUE
+    /// for memory not from `cuMemHostAlloc` or `cuMemAllocHost`, or flags other than 0.
+    ///
+    /// # Safety
+    /// `pdptr` must be NULL or writable.
+    pub unsafe fn cuMemHostGetDevicePointer_v2(
+        pdptr: *mut CUdeviceptr,
+        p: *mut c_void,
+        flags: u32,
+    ) ["cuMemHostGetDevicePointer" 3020] = {
+        check(!pdptr.is_null() && flags == 0)?;
+        let dev = lock(&driver()?.host)
+            .range(..=(p as usize))
+            .next_back()
+            .filter(|(base, b)| p as usize - **base < b.len)
+            .map(|(_, b)| b.device)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let d = connection(dev)?
+            .host_device_address(p.cast())
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(pdptr, d) }
+    };
+
     pub fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost" 2000] = {
         current()?;
         let host = &driver()?.host;
-        let (_, _, dev) = *lock(host)
+        let dev = lock(host)
             .get(&(p as usize))
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
+            .device;
         let conn = connection(dev)?;
         capture::free_call(conn, "cuMemFreeHost")?;
         // Forgotten only once the server freed it: a buffer it keeps (a graph copies through

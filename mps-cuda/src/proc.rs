@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    stream,
+    pointer, stream, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -49,7 +49,9 @@ const MODULES: &[&[Export]] = &[
     launch::EXPORTS,
     memory::EXPORTS,
     module::EXPORTS,
+    pointer::EXPORTS,
     stream::EXPORTS,
+    vmm::EXPORTS,
     EXPORTS,
 ];
 
@@ -376,6 +378,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The memory functions (`cuMem*`, `cuPointer*`) that JAX's suite, PyTorch's expandable
+    /// segments and `torch.compile` called in their H200 traces (a count above 0, by `dlsym`
+    /// at version -1 or through `cuGetProcAddress` at the version asked) are implemented,
+    /// not stubs.
+    #[test]
+    fn every_memory_function_the_traced_real_programs_called_is_implemented() {
+        let traces = [
+            include_str!("../../docs/bench/h200-2026-12-01-real-programs/traces/jax_suite.txt"),
+            include_str!(
+                "../../docs/bench/h200-2026-12-01-real-programs/traces/torch_expandable.txt"
+            ),
+            include_str!("../../docs/bench/h200-2026-12-01-real-programs/traces/torch_compile.txt"),
+        ];
+        let stubs: std::collections::HashSet<usize> =
+            STUBS.iter().map(|(_, f)| *f as usize).collect();
+        let mut checked = 0;
+        for line in traces.iter().flat_map(|t| t.lines()) {
+            // `[R ]COUNT CALLER|NAME[vVERSION,fFLAGS]`.
+            let line = line
+                .trim_start()
+                .strip_prefix("R ")
+                .unwrap_or(line.trim_start());
+            let Some((count, call)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some((_, call)) = call.split_once('|') else {
+                continue;
+            };
+            let Some((name, rest)) = call.split_once("[v") else {
+                continue;
+            };
+            if count.parse::<u64>().unwrap_or(0) == 0
+                || !(name.starts_with("cuMem") || name.starts_with("cuPointer"))
+            {
+                continue;
+            }
+            let (version, flags) = rest.trim_end_matches(']').split_once(",f").unwrap();
+            let (version, flags): (i32, u64) = (version.parse().unwrap(), flags.parse().unwrap());
+            if version < 0 {
+                assert!(
+                    exports().any(|e| e.symbol == name),
+                    "{name}, taken by dlsym, is not implemented"
+                );
+            } else {
+                let f = lookup(name, version, flags).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+                assert!(!stubs.contains(&f), "{name} at {version} is a stub");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 29, "{checked} calls checked");
     }
 
     /// `tests/data/vadd_requested.txt` holds the (name, version) pairs that cudart 13 asked

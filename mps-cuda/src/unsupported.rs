@@ -209,8 +209,6 @@ unsupported! {
     cuLogsDumpToMemory
     cuLogsRegisterCallback
     cuLogsUnregisterCallback
-    cuMemAddressFree
-    cuMemAddressReserve
     cuMemAdvise
     cuMemAdvise_v2
     cuMemAllocAsync
@@ -218,25 +216,19 @@ unsupported! {
     cuMemAllocManaged
     cuMemAllocPitch
     cuMemAllocPitch_v2
-    cuMemCreate
     cuMemDiscardAndPrefetchBatchAsync
     cuMemDiscardBatchAsync
     cuMemExportToShareableHandle
     cuMemFreeAsync
     cuMemGetAddressRange
-    cuMemGetAddressRange_v2
-    cuMemGetAllocationGranularity
-    cuMemGetAllocationPropertiesFromHandle
     cuMemGetDefaultMemPool
     cuMemGetMemPool
     cuMemHostGetDevicePointer
-    cuMemHostGetDevicePointer_v2
     cuMemHostGetFlags
     cuMemHostRegister
     cuMemHostRegister_v2
     cuMemHostUnregister
     cuMemImportFromShareableHandle
-    cuMemMap
     cuMemPoolCreate
     cuMemPoolDestroy
     cuMemPoolExportPointer
@@ -253,11 +245,7 @@ unsupported! {
     cuMemPrefetchBatchAsync
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
-    cuMemRelease
-    cuMemRetainAllocationHandle
-    cuMemSetAccess
     cuMemSetMemPool
-    cuMemUnmap
     cuMemcpy
     cuMemcpy2DAsync
     cuMemcpy2DAsync_v2
@@ -300,8 +288,6 @@ unsupported! {
     cuMulticastUnbind
     cuOccupancyMaxPotentialBlockSize
     cuOccupancyMaxPotentialClusterSize
-    cuPointerGetAttribute
-    cuPointerGetAttributes
     cuProfilerInitialize
     cuProfilerStart
     cuProfilerStop

@@ -227,6 +227,24 @@ fn nvidias_variable_names_stand_in_for_unset_mps_ones() {
 }
 
 #[test]
+fn virtual_memory_reserved_mapped_grown_and_freed_as_xla_and_pytorch_do() {
+    passes("vmm", &[]);
+    // Physical memory counts against the client's limit, refused past it as out of memory.
+    passes(
+        "vmm",
+        &[
+            ("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M"),
+            ("EXPECT_LIMIT_MB", "64"),
+        ],
+    );
+}
+
+#[test]
+fn pointer_queries_on_device_host_pageable_and_mapped_memory() {
+    passes("pointer_queries", &[]);
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }

@@ -231,6 +231,8 @@ fn a_dead_clients_physical_memory_and_reservations_go_back() {
         }
         c.vm_set_access(va, 3 * g).unwrap();
         c.memset_d8(va, 7, 3 * g, Stream::DEFAULT).unwrap();
+        // A host buffer, whose device address is a range of the reservation space too.
+        c.host_alloc(4096).unwrap();
         c.stream_synchronize(Stream::DEFAULT).unwrap();
         println!("ready");
         loop {
@@ -253,6 +255,11 @@ fn a_dead_clients_physical_memory_and_reservations_go_back() {
     let g = probe.vm_granularity().unwrap();
     let e = probe.vm_create(2 * g).unwrap_err();
     assert_eq!(e.status, Status::OutOfMemory, "{e}");
+    // The simulator's whole reservation space (1 GiB beside 8 MiB of memory) is free only once
+    // the holder's reservation and its host buffer's device range have gone back.
+    let everything = 1 << 30;
+    let e = probe.vm_reserve(everything, 0).unwrap_err();
+    assert_eq!(e.status, Status::OutOfMemory, "{e}");
     holder.kill().unwrap();
     holder.wait().unwrap();
     wait_until(
@@ -262,4 +269,13 @@ fn a_dead_clients_physical_memory_and_reservations_go_back() {
     );
     let p = probe.vm_create(4 * g).unwrap();
     probe.vm_release(p).unwrap();
+    // The host buffer goes back after the memory: wait for the address space as well.
+    wait_until(
+        "the whole reservation space after the holder's death",
+        || {
+            let va = probe.vm_reserve(everything, 0).ok();
+            va.map(|va| probe.vm_free(va).unwrap()).is_some()
+        },
+        |reserved| *reserved,
+    );
 }

@@ -1,5 +1,6 @@
 /* Page-locked host memory (cuMemAllocHost, cuMemHostAlloc) with asynchronous copies in a
- * stream, and memsets of bytes and words, synchronous and asynchronous.
+ * stream, memsets of bytes and words, synchronous and asynchronous, and mapped page-locked
+ * memory that a kernel and a copy reach through its device address.
  * Usage: pinned_memset <test_kernels.ptx> */
 #include <string.h>
 
@@ -12,11 +13,12 @@ int main(int argc, char **argv) {
     char *ptx = read_file(argv[1]);
     CUcontext ctx;
     CUmodule mod;
-    CUfunction add;
+    CUfunction add, fill;
     CHECK(cuInit(0));
     CHECK(cuCtxCreate_v2(&ctx, 0, 0));
     CHECK(cuModuleLoadData(&mod, ptx));
     CHECK(cuModuleGetFunction(&add, mod, "add_f32"));
+    CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
 
     float *ha = NULL, *hc = NULL;
     CHECK(cuMemAllocHost_v2((void **)&ha, N * sizeof(float)));
@@ -42,6 +44,31 @@ int main(int argc, char **argv) {
     int wrong = 0;
     for (int i = 0; i < N; i++) wrong += hc[i] != 2.0f * (float)i;
     ASSERT(wrong == 0, "%d of %d doubled values wrong after async copies", wrong, N);
+
+    /* Mapped page-locked memory: a kernel and a copy write it through its device address. */
+    uint32_t *hm = NULL;
+    CHECK(cuMemHostAlloc((void **)&hm, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    ASSERT(hm != NULL, "no mapped host memory");
+    CUdeviceptr dm = 0, dm_at = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&dm, hm, 0));
+    CHECK(cuMemHostGetDevicePointer_v2(&dm_at, hm + 16, 0));
+    ASSERT(dm != 0 && dm_at == dm + 64, "device addresses %#llx, %#llx", dm, dm_at);
+    EXPECT(cuMemHostGetDevicePointer_v2(&dm_at, hm, 1), CUDA_ERROR_INVALID_VALUE);
+    uint32_t pageable_word = 0;
+    EXPECT(cuMemHostGetDevicePointer_v2(&dm_at, &pageable_word, 0), CUDA_ERROR_INVALID_VALUE);
+    memset(hm, 0, 4096);
+    uint32_t mark = 0xabcdef01u;
+    uint64_t count = 64;
+    void *fill_params[] = {&dm, &mark, &count};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, s, fill_params, NULL));
+    CHECK(cuMemcpyDtoDAsync_v2(dm + 256, da, 256, s));
+    CHECK(cuStreamSynchronize(s));
+    ASSERT(hm[0] == mark && hm[63] == mark && hm[64 + 63] != mark, "the kernel wrote %#x %#x",
+           hm[0], hm[63]);
+    float f;
+    memcpy(&f, &hm[64 + 63], 4);
+    ASSERT(f == 63.0f, "the copy to mapped memory wrote %f", (double)f);
+    CHECK(cuMemFreeHost(hm));
 
     /* Synchronous copies with page-locked memory return when they are done. */
     memset(hc, 0, N * sizeof(float));

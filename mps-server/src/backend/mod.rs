@@ -259,6 +259,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn host_register(&self, segment: &Segment) -> Result<()>;
     /// Undoes `host_register`; called once no pending copy uses the buffer.
     fn host_unregister(&self, segment: &Segment);
+    /// The device address of a client's host buffer that `host_register` registered, at which
+    /// kernels and copies reach its bytes (`cuMemHostGetDevicePointer`'s): the GPU's mapping
+    /// of it, or the simulator's own.
+    fn host_map(&self, segment: &Segment) -> Result<u64>;
+    /// Undoes `host_map` of the `len`-byte buffer at device address `addr`; called once no
+    /// pending work uses it, before `host_unregister`.
+    fn host_unmap(&self, addr: u64, len: u64);
     /// Loads a module image.
     fn module_load(&self, image: &[u8]) -> Result<Self::Module>;
     /// A kernel of a module and the layout of its parameters.

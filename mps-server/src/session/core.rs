@@ -62,6 +62,8 @@ enum Answer {
     HostBuffer {
         segment: Arc<Segment>,
         handle: Handle,
+        /// Its device address.
+        device: u64,
     },
 }
 
@@ -109,7 +111,7 @@ pub(crate) struct SessionCore<B: Backend> {
     /// and each name followed by a NUL), read from the backend when first asked.
     function_names: std::collections::HashMap<u64, (u64, Arc<[u8]>)>,
     functions: HandleTable<FunctionEntry<B>>,
-    host: HandleTable<Arc<Segment>>,
+    host: HandleTable<memory::HostBuffer>,
     /// Bytes of the host buffers in `host`.
     host_bytes: u64,
     /// The module image being uploaded, chunk by chunk.
@@ -232,12 +234,17 @@ impl<B: Backend> SessionCore<B> {
             Ok(Answer::Values(_) | Answer::Full(_)) if !wants_reply => Output::Silent,
             Ok(Answer::Values(values)) => Output::Post(Completion::reply(cmd.seq, values)),
             Ok(Answer::Full(c)) => Output::Post(*c),
-            Ok(Answer::HostBuffer { segment, handle }) => {
+            Ok(Answer::HostBuffer {
+                segment,
+                handle,
+                device,
+            }) => {
                 let len = segment.len() as u64;
+                let values = [handle.0, len, device, 0];
                 Output::HostBuffer {
                     message: HostBufferFd::new(handle.0, len),
                     segment,
-                    reply: wants_reply.then(|| Completion::reply(cmd.seq, [handle.0, len, 0, 0])),
+                    reply: wants_reply.then(|| Completion::reply(cmd.seq, values)),
                 }
             }
             Err(err) => {
@@ -619,7 +626,8 @@ impl<B: Backend> SessionCore<B> {
         }
         // No work of this client runs any more: its memory can go back.
         let mut table = memory::write(&ctx.allocations);
-        released.allocations = table.len();
+        // Mappings (of physical memory, of host buffers) are not allocations.
+        released.allocations = table.iter().count();
         released.bytes = table.bytes();
         for (ptr, size) in table.iter() {
             backend.mem_free(ptr, size);
@@ -628,8 +636,8 @@ impl<B: Backend> SessionCore<B> {
         drop(table);
         vm.release(&*backend);
         drop(functions);
-        for (_, seg) in host.drain() {
-            backend.host_unregister(&seg);
+        for (_, b) in host.drain() {
+            b.release(&*backend);
         }
         backend.host_unregister(channel.client_segment());
         backend.host_unregister(channel.server_segment());

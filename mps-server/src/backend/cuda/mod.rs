@@ -277,6 +277,13 @@ impl Backend for CudaBackend {
         self.host.unregister(segment);
     }
 
+    fn host_map(&self, segment: &Segment) -> Result<u64> {
+        // Registered with DEVICEMAP: the driver mapped it for the device already.
+        self.host.device_address(segment.as_ptr())
+    }
+
+    fn host_unmap(&self, _addr: u64, _len: u64) {}
+
     fn module_load(&self, image: &[u8]) -> Result<CudaModule> {
         self.ctx.enter()?;
         let format = ImageFormat::detect(image)?;

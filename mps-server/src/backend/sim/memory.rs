@@ -13,7 +13,9 @@
 //!   physical allocation's, two mappings of one allocation alias, and an allocation unmapped and
 //!   mapped elsewhere keeps its data; `vm_unmap` puts `PROT_NONE` pages back.
 //!
-//! Reservations are ranges of the virtual part, carved by an allocator of their own. Nothing
+//! Reservations are ranges of the virtual part, carved by an allocator of their own; so are
+//! the device addresses of clients' host buffers, page-aligned (`map_host`: the buffer's memory
+//! file mapped there, as a GPU maps page-locked host memory for the device). Nothing
 //! reaches a physical allocation through its range of the memory part: no client holds it in its
 //! allocation table. Pages are committed on first touch, so a large `--sim-memory` costs nothing
 //! until used.
@@ -25,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::num::NonZeroUsize;
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
@@ -38,6 +41,9 @@ pub const BASE: u64 = 0x7f00_0000_0000;
 
 /// The granularity of reservations and physical allocations: 2 MiB, a GPU's.
 pub const GRANULARITY: u64 = 2 << 20;
+
+/// The page size of host buffers, and so of their device addresses.
+const HOST_PAGE: u64 = 4096;
 
 /// How many times the device's memory the address space for reservations spans (at least
 /// [`MIN_VA_BYTES`]): address space is reserved beyond the memory, as on a GPU.
@@ -245,6 +251,60 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Maps a host buffer (the `len` bytes, a multiple of the page size, of the memory file
+    /// `fd`) into the virtual part, as a GPU maps page-locked host memory for the device, and
+    /// returns its device address: kernels and copies there reach the buffer's own pages.
+    pub fn map_host(&self, fd: BorrowedFd<'_>, len: u64) -> Result<u64> {
+        if len == 0 || len % HOST_PAGE != 0 {
+            return Err(Error::invalid_value(format!(
+                "a host buffer of {len} bytes is not whole pages"
+            )));
+        }
+        let size = len;
+        // Page-aligned, as a GPU maps host memory: a small buffer takes no granule of its own.
+        let va = lock(&self.reservations)
+            .alloc_aligned(size, HOST_PAGE)
+            .map_err(|e| {
+                Error::new(
+                    e.status,
+                    format!(
+                        "cannot find device addresses for a host buffer: {}",
+                        e.message
+                    ),
+                )
+            })?;
+        let mut mapped = lock(&self.mapped);
+        let pages = NonZeroUsize::new(len as usize).expect("checked above: not empty");
+        // SAFETY: `[va, va + len)` is a fresh reservation inside this value's own address
+        // range, so MAP_FIXED replaces only its inaccessible pages; no reference into them
+        // exists.
+        let r = unsafe {
+            mmap(
+                Some(self.host_of(va)),
+                pages,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if let Err(e) = r {
+            drop(mapped);
+            self.unreserve(va, size);
+            return Err(no_memory(format!(
+                "cannot map a host buffer of {len} bytes in simulated memory: {e}"
+            )));
+        }
+        mapped.insert(va, len);
+        Ok(va)
+    }
+
+    /// Undoes [`DeviceMemory::map_host`].
+    pub fn unmap_host(&self, va: u64, len: u64) {
+        self.unmap(va, len);
+        self.unreserve(va, len);
+    }
+
     /// Unmaps what `map` mapped at `va`.
     pub fn unmap(&self, va: u64, size: u64) {
         let mut mapped = lock(&self.mapped);
@@ -330,6 +390,24 @@ mod tests {
         let p = m.host_ptr(addr, len as u64).unwrap();
         // SAFETY: as in `write`.
         unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+    }
+
+    #[test]
+    fn a_host_buffer_mapped_for_the_device_is_its_own_pages() {
+        let m = DeviceMemory::new(8 << 20).unwrap();
+        let seg = mps_ipc::segment::Segment::create("mps-test-host", 8192).unwrap();
+        let va = m.map_host(seg.fd(), 8192).unwrap();
+        assert!(va >= m.va_base && va % HOST_PAGE == 0, "{va:#x}");
+        write(&m, va + 8190, b"dv");
+        // SAFETY: the segment is mapped read-write for 8192 bytes in this process.
+        let mine = unsafe { std::slice::from_raw_parts(seg.as_ptr().add(8190), 2) };
+        assert_eq!(mine, b"dv");
+        assert!(m.host_ptr(va + 8192, 1).is_err(), "past the buffer");
+        m.unmap_host(va, 8192);
+        assert!(m.host_ptr(va, 1).is_err(), "unmapped");
+        // Its address space went back: the same reservation is made again.
+        assert_eq!(m.map_host(seg.fd(), 8192).unwrap(), va);
+        m.unmap_host(va, 8192);
     }
 
     #[test]

@@ -523,6 +523,14 @@ impl Backend for SimBackend {
 
     fn host_unregister(&self, _segment: &Segment) {}
 
+    fn host_map(&self, segment: &Segment) -> Result<u64> {
+        self.memory.map_host(segment.fd(), segment.len() as u64)
+    }
+
+    fn host_unmap(&self, addr: u64, len: u64) {
+        self.memory.unmap_host(addr, len)
+    }
+
     fn module_load(&self, image: &[u8]) -> Result<SimModule> {
         /// Kernel entries the PTX parts of one fatbin may hold in all (every part's, before
         /// those of the same name are merged): the server's default per PTX module.

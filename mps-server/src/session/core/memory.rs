@@ -16,6 +16,22 @@ use crate::quota::Bounds;
 use crate::session::limits::exceeded;
 use crate::session::tables::ensure_room;
 
+/// A client's host buffer: its segment, registered for the device, and the device address at
+/// which kernels and copies reach it.
+#[derive(Debug)]
+pub(crate) struct HostBuffer {
+    pub(crate) segment: Arc<Segment>,
+    pub(crate) device: u64,
+}
+
+impl HostBuffer {
+    /// Unmaps and unregisters it; no work may use it any more.
+    pub(crate) fn release<B: Backend>(self, backend: &B) {
+        backend.host_unmap(self.device, self.segment.len() as u64);
+        backend.host_unregister(&self.segment);
+    }
+}
+
 /// What an allocation of `size` bytes takes of the device: whole granules of the allocator
 /// (the simulator's, and the alignment cuMemAlloc gives). A size that cannot be rounded is
 /// past every limit and every device.
@@ -99,20 +115,26 @@ impl<B: Backend> SessionCore<B> {
     pub(super) fn host_free(&mut self, handle: u64) -> Result<Answer> {
         self.host.get(handle)?;
         self.synchronize_all()?;
-        let seg = self.host.remove(handle)?;
-        self.host_bytes -= seg.len() as u64;
-        self.charges.free_host(seg.len() as u64);
-        self.backend.host_unregister(&seg);
+        let b = self.host.remove(handle)?;
+        self.forget_host_buffer(b);
         DONE
     }
 
     /// Forgets a host buffer whose descriptor never reached the client.
     pub(crate) fn host_buffer_unsent(&mut self, handle: u64) {
-        if let Ok(seg) = self.host.remove(handle) {
-            self.host_bytes -= seg.len() as u64;
-            self.charges.free_host(seg.len() as u64);
-            self.backend.host_unregister(&seg);
+        if let Ok(b) = self.host.remove(handle) {
+            self.forget_host_buffer(b);
         }
+    }
+
+    /// Gives back a host buffer taken out of the table, which no work uses any more.
+    fn forget_host_buffer(&mut self, b: HostBuffer) {
+        let len = b.segment.len() as u64;
+        self.host_bytes -= len;
+        self.charges.free_host(len);
+        let _ = self.allocations.remove_mapped(b.device);
+        let _ = self.shared_allocations().remove_mapped(b.device);
+        b.release(&*self.backend);
     }
 
     pub(super) fn host_alloc(&mut self, size: u64) -> Result<Answer> {
@@ -147,24 +169,53 @@ impl<B: Backend> SessionCore<B> {
         self.charges.host(bytes, &bounds)?;
         let made = Segment::create("mps-host", bytes as usize).and_then(|seg| {
             self.backend.host_register(&seg)?;
-            Ok(seg)
+            match self.backend.host_map(&seg) {
+                Ok(device) => Ok((seg, device)),
+                Err(e) => {
+                    self.backend.host_unregister(&seg);
+                    Err(e)
+                }
+            }
         });
-        let seg = match made {
-            Ok(seg) => seg,
+        let (seg, device) = match made {
+            Ok(made) => made,
             Err(e) => {
                 self.charges.free_host(bytes);
                 return Err(e);
             }
         };
+        let b = HostBuffer {
+            segment: Arc::new(seg),
+            device,
+        };
+        // Kernels and copies may name the buffer by its device address, as the client's.
+        let mut tabled = self.allocations.insert_mapped(device, bytes);
+        if tabled.is_ok() {
+            tabled = self.shared_allocations().insert_mapped(device, bytes);
+            if tabled.is_err() {
+                let _ = self.allocations.remove_mapped(device);
+            }
+        }
+        if let Err(e) = tabled {
+            b.release(&*self.backend);
+            self.charges.free_host(bytes);
+            return Err(e);
+        }
         let h = self.handles.next(HandleKind::HostBuffer);
-        let segment = Arc::new(seg);
-        if let Err(e) = self.host.insert(h, segment.clone()) {
-            self.backend.host_unregister(&segment);
+        let segment = b.segment.clone();
+        if let Err(e) = self.host.insert(h, b) {
+            let _ = self.allocations.remove_mapped(device);
+            let _ = self.shared_allocations().remove_mapped(device);
+            HostBuffer { segment, device }.release(&*self.backend);
             self.charges.free_host(bytes);
             return Err(e);
         }
         self.host_bytes += bytes;
-        Ok(Answer::HostBuffer { segment, handle: h })
+        Ok(Answer::HostBuffer {
+            segment,
+            handle: h,
+            device,
+        })
     }
 
     /// Host bytes named by a copy. The staging area's bytes are taken now for a host-to-device
@@ -178,7 +229,7 @@ impl<B: Backend> SessionCore<B> {
                 (seg, base, staging_len, offset, "staging area")
             }
             HostRef::Buffer { handle, offset } => {
-                let seg = self.host.get(handle)?;
+                let seg = &self.host.get(handle)?.segment;
                 (seg, 0, seg.len(), offset, "host buffer")
             }
         };

@@ -80,7 +80,9 @@ fn a_host_buffer_goes_out_with_its_reply_and_is_forgotten_if_it_cannot() {
         } => {
             assert_eq!(message.size, segment.len() as u64);
             assert_eq!(message.size, 4096);
-            assert_eq!(reply.result().unwrap(), [message.handle, 4096, 0, 0]);
+            // The recorder's device address of a buffer is its address in the server.
+            let device = segment.as_ptr() as u64;
+            assert_eq!(reply.result().unwrap(), [message.handle, 4096, device, 0]);
             (message.handle, message.size)
         }
         other => panic!("{other:?}"),
@@ -148,4 +150,25 @@ fn a_departing_client_leaves_nothing_behind() {
     assert_eq!(b.live_streams.load(Ordering::Relaxed), 0);
     assert_eq!(b.registered.load(Ordering::Relaxed), 0);
     assert_eq!(b.freed.load(Ordering::Relaxed), 1024);
+}
+
+#[test]
+fn a_host_buffer_is_reached_at_its_device_address_until_it_is_freed() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(Limits::default());
+    let [h, len, device, _] = c.ok(&Request::HostAlloc { size: 4096 }, 0);
+    assert_eq!(len, 4096);
+    assert_ne!(device, 0);
+    let fill = |dst, count| Request::Memset {
+        fill: Fill {
+            dst,
+            value: 7,
+            elem_size: 4,
+            count,
+        },
+    };
+    c.ok(&fill(device, 1024), 0);
+    c.refused(&fill(device + 4, 1024), 0, Status::InvalidHandle, "");
+    c.ok(&Request::HostFree { handle: h }, 0);
+    c.refused(&fill(device, 1), 0, Status::InvalidHandle, "");
 }

@@ -151,6 +151,12 @@ impl Backend for Recorder {
         self.registered.fetch_sub(1, Ordering::Relaxed);
     }
 
+    fn host_map(&self, segment: &Segment) -> Result<u64> {
+        Ok(segment.as_ptr() as u64)
+    }
+
+    fn host_unmap(&self, _addr: u64, _len: u64) {}
+
     fn module_load(&self, image: &[u8]) -> Result<()> {
         ImageFormat::detect(image).map(drop)
     }
