@@ -116,6 +116,9 @@ pub enum Command {
         /// Bytes per client.
         bytes: u64,
     },
+    /// Writes the configuration in force, operators' changes of the defaults included, to the
+    /// configuration file, so that a restart keeps them.
+    SaveConfig,
 }
 
 /// Every command and its usage, in the order the unknown-command error lists them.
@@ -170,6 +173,7 @@ const USAGES: &[(&str, &str)] = &[
     ),
     ("shutdown_server", "shutdown_server <server-pid> [-f]"),
     ("status", "status"),
+    ("save_config", "save_config"),
     ("quit", "quit [-t <seconds>]"),
 ];
 
@@ -220,6 +224,7 @@ impl std::str::FromStr for Command {
                 grace: Duration::from_secs(secs.parse().map_err(|_| bad())?),
             },
             ("status", []) => Status,
+            ("save_config", []) => SaveConfig,
             ("get_client_list", [server]) => GetClientList {
                 server: pid(server)?,
                 verbose: false,
@@ -313,6 +318,7 @@ impl Daemon {
                 Ok("quitting\n".into())
             }
             Status => Ok(self.status()),
+            SaveConfig => self.save_config(),
             GetClientList {
                 server,
                 verbose: true,
@@ -531,6 +537,7 @@ mod tests {
                 },
             ),
             ("status", Status),
+            ("save_config", SaveConfig),
             (
                 "get_client_list 12",
                 GetClientList {
@@ -662,6 +669,7 @@ mod tests {
             ("quit -t soon", "usage: quit [-t <seconds>]"),
             ("quit now", "usage: quit [-t <seconds>]"),
             ("status -v", "usage: status"),
+            ("save_config now", "usage: save_config"),
             (
                 "get_client_list",
                 "usage: get_client_list <server-pid> [-v]",
