@@ -52,6 +52,7 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         max_servers_per_user: 16,
         config: Default::default(),
         config_path: dir.join("mps.toml"),
+        proc_root: "/proc".into(),
     })
     .unwrap();
     (d, dir)

@@ -125,6 +125,10 @@ struct Args {
     /// (replacing the one before) and started afresh, e.g. 16MiB [default: 16MiB]
     #[arg(long, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     log_max_bytes: Option<u64>,
+    /// Where clients' processes are read (their cgroup and groups), for tests that give a
+    /// directory of their own.
+    #[arg(long, hide = true, default_value = "/proc")]
+    proc_root: PathBuf,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -203,6 +207,7 @@ fn run_daemon(args: &Args, file: FileConfig, config_path: PathBuf) -> Result<(),
             .map_or(DEFAULT_MAX_SERVERS_PER_USER, |c| c.0 as usize),
         config: cfg.clone(),
         config_path: config_path.clone(),
+        proc_root: args.proc_root.clone(),
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(
@@ -309,6 +314,7 @@ fn merge(args: &Args, mut c: FileConfig) -> Result<FileConfig, String> {
         args.max_servers_per_user.map(Count),
     );
     over(&mut c.log_max_bytes, args.log_max_bytes.map(Size));
+    c.check_groups()?;
     Ok(c)
 }
 

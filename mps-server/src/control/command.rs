@@ -285,17 +285,26 @@ impl Daemon {
     pub fn answer(&self, command: Command) -> Result<String> {
         use Command::*;
         match command {
-            GetServerList { device } => Ok(self
-                .server_list()
-                .iter()
-                .filter(|s| device.is_none_or(|d| d == s.device))
-                .map(|s| match s.state {
-                    ServerState::Active => format!("{}\n", s.pid),
-                    ServerState::Fault | ServerState::Standby => {
-                        format!("{} {}\n", s.pid, s.state)
-                    }
-                })
-                .collect()),
+            GetServerList { device } => {
+                // A server of a configured group says its group's use against its limits.
+                let groups = self.group_use();
+                Ok(self
+                    .server_list()
+                    .iter()
+                    .filter(|s| device.is_none_or(|d| d == s.device))
+                    .map(|s| match s.state {
+                        ServerState::Active => {
+                            match groups.iter().find(|g| g.server_pid == s.pid) {
+                                Some(g) => format!("{} {}\n", s.pid, g.words()),
+                                None => format!("{}\n", s.pid),
+                            }
+                        }
+                        ServerState::Fault | ServerState::Standby => {
+                            format!("{} {}\n", s.pid, s.state)
+                        }
+                    })
+                    .collect())
+            }
             GetServerStatus { server } => self
                 .server_list()
                 .iter()
@@ -495,7 +504,35 @@ impl Daemon {
                 );
             }
         }
-        format!("{out}\n{clients}")
+        let groups = self.group_use();
+        if groups.is_empty() {
+            return format!("{out}\n{clients}");
+        }
+        let mut table = String::from(
+            "GROUP             UID     DEVICE  SERVER-PID  CLIENTS  MAX-CLIENTS  MEM-BYTES     \
+             MEM-LIMIT     SMS  SM-RANGE%  PRIORITY\n",
+        );
+        let limit = |n: u64| match n {
+            0 => "none".to_string(),
+            n => n.to_string(),
+        };
+        for g in groups {
+            table += &format!(
+                "{:<17} {:<7} {:<7} {:<11} {:<8} {:<12} {:<13} {:<13} {:<4} {:<10} {}\n",
+                g.group,
+                g.uid,
+                g.device,
+                g.server_pid,
+                g.connections,
+                limit(g.max_clients),
+                g.device_bytes,
+                limit(g.max_device_bytes),
+                g.sms,
+                format!("{}-{}", g.sm_range.0, g.sm_range.1),
+                g.priority
+            );
+        }
+        format!("{out}\n{clients}\n{table}")
     }
 }
 

@@ -258,6 +258,69 @@ pub struct FileConfig {
     /// `--log-max-bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_max_bytes: Option<Size>,
+    /// Groups with limits, rules and routes of their own (`[groups.NAME]`), by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, Group>,
+}
+
+/// A group of clients (`[groups.NAME]`): limits that hold for all its clients of one user on
+/// one device together (one server), the limits of each client in it, who may join it, and the
+/// cgroups whose processes it takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Group {
+    /// Device memory its clients may hold together, on each device (or by ordinal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mem_limit: Option<DeviceSizes>,
+    /// The share of each device's SMs its clients together run within (other groups' may run
+    /// there too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<Percent<1>>,
+    /// The share of each device's SMs reserved for its clients: no other group's run there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_reservation: Option<Percent<1>>,
+    /// Priority of its clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_priority: Option<Priority>,
+    /// Connections its server of one user and device admits at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clients: Option<Count>,
+    /// Device memory each of its clients may hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_device_mem_limit: Option<DeviceSizes>,
+    /// SM share of each of its clients, percent of the group's SMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_active_thread_percentage: Option<Percent<1>>,
+    /// Users who may join it (with `gids` and `cgroups`: no rule, everyone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uids: Vec<u32>,
+    /// Groups of users (primary or supplementary) who may join it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gids: Vec<u32>,
+    /// cgroups (v2 paths, each with everything under it) whose processes may join it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<String>,
+    /// cgroups (v2 paths, each with everything under it) whose processes are placed in it,
+    /// whatever group they ask for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub route_cgroups: Vec<String>,
+}
+
+impl Group {
+    /// Whether it says who may join.
+    pub fn has_rules(&self) -> bool {
+        !(self.uids.is_empty() && self.gids.is_empty() && self.cgroups.is_empty())
+    }
+}
+
+/// Whether cgroup `path` is `prefix` or under it.
+pub(crate) fn cgroup_within(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    path == prefix
+        || prefix.is_empty()
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Settings that a running daemon cannot change: they differ only after a restart.
@@ -299,7 +362,7 @@ fn refused(what: String) -> Error {
 impl FileConfig {
     /// Parses `text`, the contents of `path`; an error names the file, the line and the reason.
     pub fn parse(text: &str, path: &Path) -> Result<FileConfig> {
-        toml::from_str(text).map_err(|e| {
+        let c: FileConfig = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
                 .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
@@ -311,7 +374,66 @@ impl FileConfig {
                 ),
                 None => format!("{}: {what}", path.display()),
             })
-        })
+        })?;
+        c.check_groups()
+            .map_err(|what| refused(format!("{}: {what}; fix it", path.display())))?;
+        Ok(c)
+    }
+
+    /// Refuses groups that cannot all be served: a bad name, a share and a reservation both,
+    /// reservations that leave no SMs to the other groups, a cgroup that is not a path, a
+    /// cgroup routed to two groups, and server arguments that the groups' servers are given.
+    pub fn check_groups(&self) -> std::result::Result<(), String> {
+        let mut reserved = 0;
+        let mut routes: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, g) in &self.groups {
+            mps_core::handshake::check_group(name)
+                .map_err(|e| format!("[groups.{name}]: {}", e.message))?;
+            if g.sm_reservation.is_some() && g.active_thread_percentage.is_some() {
+                return Err(format!(
+                    "[groups.{name}] has both sm_reservation and active_thread_percentage; a \
+                     group has one or the other"
+                ));
+            }
+            reserved += g.sm_reservation.map_or(0, |p| p.0);
+            for cg in g.cgroups.iter().chain(&g.route_cgroups) {
+                if !cg.starts_with('/') {
+                    return Err(format!(
+                        "[groups.{name}]: cgroup {cg:?} is not a cgroup v2 path (as \
+                         /proc/PID/cgroup writes it after \"0::\", starting with /)"
+                    ));
+                }
+            }
+            for cg in &g.route_cgroups {
+                let cg = cg.trim_end_matches('/');
+                if let Some(other) = routes.insert(cg, name) {
+                    return Err(format!(
+                        "cgroup {cg} is routed to both [groups.{other}] and [groups.{name}]"
+                    ));
+                }
+            }
+        }
+        // The options a group's server is started with cannot be given twice.
+        let given = self.server_args.iter().flatten();
+        for word in given.filter(|w| {
+            ["--max-clients", "--max-device-bytes", "--sm-range"]
+                .iter()
+                .any(|o| w.split('=').next() == Some(o))
+        }) {
+            if !self.groups.is_empty() {
+                return Err(format!(
+                    "server_args (or --server-arg) gives {word}, which the daemon sets for the \
+                     servers of groups; set it in [groups.NAME] instead"
+                ));
+            }
+        }
+        if reserved >= 100 {
+            return Err(format!(
+                "the groups' sm_reservation add up to {reserved}%, which leaves no SMs to other \
+                 groups; keep them below 100%"
+            ));
+        }
+        Ok(())
     }
 
     /// Reads `path`: `Ok(None)` if it does not exist and `required` is false. Refused: a file
@@ -487,7 +609,22 @@ impl super::Daemon {
             .as_ref()
             .map(|spec| device_limits(spec, &self.cfg.devices))
             .unwrap_or_default();
+        let groups_changed = running.groups != new.groups;
         *running = new;
+        drop(running);
+        if groups_changed {
+            let running = self
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            self.push_group_limits(&running);
+            tracing::info!(
+                "groups changed: their device_mem_limit holds for running servers at once; their \
+                 other limits, SM shares and reservations for servers started from now on \
+                 (shutdown_server a running one to restart it under them)"
+            );
+        }
     }
 
     /// The configuration in force, with the defaults as operators have set them since.

@@ -3,7 +3,8 @@
 //! server, and answers operators' commands on a control socket.
 //!
 //! A client's uid comes from SO_PEERCRED and its group from its hello (`MPS_GROUP`, default
-//! `default`), so a client cannot reach another user's server, and a critical service and
+//! `default`) or, where the configuration routes the client's cgroup to a group, from that
+//! ([`groups`]), so a client cannot reach another user's server, and a critical service and
 //! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
 //! each user's server as that user.
 //!
@@ -11,12 +12,14 @@
 //! so at once; its user and group then go to a fresh server while the old one drains its
 //! clients, listed as `FAULT` meanwhile (see [`crate::recovery`] for the server's side).
 //!
-//! `routing` finds or starts the server of a (user, group) and hands clients to it; `command` is
-//! the operators' command language ([`Command`]); `metrics` serves Prometheus; `wire` is what the
-//! daemon and its servers say to each other.
+//! `routing` finds or starts the server of a (user, group) and hands clients to it; `groups`
+//! places each client in a group and gives a configured group's servers its limits; `config` is
+//! the configuration file; `command` is the operators' command language ([`Command`]);
+//! `metrics` serves Prometheus; `wire` is what the daemon and its servers say to each other.
 
 mod command;
 pub mod config;
+mod groups;
 mod metrics;
 mod routing;
 mod standby;
@@ -77,6 +80,9 @@ pub struct DaemonConfig {
     pub config: config::FileConfig,
     /// Where `save_config` writes the configuration.
     pub config_path: PathBuf,
+    /// Where the clients' processes are read (their cgroup and groups): `/proc`, or a
+    /// directory of the tests' own.
+    pub proc_root: PathBuf,
 }
 
 /// Reads the configuration anew, under the options given at start (SIGHUP), or says why not.
@@ -134,6 +140,8 @@ pub struct Daemon {
     running: Mutex<config::FileConfig>,
     /// How SIGHUP reads the configuration anew.
     reloader: std::sync::OnceLock<Reloader>,
+    /// Where clients' cgroups and groups are read.
+    proc: groups::Proc,
     client_listener: UnixListener,
     control_listener: UnixListener,
 }
@@ -193,6 +201,7 @@ impl Daemon {
             .map(|spec| config::device_limits(spec, &cfg.devices))
             .unwrap_or_default();
         let running = Mutex::new(cfg.config.clone());
+        let proc = groups::Proc::new(&cfg.proc_root);
         Ok(Daemon {
             cfg,
             pipe,
@@ -209,6 +218,7 @@ impl Daemon {
             stop: AtomicBool::new(false),
             running,
             reloader: std::sync::OnceLock::new(),
+            proc,
             client_listener,
             control_listener,
         })
