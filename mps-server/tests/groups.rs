@@ -217,7 +217,7 @@ fn a_cgroup_routed_to_a_group_places_its_processes_there_and_cannot_leave() {
     let root = fake_proc(pid, "/system.slice/train.service");
     let path = config_file(
         "[groups.train]\nroute_cgroups = [\"/system.slice/train.service\"]\n\
-         device_mem_limit = \"1MiB\"\n",
+         device_mem_limit = \"1MiB\"\nclient_priority = 1\n",
     );
     let d = daemon(&path, Some(&root));
     // No MPS_GROUP: the cgroup decides, and the group's limit holds.
@@ -227,6 +227,12 @@ fn a_cgroup_routed_to_a_group_places_its_processes_there_and_cannot_leave() {
         Status::QuotaExceeded
     );
     assert_eq!(d.servers()[0].group, "train");
+    // The group's priority holds for its new clients whatever the default becomes.
+    d.ctl_line("set_default_client_priority 0");
+    let _again = d.client();
+    let pid = d.server_pids()[0].to_string();
+    let clients = d.ctl_ok(&["get_client_list", &pid, "-v"]);
+    assert_eq!(clients.matches("priority=1").count(), 2, "{clients}");
     d.run_role(
         "a_cgroup_routed_to_a_group_places_its_processes_there_and_cannot_leave",
         "escape",

@@ -378,9 +378,12 @@ impl Daemon {
             }
             SetDefaultClientPriority(level) => {
                 self.default_priority.store(level, Ordering::Relaxed);
-                // Running servers take it for their new clients too.
+                // Running servers take it for their new clients too, but for those of groups
+                // with a priority of their own.
                 for s in self.server_list() {
-                    self.ask(s.pid, &ServerRequest::SetPriority(level))?;
+                    if !self.group_sets_priority(&s.group) {
+                        self.ask(s.pid, &ServerRequest::SetPriority(level))?;
+                    }
                 }
                 Ok(format!("new clients: priority {level}\n"))
             }

@@ -583,6 +583,13 @@ impl super::Daemon {
         let priority = new.client_priority.map_or(0, |p| p.0);
         if self.default_priority.swap(priority, Relaxed) != priority {
             for s in self.server_list() {
+                if new
+                    .groups
+                    .get(&s.group)
+                    .is_some_and(|g| g.client_priority.is_some())
+                {
+                    continue;
+                }
                 if let Err(e) = self.ask(s.pid, &super::wire::ServerRequest::SetPriority(priority))
                 {
                     tracing::warn!(

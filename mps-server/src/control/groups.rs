@@ -7,6 +7,7 @@
 //! each of its servers: users are never put in one context, as NVIDIA's MPS runs one user's
 //! server at a time on a device.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use mps_core::{Error, Result, Status};
@@ -35,9 +36,15 @@ impl Proc {
         }
     }
 
-    /// Process `pid`'s cgroup v2 path (the `0::` line of its `cgroup` file), if it has one.
-    pub(crate) fn cgroup(&self, pid: i32) -> Option<String> {
-        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).ok()?;
+    /// Process `pid`'s cgroup v2 path (the `0::` line of its `cgroup` file), if it has one and
+    /// the process there is still user `uid`'s: a client that exited after connecting leaves
+    /// its pid to whatever process takes it next, and that process's cgroup is not its own.
+    pub(crate) fn cgroup(&self, pid: i32, uid: u32) -> Option<String> {
+        let dir = self.root.join(pid.to_string());
+        if std::fs::metadata(&dir).ok()?.uid() != uid {
+            return None;
+        }
+        let text = std::fs::read_to_string(dir.join("cgroup")).ok()?;
         text.lines()
             .find_map(|l| l.strip_prefix("0::"))
             .map(|p| p.trim().to_string())
@@ -159,6 +166,15 @@ impl GroupUse {
 }
 
 impl Daemon {
+    /// Whether group `name` of the configuration in force has a priority of its own.
+    pub(super) fn group_sets_priority(&self, name: &str) -> bool {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running
+            .groups
+            .get(name)
+            .is_some_and(|g| g.client_priority.is_some())
+    }
+
     /// The group client `peer`, which asked for group `asked`, is placed in: the group its
     /// cgroup is routed to (one asked for by name must be that one), else the one it asked for,
     /// which it must be allowed to join.
@@ -169,7 +185,7 @@ impl Daemon {
             .values()
             .any(|g| !g.cgroups.is_empty() || !g.route_cgroups.is_empty());
         let cgroup = if needs_cgroup {
-            self.proc.cgroup(peer.pid)
+            self.proc.cgroup(peer.pid, peer.uid)
         } else {
             None
         };
@@ -401,9 +417,11 @@ mod tests {
         )
         .unwrap();
         let p = Proc::new(&root);
-        assert_eq!(p.cgroup(42).as_deref(), Some("/system.slice/a.service"));
+        let me = nix::unistd::geteuid().as_raw();
+        assert_eq!(p.cgroup(42, me).as_deref(), Some("/system.slice/a.service"));
+        assert_eq!(p.cgroup(42, me + 1), None, "another user's process now");
         assert_eq!(p.gids(42), vec![4, 27, 100]);
-        assert_eq!(p.cgroup(43), None);
+        assert_eq!(p.cgroup(43, me), None);
         assert!(p.gids(43).is_empty());
         std::fs::remove_dir_all(root).unwrap();
     }
