@@ -4,7 +4,7 @@
 //!
 //! A client's uid comes from SO_PEERCRED and its group from its hello (`MPS_GROUP`, default
 //! `default`) or, where the configuration routes the client's cgroup to a group, from that
-//! ([`groups`]), so a client cannot reach another user's server, and a critical service and
+//! (`groups`), so a client cannot reach another user's server, and a critical service and
 //! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
 //! each user's server as that user.
 //!
