@@ -129,7 +129,7 @@ fn sighup_reads_the_file_again_and_a_bad_one_is_refused_keeping_the_running_one(
 fn save_config_keeps_operators_changes_across_a_restart() {
     let path = config_file(
         "config-save",
-        "# the operators' file\nclient_priority = 1\n",
+        "# the operators' file\nclient_priority = 1\n[groups.team]\nmax_clients = 2\n",
     );
     let config = path.to_str().unwrap();
     {
@@ -142,6 +142,7 @@ fn save_config_keeps_operators_changes_across_a_restart() {
     }
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("active_thread_percentage = 25"), "{text}");
+    assert!(text.contains("[groups.team]\nmax_clients = 2"), "{text}");
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644);
     let d = TestDaemon::start("config", &["--config", config]);

@@ -280,13 +280,17 @@ fn processes_in_real_cgroups_are_routed_and_admitted_by_them() {
         .unwrap();
         let c = Client::connect(None);
         match role.as_str() {
+            // Routed to team, whose limit holds.
             "member" => {
                 let e = c.unwrap().mem_alloc(2 * MIB).unwrap_err();
                 assert_eq!(e.status, Status::QuotaExceeded, "{e}");
             }
+            // Admitted to closed by its cgroup.
+            "insider" => c.unwrap().mem_alloc(2 * MIB).map(drop).unwrap(),
             _ => {
                 let e = c.unwrap_err();
                 assert_eq!(e.status, Status::PermissionDenied, "{e}");
+                assert!(e.message.contains("group closed admits"), "{e}");
             }
         }
         return;
@@ -295,12 +299,20 @@ fn processes_in_real_cgroups_are_routed_and_admitted_by_them() {
         return skip(TEST, "this machine has no cgroup v2 hierarchy mounted");
     };
     let name = format!("mps-test-{}", std::process::id());
-    let (inside, outside) = (
-        mount.join(format!("{name}-a")),
-        mount.join(format!("{name}-b")),
-    );
-    if std::fs::create_dir(&inside).is_err() || std::fs::create_dir(&outside).is_err() {
-        let _ = std::fs::remove_dir(&inside);
+    let dirs: Vec<PathBuf> = ["a", "b", "c"]
+        .iter()
+        .map(|x| mount.join(format!("{name}-{x}")))
+        .collect();
+    let made: Vec<bool> = dirs
+        .iter()
+        .map(|d| std::fs::create_dir(d).is_ok())
+        .collect();
+    if made.contains(&false) {
+        for (dir, made) in dirs.iter().zip(made) {
+            if made {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
         return skip(
             TEST,
             "cannot make cgroups here (not root, or a read-only hierarchy)",
@@ -308,7 +320,7 @@ fn processes_in_real_cgroups_are_routed_and_admitted_by_them() {
     }
     let path = config_file(&format!(
         "[groups.team]\nroute_cgroups = [\"/{name}-a\"]\ndevice_mem_limit = \"1MiB\"\n\
-         [groups.closed]\ncgroups = [\"/{name}-a\"]\n"
+         [groups.closed]\ncgroups = [\"/{name}-c\"]\n"
     ));
     let d = daemon(&path, None);
     let cgroup = |dir: &Path| [("MPS_TEST_CGROUP", dir.to_str().unwrap().to_string())];
@@ -318,17 +330,14 @@ fn processes_in_real_cgroups_are_routed_and_admitted_by_them() {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         d.run_role(TEST, role, &env);
     };
-    run("member", &inside, None);
-    run("outsider", &outside, Some("closed"));
-    assert_eq!(
-        d.servers()
-            .iter()
-            .map(|s| s.group.as_str())
-            .collect::<Vec<_>>(),
-        ["team"]
-    );
+    run("member", &dirs[0], None);
+    run("outsider", &dirs[1], Some("closed"));
+    run("insider", &dirs[2], Some("closed"));
+    let mut groups: Vec<String> = d.servers().into_iter().map(|s| s.group).collect();
+    groups.sort();
+    assert_eq!(groups, ["closed", "team"]);
     drop(d);
-    for dir in [inside, outside] {
+    for dir in dirs {
         wait_until(
             "the test's cgroup to empty",
             || std::fs::remove_dir(&dir).is_ok() || !dir.exists(),
