@@ -221,8 +221,17 @@ impl Registry {
 
     /// Confines every client to the part of the device from `from` to `to` percent of its SMs
     /// (its group's share or reservation); shares and reservations are then of that part.
+    /// A device whose SMs cannot be partitioned runs every client on all of them, as it runs
+    /// every share there (the server's log says so).
     pub fn confined(mut self, from: u32, to: u32) -> Result<Registry> {
         if (from, to) == (0, 100) {
+            return Ok(self);
+        }
+        if self.sm.units.len() == 1 {
+            tracing::warn!(
+                "this device's SMs cannot be partitioned, so its clients run on all of them, not \
+                 on the {from}-{to}% their group is given"
+            );
             return Ok(self);
         }
         let set = sm::range(&self.sm.units, from, to)?;
@@ -583,10 +592,18 @@ mod tests {
             .unwrap();
         assert_eq!(whole.on_device(&Placement::Whole), Placement::Whole);
         assert!(
-            Registry::new(defaults, vec![16], Box::new(|_| Ok(())))
-                .confined(50, 100)
+            Registry::new(defaults, vec![8, 8], Box::new(|_| Ok(())))
+                .confined(60, 100)
                 .is_err(),
             "a part holding no whole unit is refused"
+        );
+        let one = Registry::new(defaults, vec![16], Box::new(|_| Ok(())))
+            .confined(50, 100)
+            .unwrap();
+        assert_eq!(
+            one.on_device(&Placement::Whole),
+            Placement::Whole,
+            "a device that cannot be partitioned is not confined"
         );
     }
 
