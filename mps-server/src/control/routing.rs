@@ -365,7 +365,8 @@ impl Daemon {
         let group = match self.place(&peer, &asked) {
             Ok(g) => g,
             Err(e) => {
-                tracing::info!(
+                // At debug only: a client may ask again as often as it likes, and it is told.
+                tracing::debug!(
                     uid = peer.uid,
                     pid = peer.pid,
                     "client refused: {}",
