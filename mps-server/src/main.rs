@@ -112,6 +112,15 @@ struct Args {
     /// (MPS_SM_RESERVE), percent.
     #[arg(long, default_value_t = mps_server::control::DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
     max_sm_reservation: u32,
+    /// Device memory all this server's clients may hold together, e.g. 40GiB (0: no limit);
+    /// mps-control sets it to the group's device_mem_limit.
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    max_device_bytes: u64,
+    /// The part of the device's SMs every client of this server runs within, as FROM-TO
+    /// percent (e.g. 25-100; mps-control sets it for a group's share or reservation). Shares
+    /// and reservations of clients are then percentages of that part.
+    #[arg(long, default_value = "0-100", value_parser = parse_sm_range)]
+    sm_range: (u32, u32),
     /// Name of the log file in the log directory (mode 0600, never opened through a link).
     #[arg(long, default_value = "server.log")]
     log_name: String,
@@ -218,6 +227,20 @@ struct ClientLimitArgs {
     /// ends at once, with its synchronise).
     #[arg(long, default_value_t = ClientLimits::default().batch_hold_us)]
     batch_hold_us: u64,
+}
+
+/// Reads `--sm-range`: FROM-TO, whole percentages with FROM below TO.
+fn parse_sm_range(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{s:?}: give FROM-TO, percentages of the device's SMs, e.g. 25-100");
+    let (from, to) = s.split_once('-').ok_or_else(bad)?;
+    let (from, to): (u32, u32) = (
+        from.trim().parse().map_err(|_| bad())?,
+        to.trim().parse().map_err(|_| bad())?,
+    );
+    if from >= to || to > 100 {
+        return Err(bad());
+    }
+    Ok((from, to))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -451,6 +474,8 @@ fn main() -> std::process::ExitCode {
         },
         client_limits,
         device: args.device,
+        max_device_bytes: args.max_device_bytes,
+        sm_range: args.sm_range,
     };
     let result = match args.backend {
         BackendChoice::Cuda => start_cuda(&args, cfg, handoff.as_ref()),

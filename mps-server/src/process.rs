@@ -1,5 +1,5 @@
 //! What both binaries (`mps-server`, `mps-control`) set up the same way: logging to stderr and a
-//! file, the stop flag that SIGINT and SIGTERM raise, directories from the environment, and the
+//! file, the stop flag that SIGINT and SIGTERM raise (and the daemon's reload flag, SIGHUP's), directories from the environment, and the
 //! descriptors a server they start inherits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +11,27 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: nix::libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
+}
+
+/// Raised by SIGHUP once [`install_reload_handler`] ran: the daemon reads its configuration
+/// again.
+pub static RELOAD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_hangup(_: nix::libc::c_int) {
+    RELOAD.store(true, Ordering::SeqCst);
+}
+
+/// SIGHUP raises [`RELOAD`] (the daemon's; a server keeps SIGHUP's default).
+pub fn install_reload_handler() -> Result<(), String> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_hangup),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { sigaction(Signal::SIGHUP, &action) }.map_err(|e| format!("sigaction(SIGHUP): {e}"))?;
+    Ok(())
 }
 
 /// SIGINT and SIGTERM raise [`STOP`]; SIGPIPE is ignored (a peer that vanishes mid-send must not

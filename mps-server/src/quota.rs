@@ -6,6 +6,7 @@
 //! it is freed, and all of it when the session ends (the charges are dropped with it).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mps_core::{Error, Result, Status};
@@ -23,12 +24,18 @@ struct Held {
 struct Books {
     users: HashMap<u32, Held>,
     processes: HashMap<i32, Held>,
+    /// Device memory of every client of the server together.
+    device: u64,
 }
 
-/// The server's sums, by user and by process.
+/// The server's sums, by user, by process and of all its clients.
 #[derive(Debug, Default)]
 pub struct Ledger {
     books: Mutex<Books>,
+    /// Device memory all the server's clients may hold together (0: no limit): the limit of
+    /// its group under mps-control. Lowering it takes nothing a client holds; it refuses the
+    /// allocations that would pass it.
+    max_device: AtomicU64,
 }
 
 /// What a charge is counted against: a process's device memory (the client limit holds for
@@ -60,6 +67,21 @@ impl Ledger {
             device: 0,
             host: 0,
         }
+    }
+
+    /// Device memory every client of this server holds together.
+    pub fn device_bytes(&self) -> u64 {
+        self.books().device
+    }
+
+    /// The limit on [`Ledger::device_bytes`] (0: none).
+    pub fn max_device_bytes(&self) -> u64 {
+        self.max_device.load(Ordering::Relaxed)
+    }
+
+    /// Sets the limit on [`Ledger::device_bytes`] (0: none).
+    pub fn set_max_device_bytes(&self, bytes: u64) {
+        self.max_device.store(bytes, Ordering::Relaxed);
     }
 
     /// Device memory user `uid` holds in this server.
@@ -117,6 +139,17 @@ impl Charges {
                 ),
             ));
         }
+        let (all, limit) = (books.device, self.ledger.max_device_bytes());
+        if limit != 0 && all.checked_add(bytes).is_none_or(|t| t > limit) {
+            return Err(past(
+                "for all its clients together: its group's device_mem_limit under mps-control",
+                "--max-device-bytes",
+                format!(
+                    "allocating {bytes} bytes on top of the {all} that all the clients of this \
+                     server hold would pass their device-memory limit of {limit} bytes"
+                ),
+            ));
+        }
         Self::add(&mut books, self.uid, self.pid, bytes, 0);
         self.device += bytes;
         Ok(())
@@ -158,6 +191,7 @@ impl Charges {
     }
 
     fn add(books: &mut Books, uid: u32, pid: i32, device: u64, host: u64) {
+        books.device += device;
         for h in [
             books.users.entry(uid).or_default(),
             books.processes.entry(pid).or_default(),
@@ -168,6 +202,7 @@ impl Charges {
     }
 
     fn sub(books: &mut Books, uid: u32, pid: i32, device: u64, host: u64) {
+        books.device = books.device.saturating_sub(device);
         for h in [books.users.get_mut(&uid), books.processes.get_mut(&pid)]
             .into_iter()
             .flatten()
@@ -229,6 +264,27 @@ mod tests {
         drop(a2);
         drop(b);
         assert!(ledger.books().users.is_empty() && ledger.books().processes.is_empty());
+    }
+
+    #[test]
+    fn every_client_together_is_held_to_the_servers_limit() {
+        let ledger = Arc::new(Ledger::default());
+        ledger.set_max_device_bytes(1200);
+        let (mut a, mut b) = (ledger.open(7, 1), ledger.open(8, 2));
+        a.device(700, &BOUNDS).unwrap();
+        let e = b.device(600, &BOUNDS).unwrap_err();
+        assert_eq!(e.status, Status::QuotaExceeded);
+        assert!(e.message.contains("all the clients of this server"), "{e}");
+        b.device(500, &BOUNDS).unwrap();
+        assert_eq!(ledger.device_bytes(), 1200);
+        // A lower limit takes nothing held; it refuses what would pass it.
+        ledger.set_max_device_bytes(100);
+        assert!(a.device(1, &BOUNDS).is_err());
+        drop(a);
+        a = ledger.open(7, 1);
+        assert!(a.device(1, &BOUNDS).is_err(), "500 held is still past 100");
+        drop(b);
+        a.device(100, &BOUNDS).unwrap();
     }
 
     #[test]

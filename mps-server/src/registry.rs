@@ -175,7 +175,13 @@ pub struct Defaults {
 
 /// The server's SM policy: the device's units and what the operator allows.
 struct SmPolicy {
+    /// The units the clients are placed on: the device's, or those of the part of it the
+    /// server is confined to.
     units: Vec<u32>,
+    /// For a confined server, the device's index of each of `units`.
+    confined: Option<Vec<usize>>,
+    /// SMs of the whole device.
+    device_sms: u32,
     share: AtomicU32,
     max_reserve: AtomicU32,
     placer: Placer,
@@ -214,13 +220,47 @@ impl Registry {
             default_mem_limit: AtomicU64::new(defaults.mem_limit),
             default_priority: AtomicU32::new(defaults.priority),
             sm: SmPolicy {
+                device_sms: units.iter().sum(),
                 units,
+                confined: None,
                 share: AtomicU32::new(defaults.sm_share),
                 max_reserve: AtomicU32::new(defaults.max_sm_reserve),
                 placer,
             },
             reserved: Mutex::new(BTreeMap::new()),
             ledger: Arc::default(),
+        }
+    }
+
+    /// Confines every client to the part of the device from `from` to `to` percent of its SMs
+    /// (its group's share or reservation); shares and reservations are then of that part.
+    /// A device whose SMs cannot be partitioned runs every client on all of them, as it runs
+    /// every share there (the server's log says so).
+    pub fn confined(mut self, from: u32, to: u32) -> Result<Registry> {
+        if (from, to) == (0, 100) {
+            return Ok(self);
+        }
+        if self.sm.units.len() == 1 {
+            tracing::warn!(
+                "this device's SMs cannot be partitioned, so its clients run on all of them, not \
+                 on the {from}-{to}% their group is given"
+            );
+            return Ok(self);
+        }
+        let set = sm::range(&self.sm.units, from, to)?;
+        self.sm.units = set.iter().map(|&u| self.sm.units[u]).collect();
+        self.sm.confined = Some(set);
+        Ok(self)
+    }
+
+    /// `placement` on the server's units as the device's.
+    fn on_device(&self, placement: &Placement) -> Placement {
+        match (&self.sm.confined, placement) {
+            (None, p) => p.clone(),
+            (Some(set), Placement::Whole) => Placement::Units(set.clone()),
+            (Some(set), Placement::Units(u)) => {
+                Placement::Units(u.iter().map(|&i| set[i]).collect())
+            }
         }
     }
 
@@ -255,11 +295,18 @@ impl Registry {
         if let Some(reserver) = reserver {
             check_told(clients, &plan, reserver)?;
         }
-        (self.sm.placer)(&plan)?;
+        let placed: Vec<Assignment> = plan
+            .iter()
+            .map(|a| Assignment {
+                placement: self.on_device(&a.placement),
+                ..a.clone()
+            })
+            .collect();
+        (self.sm.placer)(&placed)?;
         reserved.clear();
-        for a in &plan {
+        for (a, on_device) in plan.iter().zip(&placed) {
             if let Some(c) = clients.get(&a.client) {
-                c.sm.set(&a.placement, a.sms);
+                c.sm.set(&on_device.placement, a.sms);
                 if c.sm_reserve.load(Ordering::Relaxed) > 0 {
                     reserved.insert(a.client, a.placement.clone());
                 }
@@ -341,7 +388,7 @@ impl Registry {
         };
         [
             sms as u64,
-            total as u64,
+            self.sm.device_sms as u64,
             self.share_of(c) as u64,
             c.sm_reserve.load(Ordering::Relaxed) as u64,
         ]
@@ -469,6 +516,16 @@ impl Registry {
                 self.default_mem_limit.store(bytes, Ordering::Relaxed);
                 Ok(ServerAnswer::Done)
             }
+            ServerRequest::SetMaxDeviceBytes(bytes) => {
+                self.ledger.set_max_device_bytes(bytes);
+                Ok(ServerAnswer::Done)
+            }
+            ServerRequest::Totals => Ok(ServerAnswer::Totals {
+                device_bytes: self.ledger.device_bytes(),
+                max_device_bytes: self.ledger.max_device_bytes(),
+                connections: self.connected() as u32,
+                sms: self.sm.units.iter().sum(),
+            }),
         }
     }
 }
@@ -522,6 +579,46 @@ fn unknown_client(id: u32) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_confined_server_places_its_clients_on_its_part_of_the_device_only() {
+        let defaults = Defaults {
+            mem_limit: 0,
+            priority: 0,
+            sm_share: 100,
+            max_sm_reserve: 50,
+        };
+        let r = Registry::new(defaults, vec![1; 16], Box::new(|_| Ok(())))
+            .confined(25, 75)
+            .unwrap();
+        assert_eq!(r.sm.units, vec![1; 8]);
+        assert_eq!(
+            r.on_device(&Placement::Whole),
+            Placement::Units((4..12).collect())
+        );
+        assert_eq!(
+            r.on_device(&Placement::Units(vec![0, 7])),
+            Placement::Units(vec![4, 11])
+        );
+        let whole = Registry::new(defaults, vec![1; 16], Box::new(|_| Ok(())))
+            .confined(0, 100)
+            .unwrap();
+        assert_eq!(whole.on_device(&Placement::Whole), Placement::Whole);
+        assert!(
+            Registry::new(defaults, vec![8, 8], Box::new(|_| Ok(())))
+                .confined(60, 100)
+                .is_err(),
+            "a part holding no whole unit is refused"
+        );
+        let one = Registry::new(defaults, vec![16], Box::new(|_| Ok(())))
+            .confined(50, 100)
+            .unwrap();
+        assert_eq!(
+            one.on_device(&Placement::Whole),
+            Placement::Whole,
+            "a device that cannot be partitioned is not confined"
+        );
+    }
 
     #[test]
     fn failed_launches_are_logged_first_eight_then_at_powers_of_two() {

@@ -53,6 +53,12 @@ pub struct ServerConfig {
     pub client_limits: Limits,
     /// The device ordinal served: clients asking for another are refused.
     pub device: u32,
+    /// Device memory all the clients may hold together, in bytes (0: no limit): the group's
+    /// limit under mps-control.
+    pub max_device_bytes: u64,
+    /// The part of the device's SMs, from and to percent, that every client runs within (its
+    /// group's share or reservation under mps-control); `(0, 100)`: the whole device.
+    pub sm_range: (u32, u32),
 }
 
 /// A server bound to its socket.
@@ -110,11 +116,10 @@ impl<B: Backend> Server<B> {
             let backend = backend.clone();
             Box::new(move |a: &[crate::sm::Assignment]| backend.place(a))
         };
-        let registry = Arc::new(Registry::new(
-            defaults,
-            backend.info().sm_units.clone(),
-            placer,
-        ));
+        let registry = Registry::new(defaults, backend.info().sm_units.clone(), placer)
+            .confined(cfg.sm_range.0, cfg.sm_range.1)?;
+        registry.ledger().set_max_device_bytes(cfg.max_device_bytes);
+        let registry = Arc::new(registry);
         let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
         let workers = Workers::new(cfg.session_workers, (cfg.spin, cfg.yield_for))
             .map_err(|e| Error::internal(format!("cannot start the session workers: {e}")))?;

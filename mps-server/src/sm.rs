@@ -80,6 +80,33 @@ fn kept(units: &[u32], total: u32, r: &SmRequest) -> Option<Vec<usize>> {
     }
 }
 
+/// The units of the part of the device from `from` to `to` percent of its SMs, for a group
+/// confined to it (`mps-server --sm-range`): each unit belongs to the part its first SM is in,
+/// so that parts that meet, such as 0-25 and 25-100, share no unit and leave none out. Fails
+/// when the part holds no whole unit.
+pub fn range(units: &[u32], from: u32, to: u32) -> Result<Vec<usize>> {
+    let total: u64 = units.iter().map(|&u| u as u64).sum();
+    let mut start = 0u64;
+    let mut set = Vec::new();
+    for (i, &u) in units.iter().enumerate() {
+        if start * 100 >= from as u64 * total && start * 100 < to as u64 * total {
+            set.push(i);
+        }
+        start += u as u64;
+    }
+    if set.is_empty() || from >= to {
+        return Err(Error::new(
+            Status::Unsupported,
+            format!(
+                "{from}-{to}% of this device's {total} SMs holds no whole SM partition (units of \
+                 {:?} SMs); give the group a larger share or reservation",
+                units.first().copied().unwrap_or(0)
+            ),
+        ));
+    }
+    Ok(set)
+}
+
 /// Places every client. Fails, placing no one, when the reservations would leave no unit for
 /// the clients that share.
 pub fn plan(units: &[u32], requests: &[SmRequest]) -> Result<Vec<Assignment>> {
@@ -200,6 +227,28 @@ mod tests {
             16,
             "the shared client gets the whole pool"
         );
+    }
+
+    #[test]
+    fn ranges_that_meet_share_no_unit_and_leave_none_out() {
+        let a = range(&h200(), 0, 25).unwrap();
+        let b = range(&h200(), 25, 60).unwrap();
+        let c = range(&h200(), 60, 100).unwrap();
+        assert_eq!(
+            a,
+            (0..5).collect::<Vec<_>>(),
+            "units starting before 33 SMs"
+        );
+        let mut all: Vec<usize> = a.iter().chain(&b).chain(&c).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..16).collect::<Vec<_>>());
+        assert_eq!(
+            range(&[1; 16], 50, 100).unwrap(),
+            (8..16).collect::<Vec<_>>()
+        );
+        let e = range(&h200(), 99, 100).unwrap_err();
+        assert!(e.message.contains("99-100%"), "{}", e.message);
+        assert!(range(&[132], 0, 50).is_ok() && range(&[132], 50, 100).is_err());
     }
 
     #[test]

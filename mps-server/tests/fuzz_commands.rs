@@ -50,6 +50,9 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         standby: false,
         hellos: Default::default(),
         max_servers_per_user: 16,
+        config: Default::default(),
+        config_path: dir.join("mps.toml"),
+        proc_root: "/proc".into(),
     })
     .unwrap();
     (d, dir)

@@ -11,22 +11,26 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use mps_core::units::{parse_device_limit, parse_size};
+use mps_core::units::parse_size;
 use mps_ipc::env;
 use mps_ipc::trust::TrustedDir;
 use mps_server::backend::cuda;
+use mps_server::control::config::{
+    self, Backend, Count, DeviceSizes, FaultScope, FileConfig, Percent, Priority, Size,
+};
 use mps_server::control::{
-    CONTROL_SOCKET, Command, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon,
-    DaemonConfig, HelloLimits, send_command,
+    CONTROL_SOCKET, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig,
+    HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
 use mps_server::process::{
-    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_signal_handlers,
+    DEFAULT_LOG_MAX_BYTES, RotatingLog, STOP, init_logging_to, install_reload_handler,
+    install_signal_handlers,
 };
 use mps_server::registry::Defaults;
 
 /// The mps control daemon, and its command client.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(
     version,
     about = "The mps control daemon (one server per user and group) and its command client"
@@ -38,6 +42,11 @@ struct Args {
     /// Run the daemon in the foreground.
     #[arg(short = 'f')]
     foreground: bool,
+    /// The configuration file, whose keys are these options' names (docs/OPERATE.md); an
+    /// option given here wins over it [default: $MPS_CONFIG; else /etc/mps/mps.toml, if it
+    /// exists]
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Pipe directory [default: $MPS_PIPE_DIRECTORY; else, except for root, $XDG_RUNTIME_DIR/mps
     /// when set; else /tmp/mps: where clients look by default]
     #[arg(long)]
@@ -49,24 +58,24 @@ struct Args {
     /// The mps-server binary [default: next to this one]
     #[arg(long)]
     server: Option<PathBuf>,
-    /// Backend of the servers: auto, cuda or sim.
-    #[arg(long, default_value = "auto")]
-    backend: String,
+    /// Backend of the servers [default: auto]
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
     /// The devices to serve, as ordinals (e.g. 0,1) [default: every device the driver sees, or
     /// those --sim-devices makes]. Each (user, group, device) gets a server of its own.
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<u32>>,
     /// How many devices the simulator presents (simulator only; with --backend auto, where
-    /// no GPU is found).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=mps_core::handshake::MAX_DEVICES as i64))]
-    sim_devices: u32,
+    /// no GPU is found) [default: 1]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=mps_core::handshake::MAX_DEVICES as i64))]
+    sim_devices: Option<u32>,
     /// Simulated device memory of each server (simulator only).
-    #[arg(long)]
-    sim_memory: Option<String>,
+    #[arg(long, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    sim_memory: Option<u64>,
     /// What a faulting kernel ends in the simulator (simulator only): `client`, its work, or
     /// `context`, as on a GPU, every client of its server (which a fresh server then replaces).
-    #[arg(long, value_parser = ["client", "context"])]
-    sim_fault_scope: Option<String>,
+    #[arg(long, value_enum)]
+    sim_fault_scope: Option<FaultScope>,
     /// Device memory each client may hold, e.g. 2GiB (0: no limit); the daemon's
     /// set_default_device_pinned_mem_limit changes it later [default: $MPS_PINNED_DEVICE_MEM_LIMIT,
     /// else $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (a size, or per device: 0=1G,1=512M); else 0]
@@ -81,9 +90,9 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     active_thread_percentage: Option<u32>,
     /// Ceiling on the SMs a server's clients may reserve in all, percent
-    /// (set_max_sm_reservation default).
-    #[arg(long, default_value_t = DEFAULT_MAX_SM_RESERVATION, value_parser = clap::value_parser!(u32).range(0..=100))]
-    max_sm_reservation: u32,
+    /// (set_max_sm_reservation default) [default: 50]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
+    max_sm_reservation: Option<u32>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400); the address actually
     /// bound is written to metrics.addr in the pipe directory.
     #[arg(long)]
@@ -101,26 +110,41 @@ struct Args {
     standby: bool,
     /// Connections that may wait for their hello at once; beyond it the one that has waited
     /// longest is dropped (every hello is read on one thread: a waiting connection costs a
-    /// descriptor, never a thread).
-    #[arg(long, default_value_t = DEFAULT_LIMITS.max_pending, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    max_pending_hellos: usize,
-    /// Milliseconds a new connection has for its whole hello before it is dropped.
-    #[arg(long, default_value_t = DEFAULT_LIMITS.hello_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
-    hello_timeout_ms: u64,
+    /// descriptor, never a thread) [default: 64]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_pending_hellos: Option<u64>,
+    /// Milliseconds a new connection has for its whole hello before it is dropped
+    /// [default: 5000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    hello_timeout_ms: Option<u64>,
     /// Servers one user may have running at once (one per group and device); a client of that
-    /// user that would need one more is refused with the reason.
-    #[arg(long, default_value_t = DEFAULT_MAX_SERVERS_PER_USER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    max_servers_per_user: usize,
+    /// user that would need one more is refused with the reason [default: 16]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_servers_per_user: Option<u64>,
     /// Bytes control.log, and each server's log, grows to before it is renamed NAME.1
-    /// (replacing the one before) and started afresh, e.g. 16MiB.
-    #[arg(long, default_value_t = DEFAULT_LOG_MAX_BYTES, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
-    log_max_bytes: u64,
+    /// (replacing the one before) and started afresh, e.g. 16MiB [default: 16MiB]
+    #[arg(long, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
+    log_max_bytes: Option<u64>,
+    /// Where clients' processes are read (their cgroup and groups), for tests that give a
+    /// directory of their own.
+    #[arg(long, hide = true, default_value = "/proc")]
+    proc_root: PathBuf,
     /// A command for the running daemon (without -d or -f).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
 }
 
-fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), String> {
+fn run_daemon(args: &Args, file: FileConfig, config_path: PathBuf) -> Result<(), String> {
+    let cfg = merge(args, file)?;
+    let pipe_dir = cfg
+        .pipe_dir
+        .clone()
+        .unwrap_or_else(mps_ipc::socket::default_pipe_dir);
+    let log_dir = cfg
+        .log_dir
+        .clone()
+        .unwrap_or_else(mps_ipc::trust::default_log_dir);
+    let log_max_bytes = cfg.log_max_bytes.map_or(DEFAULT_LOG_MAX_BYTES, u64::from);
     // The log directory and control.log are checked and made as the pipe directory's files are
     // (owned by this user or root, written by no one else, never through a link); the log is
     // readable by this user only.
@@ -130,32 +154,31 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         0o700
     };
     let log = TrustedDir::open(&log_dir, log_mode)
-        .and_then(|d| RotatingLog::open(d, "control.log", args.log_max_bytes))
+        .and_then(|d| RotatingLog::open(d, "control.log", log_max_bytes))
         .map_err(|e| e.message)?;
     init_logging_to(log);
     install_signal_handlers()?;
-    let server_bin = args.server.clone().unwrap_or_else(|| {
+    install_reload_handler()?;
+    let server_bin = cfg.server.clone().unwrap_or_else(|| {
         std::env::current_exe()
             .map(|p| p.with_file_name("mps-server"))
             .unwrap_or_else(|_| PathBuf::from("mps-server"))
     });
-    let mut server_args = vec!["--backend".to_string(), args.backend.clone()];
-    if let Some(m) = &args.sim_memory {
-        server_args.extend(["--sim-memory".to_string(), m.clone()]);
+    let backend = cfg.backend.unwrap_or(Backend::Auto);
+    let mut server_args = vec!["--backend".to_string(), backend.name().to_string()];
+    if let Some(m) = cfg.sim_memory {
+        server_args.extend(["--sim-memory".to_string(), m.0.to_string()]);
     }
-    if let Some(scope) = &args.sim_fault_scope {
-        server_args.extend(["--sim-fault-scope".to_string(), scope.clone()]);
+    if let Some(scope) = cfg.sim_fault_scope {
+        server_args.extend(["--sim-fault-scope".to_string(), scope.name().to_string()]);
     }
-    server_args.extend([
-        "--log-max-bytes".to_string(),
-        args.log_max_bytes.to_string(),
-    ]);
-    server_args.extend(args.server_args.iter().cloned());
-    if !args.server_args.is_empty() {
+    server_args.extend(["--log-max-bytes".to_string(), log_max_bytes.to_string()]);
+    let extra = cfg.server_args.clone().unwrap_or_default();
+    server_args.extend(extra.iter().cloned());
+    if !extra.is_empty() {
         check_server_args(&server_bin, &server_args)?;
     }
-    let devices = devices_to_serve(args)?;
-    let from_env = EnvDefaults::read(&devices)?;
+    let devices = devices_to_serve(&cfg)?;
     let daemon = Daemon::bind(DaemonConfig {
         pipe_dir: pipe_dir.clone(),
         devices: devices.clone(),
@@ -163,36 +186,44 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
         server_bin,
         server_args,
         defaults: Defaults {
-            mem_limit: args.device_pinned_mem_limit.unwrap_or(0),
-            priority: args.client_priority.or(from_env.priority).unwrap_or(0),
-            sm_share: args
-                .active_thread_percentage
-                .or(from_env.sm_share)
-                .unwrap_or(100),
-            max_sm_reserve: args.max_sm_reservation,
+            mem_limit: 0,
+            priority: cfg.client_priority.map_or(0, |p| p.0),
+            sm_share: cfg.active_thread_percentage.map_or(100, |p| p.0),
+            max_sm_reserve: cfg
+                .max_sm_reservation
+                .map_or(DEFAULT_MAX_SM_RESERVATION, |p| p.0),
         },
-        standby: args.standby,
+        standby: cfg.standby.unwrap_or(false),
         hellos: HelloLimits {
-            max_pending: args.max_pending_hellos,
-            timeout: Duration::from_millis(args.hello_timeout_ms),
+            max_pending: cfg
+                .max_pending_hellos
+                .map_or(DEFAULT_LIMITS.max_pending, |c| c.0 as usize),
+            timeout: cfg
+                .hello_timeout_ms
+                .map_or(DEFAULT_LIMITS.hello_timeout, |c| Duration::from_millis(c.0)),
         },
-        max_servers_per_user: args.max_servers_per_user,
+        max_servers_per_user: cfg
+            .max_servers_per_user
+            .map_or(DEFAULT_MAX_SERVERS_PER_USER, |c| c.0 as usize),
+        config: cfg.clone(),
+        config_path: config_path.clone(),
+        proc_root: args.proc_root.clone(),
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(
         "mps-control listening in {}, serving devices {devices:?}",
         pipe_dir.display()
     );
-    // The environment's memory limits are per device; a flag sets every device's.
-    if args.device_pinned_mem_limit.is_none() {
-        for (device, bytes) in from_env.mem_limits {
-            daemon
-                .answer(Command::SetDefaultDevicePinnedMemLimit { device, bytes })
-                .map_err(|e| e.message)?;
-        }
-    }
+    // SIGHUP reads the file again, under the same options and environment.
+    let (again, path) = (args.clone(), config_path);
+    daemon.set_reloader(Box::new(move || {
+        let file = FileConfig::read(&path, again.config.is_some() || env_config().is_some())
+            .map_err(|e| e.message)?
+            .unwrap_or_default();
+        merge(&again, file)
+    }));
     let daemon = Arc::new(daemon);
-    if let Some(addr) = &args.metrics_listen {
+    if let Some(addr) = &cfg.metrics_listen {
         let listener = std::net::TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
@@ -215,18 +246,91 @@ fn run_daemon(args: &Args, pipe_dir: PathBuf, log_dir: PathBuf) -> Result<(), St
     Ok(())
 }
 
+/// The configuration in force: the file's, under the environment's `MPS_*` (or NVIDIA's
+/// `CUDA_MPS_*`) variables, under the options on the command line. A variable whose value does
+/// not parse stops the daemon with the variable's name.
+fn merge(args: &Args, mut c: FileConfig) -> Result<FileConfig, String> {
+    fn over<T>(slot: &mut Option<T>, value: Option<T>) {
+        if value.is_some() {
+            *slot = value;
+        }
+    }
+    let from_env = EnvDefaults::read()?;
+    over(
+        &mut c.pipe_dir,
+        args.pipe_dir
+            .clone()
+            .or_else(|| env::setting_os("MPS_PIPE_DIRECTORY").map(PathBuf::from)),
+    );
+    over(
+        &mut c.log_dir,
+        args.log_dir
+            .clone()
+            .or_else(|| env::setting_os("MPS_LOG_DIRECTORY").map(PathBuf::from)),
+    );
+    over(&mut c.server, args.server.clone());
+    over(&mut c.backend, args.backend);
+    over(&mut c.devices, args.devices.clone());
+    over(
+        &mut c.sim_devices,
+        args.sim_devices.map(|n| Count(n.into())),
+    );
+    over(&mut c.sim_memory, args.sim_memory.map(Size));
+    over(&mut c.sim_fault_scope, args.sim_fault_scope);
+    over(
+        &mut c.device_pinned_mem_limit,
+        args.device_pinned_mem_limit
+            .map(|b| DeviceSizes(b.to_string()))
+            .or(from_env.mem_limit),
+    );
+    over(
+        &mut c.client_priority,
+        args.client_priority.or(from_env.priority).map(Priority),
+    );
+    over(
+        &mut c.active_thread_percentage,
+        args.active_thread_percentage
+            .or(from_env.sm_share)
+            .map(Percent),
+    );
+    over(
+        &mut c.max_sm_reservation,
+        args.max_sm_reservation.map(Percent),
+    );
+    over(&mut c.metrics_listen, args.metrics_listen.clone());
+    if !args.server_args.is_empty() {
+        c.server_args = Some(args.server_args.clone());
+    }
+    if args.standby {
+        c.standby = Some(true);
+    }
+    over(
+        &mut c.max_pending_hellos,
+        args.max_pending_hellos.map(Count),
+    );
+    over(&mut c.hello_timeout_ms, args.hello_timeout_ms.map(Count));
+    over(
+        &mut c.max_servers_per_user,
+        args.max_servers_per_user.map(Count),
+    );
+    over(&mut c.log_max_bytes, args.log_max_bytes.map(Size));
+    c.check_groups()?;
+    Ok(c)
+}
+
 /// Client defaults from the daemon's own environment, as NVIDIA's control daemon takes them:
 /// mps's `MPS_*` names, else NVIDIA's `CUDA_MPS_*` ones. A flag on the command line wins over
-/// both; a value that does not parse stops the daemon with the variable's name.
+/// both, and both win over the configuration file; a value that does not parse stops the daemon
+/// with the variable's name.
 struct EnvDefaults {
     sm_share: Option<u32>,
     priority: Option<u32>,
-    /// Device memory per client, for each served device the variable gives a limit for.
-    mem_limits: Vec<(u32, u64)>,
+    /// Device memory per client, for every device or by ordinal.
+    mem_limit: Option<DeviceSizes>,
 }
 
 impl EnvDefaults {
-    fn read(devices: &[u32]) -> Result<EnvDefaults, String> {
+    fn read() -> Result<EnvDefaults, String> {
         let percent = |name: &'static str, min: u32, max: u32| {
             match env::setting(name) {
             None => Ok(None),
@@ -241,20 +345,23 @@ impl EnvDefaults {
                 }),
         }
         };
-        let mut mem_limits = Vec::new();
-        if let Some((spec, var)) = env::setting("MPS_PINNED_DEVICE_MEM_LIMIT") {
-            for &device in devices {
-                let limit = parse_device_limit(&spec, device)
-                    .map_err(|e| format!("{var}={spec}: {}", e.message))?;
-                mem_limits.extend(limit.map(|bytes| (device, bytes)));
+        let mem_limit = match env::setting("MPS_PINNED_DEVICE_MEM_LIMIT") {
+            Some((spec, var)) => {
+                Some(DeviceSizes::parse(&spec).map_err(|e| format!("{var}={spec}: {e}"))?)
             }
-        }
+            None => None,
+        };
         Ok(EnvDefaults {
             sm_share: percent("MPS_ACTIVE_THREAD_PERCENTAGE", 1, 100)?,
             priority: percent("MPS_CLIENT_PRIORITY", 0, 1)?,
-            mem_limits,
+            mem_limit,
         })
     }
+}
+
+/// `MPS_CONFIG`, the configuration file the environment names.
+fn env_config() -> Option<PathBuf> {
+    env::setting_os("MPS_CONFIG").map(PathBuf::from)
 }
 
 /// Refuses to start on server options that every server would refuse (a misspelt option, a
@@ -284,29 +391,32 @@ fn check_server_args(server_bin: &std::path::Path, server_args: &[String]) -> Re
 /// The device ordinals the daemon serves: those asked for (`--devices`), each of which must
 /// exist, or every device of the backend: what the CUDA driver sees (after
 /// `CUDA_VISIBLE_DEVICES`, which the servers inherit), or the simulator's `--sim-devices`.
-fn devices_to_serve(args: &Args) -> Result<Vec<u32>, String> {
-    let (count, what) = match args.backend.as_str() {
-        "sim" => (args.sim_devices, "the simulator presents"),
-        "cuda" => (
+fn devices_to_serve(cfg: &FileConfig) -> Result<Vec<u32>, String> {
+    let sim_devices = cfg
+        .sim_devices
+        .map_or(1, |c| c.0.min(u32::MAX as u64) as u32);
+    let (count, what) = match cfg.backend.unwrap_or(Backend::Auto) {
+        Backend::Sim => (sim_devices, "the simulator presents"),
+        Backend::Cuda => (
             mps_driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
             "the CUDA driver sees",
         ),
-        _ => match cuda::probe() {
+        Backend::Auto => match cuda::probe() {
             Ok(()) => (
                 mps_driver::device_count().map_err(|e| format!("counting CUDA devices: {e}"))?,
                 "the CUDA driver sees",
             ),
-            Err(_) => (args.sim_devices, "the simulator presents (no usable GPU)"),
+            Err(_) => (sim_devices, "the simulator presents (no usable GPU)"),
         },
     };
-    let Some(asked) = &args.devices else {
+    let Some(asked) = &cfg.devices else {
         return Ok((0..count.min(mps_core::handshake::MAX_DEVICES)).collect());
     };
     let mut devices = asked.clone();
     devices.sort_unstable();
     devices.dedup();
     if devices.is_empty() {
-        return Err("--devices names no device".into());
+        return Err("--devices (devices in the configuration) names no device".into());
     }
     if let Some(d) = devices.iter().find(|d| **d >= count) {
         return Err(format!(
@@ -357,16 +467,31 @@ fn spawn_background(pipe_dir: &std::path::Path) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let (config_path, required) = match args.config.clone().or_else(env_config) {
+        Some(path) => (path, true),
+        None => (PathBuf::from(config::DEFAULT_PATH), false),
+    };
+    // The daemon refuses a configuration it cannot read; the command client only looks in it
+    // for the pipe directory, and goes on without it.
+    let file = match FileConfig::read(&config_path, required) {
+        Ok(file) => file.unwrap_or_default(),
+        Err(e) if args.foreground || args.daemon => {
+            eprintln!("mps-control: {}", e.message);
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("mps-control: {} (going on without it)", e.message);
+            FileConfig::default()
+        }
+    };
     let pipe_dir = args
         .pipe_dir
         .clone()
+        .or_else(|| env::setting_os("MPS_PIPE_DIRECTORY").map(PathBuf::from))
+        .or_else(|| file.pipe_dir.clone())
         .unwrap_or_else(mps_ipc::socket::default_pipe_dir);
-    let log_dir = args
-        .log_dir
-        .clone()
-        .unwrap_or_else(mps_ipc::trust::default_log_dir);
     let result = if args.foreground {
-        run_daemon(&args, pipe_dir, log_dir)
+        run_daemon(&args, file, config_path)
     } else if args.daemon {
         spawn_background(&pipe_dir)
     } else {

@@ -116,6 +116,9 @@ pub enum Command {
         /// Bytes per client.
         bytes: u64,
     },
+    /// Writes the configuration in force, operators' changes of the defaults included, to the
+    /// configuration file, so that a restart keeps them.
+    SaveConfig,
 }
 
 /// Every command and its usage, in the order the unknown-command error lists them.
@@ -170,6 +173,7 @@ const USAGES: &[(&str, &str)] = &[
     ),
     ("shutdown_server", "shutdown_server <server-pid> [-f]"),
     ("status", "status"),
+    ("save_config", "save_config"),
     ("quit", "quit [-t <seconds>]"),
 ];
 
@@ -220,6 +224,7 @@ impl std::str::FromStr for Command {
                 grace: Duration::from_secs(secs.parse().map_err(|_| bad())?),
             },
             ("status", []) => Status,
+            ("save_config", []) => SaveConfig,
             ("get_client_list", [server]) => GetClientList {
                 server: pid(server)?,
                 verbose: false,
@@ -280,17 +285,26 @@ impl Daemon {
     pub fn answer(&self, command: Command) -> Result<String> {
         use Command::*;
         match command {
-            GetServerList { device } => Ok(self
-                .server_list()
-                .iter()
-                .filter(|s| device.is_none_or(|d| d == s.device))
-                .map(|s| match s.state {
-                    ServerState::Active => format!("{}\n", s.pid),
-                    ServerState::Fault | ServerState::Standby => {
-                        format!("{} {}\n", s.pid, s.state)
-                    }
-                })
-                .collect()),
+            GetServerList { device } => {
+                // A server of a configured group says its group's use against its limits.
+                let groups = self.group_use();
+                Ok(self
+                    .server_list()
+                    .iter()
+                    .filter(|s| device.is_none_or(|d| d == s.device))
+                    .map(|s| match s.state {
+                        ServerState::Active => {
+                            match groups.iter().find(|g| g.server_pid == s.pid) {
+                                Some(g) => format!("{} {}\n", s.pid, g.words()),
+                                None => format!("{}\n", s.pid),
+                            }
+                        }
+                        ServerState::Fault | ServerState::Standby => {
+                            format!("{} {}\n", s.pid, s.state)
+                        }
+                    })
+                    .collect())
+            }
             GetServerStatus { server } => self
                 .server_list()
                 .iter()
@@ -313,6 +327,7 @@ impl Daemon {
                 Ok("quitting\n".into())
             }
             Status => Ok(self.status()),
+            SaveConfig => self.save_config(),
             GetClientList {
                 server,
                 verbose: true,
@@ -363,9 +378,12 @@ impl Daemon {
             }
             SetDefaultClientPriority(level) => {
                 self.default_priority.store(level, Ordering::Relaxed);
-                // Running servers take it for their new clients too.
+                // Running servers take it for their new clients too, but for those of groups
+                // with a priority of their own.
                 for s in self.server_list() {
-                    self.ask(s.pid, &ServerRequest::SetPriority(level))?;
+                    if !self.group_sets_priority(&s.group) {
+                        self.ask(s.pid, &ServerRequest::SetPriority(level))?;
+                    }
                 }
                 Ok(format!("new clients: priority {level}\n"))
             }
@@ -489,7 +507,35 @@ impl Daemon {
                 );
             }
         }
-        format!("{out}\n{clients}")
+        let groups = self.group_use();
+        if groups.is_empty() {
+            return format!("{out}\n{clients}");
+        }
+        let mut table = String::from(
+            "GROUP             UID     DEVICE  SERVER-PID  CLIENTS  MAX-CLIENTS  MEM-BYTES     \
+             MEM-LIMIT     SMS  SM-RANGE%  PRIORITY\n",
+        );
+        let limit = |n: u64| match n {
+            0 => "none".to_string(),
+            n => n.to_string(),
+        };
+        for g in groups {
+            table += &format!(
+                "{:<17} {:<7} {:<7} {:<11} {:<8} {:<12} {:<13} {:<13} {:<4} {:<10} {}\n",
+                g.group,
+                g.uid,
+                g.device,
+                g.server_pid,
+                g.connections,
+                limit(g.max_clients),
+                g.device_bytes,
+                limit(g.max_device_bytes),
+                g.sms,
+                format!("{}-{}", g.sm_range.0, g.sm_range.1),
+                g.priority
+            );
+        }
+        format!("{out}\n{clients}\n{table}")
     }
 }
 
@@ -531,6 +577,7 @@ mod tests {
                 },
             ),
             ("status", Status),
+            ("save_config", SaveConfig),
             (
                 "get_client_list 12",
                 GetClientList {
@@ -662,6 +709,7 @@ mod tests {
             ("quit -t soon", "usage: quit [-t <seconds>]"),
             ("quit now", "usage: quit [-t <seconds>]"),
             ("status -v", "usage: status"),
+            ("save_config now", "usage: save_config"),
             (
                 "get_client_list",
                 "usage: get_client_list <server-pid> [-v]",

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::Daemon;
+use super::groups::GroupUse;
 use super::routing::{ServerInfo, ServerState};
 use crate::registry::ClientStats;
 
@@ -28,6 +29,46 @@ struct ClientLabels {
 }
 
 type Value = fn(&ClientStats) -> u64;
+
+/// Which group server a group's samples are about.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    group: String,
+    uid: u32,
+    device: u32,
+    server_pid: u32,
+}
+
+type GroupValue = fn(&GroupUse) -> u64;
+
+/// Gauges of a configured group's server: its use and its limits (a limit of 0: none).
+const GROUP_GAUGES: [(&str, &str, GroupValue); 5] = [
+    (
+        "mps_group_device_memory_bytes",
+        "Device memory a group's clients of one user on one device hold together",
+        |g| g.device_bytes,
+    ),
+    (
+        "mps_group_device_memory_limit_bytes",
+        "The device-memory limit of a group's clients of one user on one device together (0: none)",
+        |g| g.max_device_bytes,
+    ),
+    (
+        "mps_group_clients",
+        "Connections a group's server of one user on one device serves",
+        |g| g.connections.into(),
+    ),
+    (
+        "mps_group_max_clients",
+        "Connections a group's server admits (0: the server's default)",
+        |g| g.max_clients,
+    ),
+    (
+        "mps_group_sms",
+        "SMs a group's clients of one user on one device run within",
+        |g| g.sms.into(),
+    ),
+];
 
 /// Gauges of a client: name, help, value. The crate adds the final period of each help text.
 const GAUGES: [(&str, &str, Value); 7] = [
@@ -98,8 +139,23 @@ const COUNTERS: [(&str, &str, Value); 7] = [
 ];
 
 /// The exposition of `servers` and their clients.
-fn exposition(servers: &[(ServerInfo, Vec<ClientStats>)]) -> String {
+fn exposition(servers: &[(ServerInfo, Vec<ClientStats>)], groups: &[GroupUse]) -> String {
     let mut registry = Registry::default();
+    if !groups.is_empty() {
+        for (name, help, value) in GROUP_GAUGES {
+            let family = Family::<GroupLabels, Gauge<u64, AtomicU64>>::default();
+            for g in groups {
+                let labels = GroupLabels {
+                    group: g.group.clone(),
+                    uid: g.uid,
+                    device: g.device,
+                    server_pid: g.server_pid,
+                };
+                family.get_or_create(&labels).set(value(g));
+            }
+            registry.register(name, help, family);
+        }
+    }
     let running: Gauge<u64, AtomicU64> = Gauge::default();
     running.set(servers.len() as u64);
     registry.register("mps_servers", "Running servers", running);
@@ -162,7 +218,7 @@ impl Daemon {
                 (s, clients)
             })
             .collect();
-        exposition(&servers)
+        exposition(&servers, &self.group_use())
     }
 
     /// Serves `GET /metrics` on `listener` until the daemon stops.
@@ -238,21 +294,26 @@ mod tests {
             routed: 1,
             uptime: Duration::ZERO,
             state: ServerState::Active,
+            limits: Default::default(),
+            priority: 0,
         }
     }
 
     #[test]
     fn every_family_has_help_type_and_one_sample_per_client() {
-        let text = exposition(&[
-            (server(10, "default"), vec![client(1, 500), client(2, 501)]),
-            (
-                ServerInfo {
-                    device: 1,
-                    ..server(11, "critical")
-                },
-                vec![client(1, 600)],
-            ),
-        ]);
+        let text = exposition(
+            &[
+                (server(10, "default"), vec![client(1, 500), client(2, 501)]),
+                (
+                    ServerInfo {
+                        device: 1,
+                        ..server(11, "critical")
+                    },
+                    vec![client(1, 600)],
+                ),
+            ],
+            &[],
+        );
         assert!(
             text.contains("# HELP mps_servers Running servers.\n"),
             "{text}"
@@ -288,7 +349,7 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        let text = exposition(&[(server(10, "a\"b\\c\nd"), vec![client(1, 500)])]);
+        let text = exposition(&[(server(10, "a\"b\\c\nd"), vec![client(1, 500)])], &[]);
         assert!(
             text.contains("group=\"a\\\"b\\\\c\\nd\""),
             "the group's quote, backslash and newline must be escaped:\n{text}"
@@ -305,17 +366,52 @@ mod tests {
     fn a_server_whose_context_failed_counts_as_faulted_while_it_drains() {
         let mut failed = server(10, "default");
         failed.state = ServerState::Fault;
-        let text = exposition(&[
-            (failed, vec![client(1, 500)]),
-            (server(11, "default"), vec![client(1, 501)]),
-        ]);
+        let text = exposition(
+            &[
+                (failed, vec![client(1, 500)]),
+                (server(11, "default"), vec![client(1, 501)]),
+            ],
+            &[],
+        );
         assert!(text.contains("mps_servers 2\n"), "{text}");
         assert!(text.contains("mps_servers_faulted 1\n"), "{text}");
     }
 
     #[test]
+    fn a_groups_use_and_limits_are_gauges_of_its_server() {
+        let group = GroupUse {
+            group: "train".into(),
+            uid: 1000,
+            device: 1,
+            server_pid: 12,
+            connections: 3,
+            max_clients: 8,
+            device_bytes: 4096,
+            max_device_bytes: 1 << 30,
+            sms: 66,
+            sm_range: (0, 50),
+            priority: 1,
+        };
+        let text = exposition(&[(server(12, "train"), vec![])], &[group]);
+        let labels = "{group=\"train\",uid=\"1000\",device=\"1\",server_pid=\"12\"}";
+        for (name, value) in [
+            ("mps_group_device_memory_bytes", 4096),
+            ("mps_group_device_memory_limit_bytes", 1 << 30),
+            ("mps_group_clients", 3),
+            ("mps_group_max_clients", 8),
+            ("mps_group_sms", 66),
+        ] {
+            assert!(
+                text.contains(&format!("{name}{labels} {value}\n")),
+                "{text}"
+            );
+        }
+        assert!(!exposition(&[], &[]).contains("mps_group_"));
+    }
+
+    #[test]
     fn no_servers_is_a_valid_exposition() {
-        let text = exposition(&[]);
+        let text = exposition(&[], &[]);
         assert!(text.contains("mps_servers 0\n"), "{text}");
         assert!(
             !text.lines().any(|l| l.starts_with("mps_client_")),

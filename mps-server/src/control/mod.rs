@@ -3,7 +3,8 @@
 //! server, and answers operators' commands on a control socket.
 //!
 //! A client's uid comes from SO_PEERCRED and its group from its hello (`MPS_GROUP`, default
-//! `default`), so a client cannot reach another user's server, and a critical service and
+//! `default`) or, where the configuration routes the client's cgroup to a group, from that
+//! (`groups`), so a client cannot reach another user's server, and a critical service and
 //! experimental jobs never share a server, a context, or a fault. Run as root, the daemon starts
 //! each user's server as that user.
 //!
@@ -11,11 +12,14 @@
 //! so at once; its user and group then go to a fresh server while the old one drains its
 //! clients, listed as `FAULT` meanwhile (see [`crate::recovery`] for the server's side).
 //!
-//! `routing` finds or starts the server of a (user, group) and hands clients to it; `command` is
-//! the operators' command language ([`Command`]); `metrics` serves Prometheus; `wire` is what the
-//! daemon and its servers say to each other.
+//! `routing` finds or starts the server of a (user, group) and hands clients to it; `groups`
+//! places each client in a group and gives a configured group's servers its limits; `config` is
+//! the configuration file; `command` is the operators' command language ([`Command`]);
+//! `metrics` serves Prometheus; `wire` is what the daemon and its servers say to each other.
 
 mod command;
+pub mod config;
+mod groups;
 mod metrics;
 mod routing;
 mod standby;
@@ -70,7 +74,19 @@ pub struct DaemonConfig {
     /// Servers one user may have running at once (one per group and device); a client that
     /// would need one more is refused with the reason, and other users are served as before.
     pub max_servers_per_user: usize,
+    /// The configuration in force at start: the file's under the options given (what
+    /// `save_config` writes, with the defaults operators changed since); its
+    /// `device_pinned_mem_limit`, if any, sets the default memory limit of each device.
+    pub config: config::FileConfig,
+    /// Where `save_config` writes the configuration.
+    pub config_path: PathBuf,
+    /// Where the clients' processes are read (their cgroup and groups): `/proc`, or a
+    /// directory of the tests' own.
+    pub proc_root: PathBuf,
 }
+
+/// Reads the configuration anew, under the options given at start (SIGHUP), or says why not.
+pub type Reloader = Box<dyn Fn() -> std::result::Result<config::FileConfig, String> + Send + Sync>;
 
 /// Servers per user unless the operator says otherwise: each costs a process, a device
 /// context, a few threads and descriptors of the daemon's and about 5 MB of memory.
@@ -120,6 +136,12 @@ pub struct Daemon {
     /// With `standby`, a server per (user, group, device) waiting to take over.
     standbys: Mutex<BTreeMap<(u32, String, u32), standby::Standby>>,
     stop: AtomicBool,
+    /// The configuration in force, less the defaults kept above.
+    running: Mutex<config::FileConfig>,
+    /// How SIGHUP reads the configuration anew.
+    reloader: std::sync::OnceLock<Reloader>,
+    /// Where clients' cgroups and groups are read.
+    proc: groups::Proc,
     client_listener: UnixListener,
     control_listener: UnixListener,
 }
@@ -172,13 +194,21 @@ impl Daemon {
             })
         })?;
         let d = cfg.defaults;
+        let device_mem_limits = cfg
+            .config
+            .device_pinned_mem_limit
+            .as_ref()
+            .map(|spec| config::device_limits(spec, &cfg.devices))
+            .unwrap_or_default();
+        let running = Mutex::new(cfg.config.clone());
+        let proc = groups::Proc::new(&cfg.proc_root);
         Ok(Daemon {
             cfg,
             pipe,
             servers_dir,
             logs,
             default_mem_limit: AtomicU64::new(d.mem_limit),
-            device_mem_limits: Mutex::new(BTreeMap::new()),
+            device_mem_limits: Mutex::new(device_mem_limits),
             default_priority: AtomicU32::new(d.priority),
             default_share: AtomicU32::new(d.sm_share),
             default_max_reserve: AtomicU32::new(d.max_sm_reserve),
@@ -186,6 +216,9 @@ impl Daemon {
             failed: Mutex::new(Vec::new()),
             standbys: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
+            running,
+            reloader: std::sync::OnceLock::new(),
+            proc,
             client_listener,
             control_listener,
         })
@@ -245,6 +278,9 @@ impl Daemon {
             .spawn(move || d.accept_clients())
             .expect("start the client thread");
         while !self.stop.load(Ordering::Relaxed) && !stop_signal.load(Ordering::Relaxed) {
+            if crate::process::RELOAD.swap(false, Ordering::SeqCst) {
+                self.reload();
+            }
             if !wait_readable(&self.control_listener).unwrap_or(false) {
                 continue;
             }

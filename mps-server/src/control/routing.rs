@@ -26,6 +26,7 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::socket;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
+use super::groups::GroupLimits;
 use super::wire::{self, ServerAnswer, ServerRequest};
 use super::{Daemon, is_root};
 use crate::intake::{Gate, Outcome, Throttle, accept_loop};
@@ -44,6 +45,8 @@ pub(super) struct ServerProc {
     device: u32,
     /// What its clients start from, as the daemon's defaults were when it was started.
     pub(super) defaults: Defaults,
+    /// Its group's limits, as they were when it was started.
+    pub(super) limits: GroupLimits,
     pub(super) child: Child,
     link: Arc<Link>,
     started: Instant,
@@ -162,6 +165,10 @@ pub(super) struct ServerInfo {
     pub(super) routed: u64,
     pub(super) uptime: Duration,
     pub(super) state: ServerState,
+    /// Its group's limits.
+    pub(super) limits: GroupLimits,
+    /// Its clients' priority when it was started.
+    pub(super) priority: u32,
 }
 
 impl ServerProc {
@@ -174,6 +181,8 @@ impl ServerProc {
             routed: self.clients,
             uptime: self.started.elapsed(),
             state,
+            limits: self.limits.clone(),
+            priority: self.defaults.priority,
         }
     }
 }
@@ -333,7 +342,7 @@ impl Daemon {
 
     /// Routes a client whose hello has been read.
     fn route_hello(self: &Arc<Self>, stream: UnixStream, peer: socket::Peer, hello: &Hello) {
-        let group = match hello.group() {
+        let asked = match hello.group() {
             Ok(g) => g,
             Err(e) => return crate::server::refuse(&stream, &e),
         };
@@ -353,6 +362,19 @@ impl Daemon {
             );
             return crate::server::refuse(&stream, &e);
         }
+        let group = match self.place(&peer, &asked) {
+            Ok(g) => g,
+            Err(e) => {
+                // At debug only: a client may ask again as often as it likes, and it is told.
+                tracing::debug!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    "client refused: {}",
+                    e.message
+                );
+                return crate::server::refuse(&stream, &e);
+            }
+        };
         if let Err(e) = self.hand_over(peer.uid, &group, hello, &stream) {
             tracing::error!(uid = peer.uid, group, "cannot serve client: {e}");
             crate::server::refuse(&stream, &e);
@@ -502,7 +524,7 @@ impl Daemon {
             SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| fail(format!("socketpair: {e}")))?;
-        let defaults = self.server_defaults(device);
+        let (defaults, limits) = self.group_server(group, device);
         let mut cmd = Command::new(&self.cfg.server_bin);
         cmd.arg("--pipe-dir")
             .arg(dir.path())
@@ -522,6 +544,7 @@ impl Daemon {
             .arg(defaults.max_sm_reserve.to_string())
             .arg("--device")
             .arg(device.to_string())
+            .args(limits.args())
             .args(&self.cfg.server_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -577,6 +600,7 @@ impl Daemon {
             group: group.to_string(),
             device,
             defaults,
+            limits,
             child,
             link: Arc::new(Link {
                 socket,

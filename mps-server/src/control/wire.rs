@@ -50,6 +50,10 @@ pub(crate) enum ServerRequest {
     GetMaxReserve,
     /// Device memory per new client, bytes (0: no limit).
     SetMemLimit(u64),
+    /// Device memory of all the clients together, bytes (0: no limit): the group's.
+    SetMaxDeviceBytes(u64),
+    /// What all the clients hold together, answered with [`ServerAnswer::Totals`].
+    Totals,
 }
 
 /// A server's answer to a [`ServerRequest`].
@@ -63,6 +67,17 @@ pub(crate) enum ServerAnswer {
     Percent(u32),
     /// A setting was taken.
     Done,
+    /// What all the server's clients hold together, against the server's limits.
+    Totals {
+        /// Device memory they hold.
+        device_bytes: u64,
+        /// The limit on it (0: none).
+        max_device_bytes: u64,
+        /// Connections served.
+        connections: u32,
+        /// SMs the server's clients run on, all of them together.
+        sms: u32,
+    },
 }
 
 /// An answer as it crosses: the error keeps its status.
@@ -235,7 +250,7 @@ mod tests {
         /// Every request, whatever its numbers, is answered or refused with a status, and a
         /// share or ceiling that was taken reads back as set.
         #[test]
-        fn any_request_is_answered_or_refused(kind in 0u8..8, n in proptest::prelude::any::<u64>()) {
+        fn any_request_is_answered_or_refused(kind in 0u8..10, n in proptest::prelude::any::<u64>()) {
             let r = registry();
             let p = n as u32;
             let request = match kind {
@@ -246,11 +261,18 @@ mod tests {
                 4 => ServerRequest::GetShare,
                 5 => ServerRequest::SetMaxReserve(p),
                 6 => ServerRequest::GetMaxReserve,
+                7 => ServerRequest::SetMaxDeviceBytes(n),
+                8 => ServerRequest::Totals,
                 _ => ServerRequest::SetMemLimit(n),
             };
             let taken = round_trip(&r, &request).is_ok();
             if taken && let ServerRequest::SetShare(p) = request {
                 proptest::prop_assert_eq!(round_trip(&r, &ServerRequest::GetShare), Ok(ServerAnswer::Percent(p)));
+            }
+            if taken && let ServerRequest::SetMaxDeviceBytes(n) = request {
+                let totals = round_trip(&r, &ServerRequest::Totals);
+                let set = matches!(totals, Ok(ServerAnswer::Totals { max_device_bytes, .. }) if max_device_bytes == n);
+                proptest::prop_assert!(set, "the limit set reads back");
             }
             if taken && let ServerRequest::SetMaxReserve(p) = request {
                 proptest::prop_assert_eq!(round_trip(&r, &ServerRequest::GetMaxReserve), Ok(ServerAnswer::Percent(p)));
