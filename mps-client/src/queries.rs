@@ -67,7 +67,7 @@ impl Client {
     }
 
     /// The device address and size of the global variable `name` of `module`. Kernels may be
-    /// given the address; copies to and from it are refused (they reach allocations only).
+    /// given the address, and copies and memsets reach it until the module is unloaded.
     pub fn module_get_global(&self, module: Module, name: &str) -> Result<(DevicePtr, u64)> {
         if name.is_empty() || name.len() > mps_core::protocol::MAX_NAME_BYTES {
             return Err(Error::invalid_value(format!(

@@ -91,6 +91,10 @@ impl<B: Backend> SessionCore<B> {
     pub(super) fn module_unload(&mut self, module: u64) -> Result<Answer> {
         self.modules.remove(module)?;
         self.function_names.remove(&module);
+        for start in self.module_globals.remove(&module).unwrap_or_default() {
+            let _ = self.allocations.remove_mapped(start);
+            let _ = self.shared_allocations().remove_mapped(start);
+        }
         let kernels: Vec<u64> = self
             .functions
             .iter()
@@ -127,13 +131,24 @@ impl<B: Backend> SessionCore<B> {
         Ok(Answer::Values([h.0, count, param_bytes as u64, 0]))
     }
 
-    /// A module global's address and size. Kernels may be given the address; copies are
-    /// checked against the client's allocations, which a global is not.
+    /// A module global's address and size. Kernels may be given the address, and copies and
+    /// memsets may reach it from now until the module is unloaded, as CUDA's do: it joins the
+    /// client's ranges, as a mapping (no bytes of the client's).
     pub(super) fn module_global(&mut self, module: u64, name: &[u8]) -> Result<Answer> {
         let m = self.modules.get(module)?.clone();
         let name = std::str::from_utf8(name)
             .map_err(|_| Error::invalid_value("global name is not UTF-8"))?;
         let (ptr, size) = self.backend.module_global(&m, name)?;
+        let known = self.allocations.find(ptr) == Some((ptr, size));
+        if size > 0 && !known {
+            self.allocations.insert_mapped(ptr, size)?;
+            let shared = self.shared_allocations().insert_mapped(ptr, size);
+            if let Err(e) = shared {
+                let _ = self.allocations.remove_mapped(ptr);
+                return Err(e);
+            }
+            self.module_globals.entry(module).or_default().push(ptr);
+        }
         Ok(Answer::Values([ptr, size, 0, 0]))
     }
 

@@ -141,3 +141,33 @@ fn a_modules_kernel_names_come_in_pages_and_go_with_the_module() {
     };
     c.refused(&gone, 0, Status::InvalidHandle, "");
 }
+
+#[test]
+fn copies_reach_a_module_global_once_looked_up_until_its_module_goes() {
+    use super::recorder::{RECORDER_GLOBAL, Recorder};
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(Limits::default());
+    let m = c.load_module(PTX).unwrap();
+    let copy = Request::CopyHtoD {
+        dst: RECORDER_GLOBAL + 64,
+        src: HostRef::Staging { offset: 0 },
+        len: 256,
+    };
+    c.refused(&copy, 0, Status::InvalidHandle, "not inside any allocation");
+    let global = Request::ModuleGlobal {
+        module: m,
+        name: b"table",
+    };
+    assert_eq!(c.ok(&global, 0)[..2], [RECORDER_GLOBAL, 4096]);
+    // Asked again, it stays one range.
+    c.ok(&global, 0);
+    c.ok(&copy, 0);
+    let past = Request::CopyHtoD {
+        dst: RECORDER_GLOBAL + 4000,
+        src: HostRef::Staging { offset: 0 },
+        len: 256,
+    };
+    c.refused(&past, 0, Status::InvalidHandle, "runs past the end");
+    c.ok(&Request::ModuleUnload { module: m }, 0);
+    c.refused(&copy, 0, Status::InvalidHandle, "not inside any allocation");
+}
