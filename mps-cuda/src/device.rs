@@ -14,6 +14,7 @@ use std::ffi::c_char;
 use cudarc::driver::sys::CUdevice_attribute as A;
 use mps_core::Status;
 
+use crate::abi::device_attribute::{PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID};
 use crate::abi::{CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::connection::{Connection, Device, Res, fail};
 use crate::driver::{self, connection, driver};
@@ -142,6 +143,29 @@ pub(crate) fn attribute_of(conn: &Connection, attrib: i32) -> Res<i32> {
     attribute(conn.device(), attrib, conn.reported_attribute(attrib))
 }
 
+/// The device's PCI address in CUDA's form, `domain:bus:device.function` in hexadecimal.
+fn pci_bus_id(conn: &Connection) -> Res<String> {
+    let [domain, bus, device] =
+        [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID].map(|a| attribute_of(conn, a));
+    Ok(format!("{:04X}:{:02X}:{:02X}.0", domain?, bus?, device?))
+}
+
+/// `(domain, bus, device)` of a PCI address in one of CUDA's forms (a missing domain is 0, the
+/// function is not compared: a GPU is function 0).
+fn parse_pci_bus_id(text: &str) -> Option<(u32, u32, u32)> {
+    let hex = |s: &str| u32::from_str_radix(s.trim(), 16).ok();
+    let (head, _function) = match text.rsplit_once('.') {
+        Some((h, f)) => (h, Some(hex(f)?)),
+        None => (text, None),
+    };
+    let parts: Vec<&str> = head.split(':').collect();
+    match parts[..] {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] if _function.is_some() => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
+}
+
 // ----- the exports -----
 
 exports! {
@@ -190,6 +214,54 @@ exports! {
             name.add(n).write(0);
         }
         Ok(())
+    };
+
+    /// The device's PCI address as the server's driver reports it, in CUDA's form
+    /// `domain:bus:device.function` (`0000:19:00.0`; 13 bytes with the NUL), cut to `len`.
+    ///
+    /// # Safety
+    /// `id` must be NULL or writable for `len` bytes.
+    pub unsafe fn cuDeviceGetPCIBusId(
+        id: *mut c_char,
+        len: i32,
+        dev: CUdevice,
+    ) ["cuDeviceGetPCIBusId" 4010] = {
+        check(!id.is_null() && len > 0)?;
+        let text = pci_bus_id(connection(dev)?)?;
+        let n = text.len().min(len as usize - 1);
+        // SAFETY: the caller guarantees `id` is writable for `len` > n bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), id.cast(), n);
+            id.add(n).write(0);
+        }
+        Ok(())
+    };
+
+    /// The device whose PCI address is `id`, in any of CUDA's forms (`domain:bus:device.function`,
+    /// `domain:bus:device`, `bus:device.function`; hexadecimal).
+    ///
+    /// # Safety
+    /// `dev` must be NULL or writable; `id` NULL or a NUL-terminated string.
+    pub unsafe fn cuDeviceGetByPCIBusId(
+        dev: *mut CUdevice,
+        id: *const c_char,
+    ) ["cuDeviceGetByPCIBusId" 4010] = {
+        check(!dev.is_null() && !id.is_null())?;
+        // SAFETY: checked non-null; the caller guarantees a NUL-terminated string.
+        let text = unsafe { std::ffi::CStr::from_ptr(id) }.to_string_lossy();
+        let want = parse_pci_bus_id(&text).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let count = driver()?.devices.len() as CUdevice;
+        for d in 0..count {
+            let c = connection(d)?;
+            let at = [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID].map(|a| attribute_of(c, a));
+            if let [Ok(domain), Ok(bus), Ok(device)] = at {
+                if (domain as u32, bus as u32, device as u32) == want {
+                    // SAFETY: checked non-null; the caller guarantees it is writable.
+                    return unsafe { put(dev, d) };
+                }
+            }
+        }
+        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
     };
 
     /// # Safety
@@ -245,6 +317,15 @@ exports! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pci_bus_id_is_read_in_each_of_cudas_forms() {
+        assert_eq!(parse_pci_bus_id("0000:19:00.0"), Some((0, 0x19, 0)));
+        assert_eq!(parse_pci_bus_id("0001:3B:1f"), Some((1, 0x3b, 0x1f)));
+        assert_eq!(parse_pci_bus_id("3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(parse_pci_bus_id("3b:00"), None);
+        assert_eq!(parse_pci_bus_id("not a bus id"), None);
+    }
 
     fn h200() -> Device {
         Device {

@@ -249,6 +249,26 @@ exports! {
     ) ["cuFuncSetAttribute" 9000] =
         set_attribute(attribute, value, f as usize, current_device()?);
 
+    /// A kernel's preference between L1 cache and shared memory (`CU_FUNC_CACHE_PREFER_*`, 0 to
+    /// 3): accepted for a function this library knows and not passed on. CUDA makes it a
+    /// preference the driver may ignore, and on devices since Volta the carveout attribute
+    /// (`cuFuncSetAttribute`, kept) is what sizes shared memory.
+    pub fn cuFuncSetCacheConfig(f: CUfunction, config: i32) ["cuFuncSetCacheConfig" 3000] = {
+        crate::module::function_obj(f as usize)?;
+        check((0..=3).contains(&config))
+    };
+
+    /// A kernel's shared-memory bank size (`CU_SHARED_MEM_CONFIG_*`, 0 to 2), which CUDA 13
+    /// deprecates and devices since Volta do not have: accepted for a known function, as a
+    /// no-op, as NVIDIA's driver takes it.
+    pub fn cuFuncSetSharedMemConfig(
+        f: CUfunction,
+        config: i32,
+    ) ["cuFuncSetSharedMemConfig" 4020] = {
+        crate::module::function_obj(f as usize)?;
+        check((0..=2).contains(&config))
+    };
+
     pub fn cuKernelSetAttribute(
         attribute: i32,
         value: i32,

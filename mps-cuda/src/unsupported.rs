@@ -54,7 +54,6 @@ unsupported! {
     cuDestroyExternalSemaphore
     cuDevResourceGenerateDesc
     cuDevSmResourceSplitByCount
-    cuDeviceGetByPCIBusId
     cuDeviceGetDefaultMemPool
     cuDeviceGetDevResource
     cuDeviceGetGraphMemAttribute
@@ -63,7 +62,6 @@ unsupported! {
     cuDeviceGetNvSciSyncAttributes
     cuDeviceGetP2PAtomicCapabilities
     cuDeviceGetP2PAttribute
-    cuDeviceGetPCIBusId
     cuDeviceGetTexture1DLinearMaxWidth
     cuDeviceGraphMemTrim
     cuDeviceRegisterAsyncNotification
@@ -82,8 +80,6 @@ unsupported! {
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
-    cuFuncSetCacheConfig
-    cuFuncSetSharedMemConfig
     cuGLCtxCreate
     cuGLGetDevices
     cuGLInit

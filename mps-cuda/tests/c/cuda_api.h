@@ -90,6 +90,7 @@ typedef struct {
 #define CU_DEVICE_ATTRIBUTE_WARP_SIZE 10
 #define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
@@ -212,6 +213,9 @@ CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned int numFunct
 CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib);
 CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuFuncSetCacheConfig(CUfunction hfunc, int config);
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId);
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,

@@ -3,6 +3,9 @@
  * the device's, so the checks are relations that hold on any device: natively, through mps on
  * a GPU, and on the simulator; what only mps refuses runs with MPS_ONLY=1.
  * Usage: kernel_queries <test_kernels.ptx> */
+#include <stdio.h>
+#include <string.h>
+
 #include "cuda_api.h"
 
 int main(int argc, char **argv) {
@@ -121,6 +124,25 @@ int main(int argc, char **argv) {
     ASSERT(fewer >= 2, "%d blocks fit with the %zu bytes (less %d reserved) that leave room for 2",
            fewer, room, reserved);
     CHECK(cuLibraryUnload(lib));
+
+    /* A cache preference: taken, an out-of-range one refused. */
+    CHECK(cuFuncSetCacheConfig(fill, 1));
+    EXPECT(cuFuncSetCacheConfig(fill, 4), CUDA_ERROR_INVALID_VALUE);
+
+    /* The PCI address: domain:bus:device.function, and back to the device. */
+    char bus_id[13] = {0};
+    CHECK(cuDeviceGetPCIBusId(bus_id, sizeof bus_id, dev));
+    unsigned domain = 0, bus = 0, slot = 0, function = 9;
+    ASSERT(sscanf(bus_id, "%4x:%2x:%2x.%1x", &domain, &bus, &slot, &function) == 4 &&
+               strlen(bus_id) == 12 && function == 0,
+           "PCI bus id %s", bus_id);
+    int pci_bus = -1;
+    CHECK(cuDeviceGetAttribute(&pci_bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev));
+    ASSERT((unsigned)pci_bus == bus, "bus %x in %s, attribute %x", bus, bus_id, pci_bus);
+    CUdevice by_id = -1;
+    CHECK(cuDeviceGetByPCIBusId(&by_id, bus_id));
+    ASSERT(by_id == dev, "device %d for %s", by_id, bus_id);
+    EXPECT(cuDeviceGetByPCIBusId(&by_id, "not a bus id"), CUDA_ERROR_INVALID_VALUE);
 
     CHECK(cuModuleUnload(module));
     CHECK(cuCtxDestroy_v2(ctx));
