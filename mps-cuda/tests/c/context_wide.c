@@ -114,7 +114,8 @@ int main(int argc, char **argv) {
     CHECK(cuCtxGetDevResource(primary, &r, CU_DEV_RESOURCE_TYPE_SM));
     ASSERT(r.type == CU_DEV_RESOURCE_TYPE_SM && (int)r.sm[0] == sms, "type %d, %u SMs of %d",
            r.type, r.sm[0], sms);
-    ASSERT(r.sm[1] >= 1 && r.sm[1] <= r.sm[0] && r.sm[2] >= 1 && r.sm[0] % r.sm[2] == 0,
+    /* NVIDIA's driver on an H200: 132 SMs, partitions of at least 8, aligned to 8. */
+    ASSERT(r.sm[1] >= 1 && r.sm[1] <= r.sm[0] && r.sm[2] >= 1 && r.sm[2] <= r.sm[0],
            "partition size %u, co-scheduled alignment %u of %u SMs", r.sm[1], r.sm[2], r.sm[0]);
     /* mps splits no client's SMs: the smallest partition is all of them. */
     if (mps_only()) ASSERT(r.sm[1] == r.sm[0] && r.sm[2] == 1, "mps's partition figures");
@@ -133,7 +134,8 @@ int main(int argc, char **argv) {
            fn, (int)status);
     fn = &fn;
     EXPECT(cuGetProcAddress("", &fn, 12000, 0), CUDA_ERROR_NOT_FOUND);
-    ASSERT(fn == NULL, "empty name, first form: %p", fn);
+    /* NVIDIA's driver leaves the pointer as it was there (measured on the H200); mps clears it. */
+    if (mps_only()) ASSERT(fn == NULL, "empty name, first form: %p", fn);
     const char *names[] = {"cuCtxGetId", "cuCtxRecordEvent", "cuCtxWaitEvent",
                            "cuCtxGetDevResource", "cuGreenCtxGetDevResource",
                            "cuGreenCtxGetId", "cuGreenCtxRecordEvent", "cuGreenCtxWaitEvent"};

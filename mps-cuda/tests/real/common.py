@@ -32,7 +32,7 @@ def _flatten(values):
 
 
 OOM_WORDS = ("out of memory", "outofmemory", "resource_exhausted", "cuda_error_out_of_memory",
-             "cudaerrormemoryallocation", "failed to allocate")
+             "cudaerrormemoryallocation", "failed to allocate", "cublas_status_alloc_failed")
 
 
 def run(program, body):
