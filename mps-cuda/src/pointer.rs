@@ -82,6 +82,27 @@ fn find(ptr: u64) -> Res<Option<Memory>> {
     }))
 }
 
+/// The device address of `ptr` where it points into a page-locked host buffer of device
+/// `dev`: under CUDA's unified addressing such a host pointer is also a device address, which a
+/// program may pass wherever one goes (XLA copies from and sets its pinned buffers so), while
+/// the server knows only the buffer's device address. `None` for any other pointer, a device
+/// allocation or mapping with the same address first (the servers and this process have
+/// address spaces of their own): that is used as it is.
+pub(crate) fn pinned_device_address(ptr: u64, dev: CUdevice) -> Option<u64> {
+    let d = driver().ok()?;
+    if lock(&d.host).is_empty() {
+        return None;
+    }
+    match find(ptr).ok()?? {
+        Memory::Host {
+            b,
+            device_ptr: Some(at),
+            ..
+        } if b.device == dev => Some(at),
+        _ => None,
+    }
+}
+
 /// An attribute's value, in the C type CUDA gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Value {
