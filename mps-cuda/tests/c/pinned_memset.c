@@ -2,7 +2,9 @@
  * stream, memsets of bytes and words, synchronous and asynchronous, and mapped page-locked
  * memory that a kernel and a copy reach through its device address.
  * Usage: pinned_memset <test_kernels.ptx> */
+#define _POSIX_C_SOURCE 200809L
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 
@@ -126,6 +128,27 @@ int main(int argc, char **argv) {
     CHECK(cuMemsetD8_v2(ux + 4095, 0x42, 1));
     ASSERT(((unsigned char *)hx)[4095] == 0x42, "synchronous memset of the host pointer");
     CHECK(cuMemFreeHost(hx));
+
+    if (mps_only()) {
+        /* A memset the server refuses fails the next call, but a free is made all the same, and
+         * the failure is left for the call after it: a program told that its free failed
+         * would keep, and so leak, the buffer. */
+        /* The refusal comes back as the server takes the memset: let it arrive before the
+         * free (without it the free could only be earlier, and pass without saying anything). */
+        struct timespec arrive = {0, 50 * 1000 * 1000};
+        CHECK(cuMemHostAlloc((void **)&hx, 4096, 0));
+        CHECK(cuMemsetD32Async(0x10, 0, 4, s));
+        nanosleep(&arrive, NULL);
+        CHECK(cuMemFreeHost(hx));
+        EXPECT(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+        EXPECT(cuMemFreeHost(hx), CUDA_ERROR_INVALID_VALUE); /* it was freed */
+        CUdeviceptr gone = 0;
+        CHECK(cuMemAlloc_v2(&gone, 4096));
+        CHECK(cuMemsetD32Async(0x10, 0, 4, s));
+        nanosleep(&arrive, NULL);
+        CHECK(cuMemFree_v2(gone));
+        EXPECT(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+    }
 
     CHECK(cuMemFreeHost(ha));
     CHECK(cuMemFreeHost(hc));
