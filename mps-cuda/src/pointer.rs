@@ -283,18 +283,21 @@ unsafe fn get_attributes(n: u32, attrs: *const i32, data: *const *mut c_void, pt
     };
     check(data.iter().all(|d| !d.is_null()))?;
     let memory = find(ptr)?;
-    let mut values = Vec::with_capacity(attrs.len());
-    for &a in attrs {
-        let a = a as u32;
-        values.push(match value(memory, ptr, a) {
-            Ok(v) => v,
-            Err(Missing::NotApplicable) => zero(a),
-            Err(Missing::Unsupported) => return Err(unsupported(a)),
-        });
+    let answer = |a: i32| match value(memory, ptr, a as u32) {
+        Ok(v) => Ok(v),
+        Err(Missing::NotApplicable) => Ok(zero(a as u32)),
+        Err(Missing::Unsupported) => Err(a as u32),
+    };
+    // Nothing is written unless every attribute is answered; the count is the caller's, so
+    // nothing is allocated for it.
+    if let Some(a) = attrs.iter().find_map(|&a| answer(a).err()) {
+        return Err(unsupported(a));
     }
-    for (d, v) in data.iter().zip(values) {
-        // SAFETY: checked non-null; the caller guarantees room for each attribute's type.
-        unsafe { write(*d, v) };
+    for (d, &a) in data.iter().zip(attrs) {
+        if let Ok(v) = answer(a) {
+            // SAFETY: checked non-null; the caller guarantees room for each attribute's type.
+            unsafe { write(*d, v) };
+        }
     }
     Ok(())
 }

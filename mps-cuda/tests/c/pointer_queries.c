@@ -3,7 +3,9 @@
  * ask them: device allocations, page-locked host buffers, pageable memory, and mapped and
  * unmapped parts of a reservation; and cuMemGetAddressRange.
  * Usage: pointer_queries <test_kernels.ptx> */
+#define _DEFAULT_SOURCE
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 
@@ -21,6 +23,23 @@ static int small(int attr, CUdeviceptr p) {
     int v = 0;
     CHECK(cuPointerGetAttribute(&v, attr, p));
     return v;
+}
+
+/* A library's exit handler (cuFFT's) asks about a pointer after the main thread's thread-local
+ * storage is gone: CUDA answers as ever (unknown memory is zeroes among several). */
+static void at_exit(void) {
+    int attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+    unsigned int type = 7;
+    CUdeviceptr dp = 1;
+    void *data[] = {&type, &dp};
+    CUresult r = cuPointerGetAttributes(2, attrs, data, (CUdeviceptr)(uintptr_t)&type);
+    CUcontext ctx = NULL;
+    CUresult rc = cuCtxGetCurrent(&ctx);
+    if (r != CUDA_SUCCESS || type != 0 || dp != 0 || rc != CUDA_SUCCESS) {
+        fprintf(stderr, "at exit: cuPointerGetAttributes returned %d (type %u, device %#llx), "
+                "cuCtxGetCurrent %d\n", r, type, dp, rc);
+        _exit(1);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -164,5 +183,7 @@ int main(int argc, char **argv) {
     CHECK(cuMemFreeHost(h));
     free(pageable);
     CHECK(cuDevicePrimaryCtxRelease_v2(0));
+    /* Registered last, so that it runs first, with the library still loaded. */
+    atexit(at_exit);
     return finish("pointer_queries");
 }
