@@ -88,12 +88,14 @@ fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     check(size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
     capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
-    let p = ctx.conn()?.host_alloc(size)?;
+    let conn = ctx.conn()?;
+    let p = conn.host_alloc(size)?;
     let b = HostBuffer {
         len: size,
         ctx: ctx.handle,
         device: ctx.device,
         id: next_buffer_id(),
+        at: conn.host_device_address(p.cast()),
     };
     lock(&driver()?.host).insert(p as usize, b);
     Ok(p.cast())

@@ -114,6 +114,12 @@ int main(int argc, char **argv) {
     CHECK(cuMemHostGetDevicePointer_v2(&hdev, h + 8, 0));
     ASSERT(hdev != 0 && word(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hin) == hdev,
            "host buffer's device pointer %#llx", hdev);
+    /* Asked by that device address (through mps, what a kernel is given), it is the same
+     * memory. */
+    ASSERT(small(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, hdev) == CU_MEMORYTYPE_HOST,
+           "device address's type");
+    ASSERT(word(CU_POINTER_ATTRIBUTE_HOST_POINTER, hdev) == hin, "device address's host pointer");
+    ASSERT(word(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hdev) == hdev, "device address's device");
     if (mps_only()) {
         ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, hin) == (uintptr_t)h, "host range");
         ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_SIZE, hin) == MIB, "host range size");
