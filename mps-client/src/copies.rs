@@ -70,7 +70,8 @@ impl Client {
         (off < m.segment.len() && m.device != 0).then_some(DevicePtr(m.device + off as u64))
     }
 
-    /// Frees a host buffer from [`Client::host_alloc`] (after this client's pending work).
+    /// Frees a host buffer from [`Client::host_alloc`] (after this client's pending work), even
+    /// after earlier work failed: that failure is left for the next call to report.
     pub fn host_free(&self, ptr: *mut u8) -> Result<()> {
         let handle = {
             let host = self.host.buffers.read().unwrap_or_else(|p| p.into_inner());
@@ -80,7 +81,9 @@ impl Client {
                 ))
             })?
         };
-        self.transport.call(&Request::HostFree { handle })?;
+        // Made even after earlier work failed (that failure is the next call's to report).
+        self.transport
+            .call_leaving_deferred(&Request::HostFree { handle })?;
         self.host
             .buffers
             .write()

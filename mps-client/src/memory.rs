@@ -17,10 +17,11 @@ impl Client {
         ))
     }
 
-    /// Frees device memory (after this client's pending work, as cuMemFree does).
+    /// Frees device memory (after this client's pending work, as cuMemFree does), even after
+    /// earlier work failed: that failure is left for the next call to report.
     pub fn mem_free(&self, ptr: DevicePtr) -> Result<()> {
         self.transport
-            .call(&Request::MemFree { ptr: ptr.0 })
+            .call_leaving_deferred(&Request::MemFree { ptr: ptr.0 })
             .map(drop)
     }
 

@@ -335,6 +335,22 @@ impl Transport {
         self.wait_reply(seq)
     }
 
+    /// As [`Transport::call`], but the error of earlier work that asked for no reply is left
+    /// for the next call to report: a free is made even after such a failure, which is not its
+    /// own (a program told that its free failed keeps, and so leaks, what it freed).
+    pub(crate) fn call_leaving_deferred(&self, req: &Request<'_>) -> Result<Completion> {
+        self.check_alive()?;
+        {
+            let mut r = lock(&self.receiver);
+            self.drain(&mut r)?;
+            if let Some(f) = r.core.fault() {
+                return Err(f.clone());
+            }
+        }
+        let seq = self.submit_request(req, Stream::DEFAULT, flags::REPLY)?;
+        self.wait_reply(seq)
+    }
+
     /// Submits stream-ordered work. It carries no `MARK`: publishing progress costs the server
     /// a device operation per command, so a stream is marked only when someone waits for it.
     pub(crate) fn enqueue(&self, req: &Request<'_>, stream: Stream) -> Result<u64> {

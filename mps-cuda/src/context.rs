@@ -47,13 +47,14 @@ pub(crate) fn context(handle: usize) -> Res<Arc<Context>> {
 /// The handle of the calling thread's current context, if it has one (not checked for being
 /// active).
 pub(crate) fn current_handle() -> Option<usize> {
-    STACK.with(|s| s.borrow().last().copied())
+    // Once the thread's storage is gone, it has none: a library's exit handlers (cuFFT's) run
+    // after the main thread's thread-local destructors, and call the driver API.
+    STACK.try_with(|s| s.borrow().last().copied()).ok()?
 }
 
 /// The calling thread's current context.
 pub(crate) fn current() -> Res<Arc<Context>> {
-    let top = STACK.with(|s| s.borrow().last().copied());
-    context(top.ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?)
+    context(current_handle().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?)
 }
 
 thread_local! {
@@ -301,7 +302,7 @@ exports! {
     /// `pctx` must be NULL or writable.
     pub unsafe fn cuCtxGetCurrent(pctx: *mut CUcontext) ["cuCtxGetCurrent" 4000] = {
         driver()?;
-        let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
+        let top = current_handle().unwrap_or(0);
         // SAFETY: the caller guarantees a non-null `pctx` is writable.
         unsafe { put(pctx, to_cucontext(top)) }
     };

@@ -94,6 +94,8 @@ pub(crate) struct HostBuffer {
     pub(crate) device: CUdevice,
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
     pub(crate) id: u64,
+    /// Its device address (`cuMemHostGetDevicePointer`'s), if the server gave one.
+    pub(crate) at: Option<u64>,
 }
 
 /// A new process-wide unique buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), never 0.

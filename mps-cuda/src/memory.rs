@@ -16,7 +16,10 @@
 //! The synchronous forms run in the default stream (legacy, or per-thread in the `_ptds`
 //! variants) and keep CUDA's documented host synchronisation: a copy to or from page-locked
 //! memory returns when it is done (and from pageable memory to the device too, see `htod`);
-//! device-to-device copies and memsets do not wait.
+//! device-to-device copies and memsets do not wait, except into page-locked host memory.
+//!
+//! A page-locked host pointer given where a device address goes (CUDA's unified addressing) is
+//! the buffer's device address to the server (see `pointer::pinned_device_address`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -29,6 +32,7 @@ use crate::driver::{Allocation, HostBuffer, connection, driver, next_buffer_id};
 use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::objects::Context;
+use crate::pointer::pinned_device_address;
 use crate::stream::{for_legacy_work, for_work};
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
@@ -84,12 +88,14 @@ fn allocate_host(size: usize, flags: u32) -> Res<*mut c_void> {
     check(size > 0 && flags & !MEMHOSTALLOC_FLAGS == 0)?;
     capture::unsafe_call("cuMemHostAlloc")?;
     let ctx = current()?;
-    let p = ctx.conn()?.host_alloc(size)?;
+    let conn = ctx.conn()?;
+    let p = conn.host_alloc(size)?;
     let b = HostBuffer {
         len: size,
         ctx: ctx.handle,
         device: ctx.device,
         id: next_buffer_id(),
+        at: conn.host_device_address(p.cast()),
     };
     lock(&driver()?.host).insert(p as usize, b);
     Ok(p.cast())
@@ -121,6 +127,7 @@ unsafe fn htod(
         return Ok(());
     }
     check(!src.is_null())?;
+    let dst = device_address(dst, conn);
     capture::admit_copy((stream, conn), sync, || pinned(src as usize, n, conn))?;
     // SAFETY: the caller guarantees src is readable for n bytes.
     unsafe { conn.memcpy_htod(dst, src.cast(), n, stream) }?;
@@ -147,6 +154,7 @@ unsafe fn dtoh(
         return Ok(());
     }
     check(!dst.is_null())?;
+    let src = device_address(src, conn);
     capture::admit_copy((stream, conn), sync, || pinned(dst as usize, n, conn))?;
     // SAFETY: the caller guarantees dst is writable for n bytes.
     unsafe { conn.memcpy_dtoh(dst.cast(), src, n, stream) }?;
@@ -156,30 +164,56 @@ unsafe fn dtoh(
     Ok(())
 }
 
-fn dtod(dst: u64, src: u64, n: usize, (stream, conn): (Stream, &Connection)) -> Res<()> {
+/// The address `ptr`, passed as a device address, has for `conn`'s server: a page-locked host
+/// pointer's device address ([`pinned_device_address`]), else `ptr`.
+fn device_address(ptr: u64, conn: &Connection) -> u64 {
+    pinned_device_address(ptr, conn.ordinal()).unwrap_or(ptr)
+}
+
+/// A synchronous device-to-device copy or memset whose destination `dst` is page-locked host
+/// memory (given as a device address) returns once it is done, as CUDA's do; into device
+/// memory it does not wait.
+fn finish_into(dst: u64, (stream, conn): (Stream, &Connection), sync: bool) -> Res<()> {
+    if sync && pinned_device_address(dst, conn.ordinal()).is_some() {
+        conn.stream_synchronize(stream)?;
+    }
+    Ok(())
+}
+
+fn dtod(
+    dst: u64,
+    src: u64,
+    n: usize,
+    (stream, conn): (Stream, &Connection),
+    sync: bool,
+) -> Res<()> {
     if n == 0 {
         return Ok(());
     }
-    conn.memcpy_dtod(dst, src, n as u64, stream)
+    let (to, from) = (device_address(dst, conn), device_address(src, conn));
+    conn.memcpy_dtod(to, from, n as u64, stream)?;
+    finish_into(dst, (stream, conn), sync)
 }
 
 // ----- memsets -----
 
-fn d8(dst: u64, value: u8, n: usize, stream: Res<(Stream, &Connection)>) -> Res<()> {
+fn d8(dst: u64, value: u8, n: usize, stream: Res<(Stream, &Connection)>, sync: bool) -> Res<()> {
     let (stream, conn) = stream?;
     if n == 0 {
         return Ok(());
     }
-    conn.memset_d8(dst, value, n as u64, stream)
+    conn.memset_d8(device_address(dst, conn), value, n as u64, stream)?;
+    finish_into(dst, (stream, conn), sync)
 }
 
-fn d32(dst: u64, value: u32, n: usize, stream: Res<(Stream, &Connection)>) -> Res<()> {
+fn d32(dst: u64, value: u32, n: usize, stream: Res<(Stream, &Connection)>, sync: bool) -> Res<()> {
     let (stream, conn) = stream?;
     if n == 0 {
         return Ok(());
     }
     check(dst % 4 == 0)?;
-    conn.memset_d32(dst, value, n as u64, stream)
+    conn.memset_d32(device_address(dst, conn), value, n as u64, stream)?;
+    finish_into(dst, (stream, conn), sync)
 }
 
 // ----- copies between devices -----
@@ -197,8 +231,9 @@ type Side<'a> = (Stream, &'a Connection);
 /// pageable memory, which returns once it has been taken).
 fn peer(dst: u64, to: Side<'_>, src: u64, from: Side<'_>, n: usize) -> Res<()> {
     if to.1.ordinal() == from.1.ordinal() {
-        return dtod(dst, src, n, to);
+        return dtod(dst, src, n, to, false);
     }
+    let (dst, src) = (device_address(dst, to.1), device_address(src, from.1));
     let mut buf = vec![0u8; n.min(PEER_CHUNK)];
     let mut done = 0;
     while done < n {
@@ -440,7 +475,7 @@ exports! {
 
     pub fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) ["cuMemcpyDtoD" 3020]
         per_thread cuMemcpyDtoD_v2_ptds = |per_thread|
-            dtod(dst, src, n, for_work(std::ptr::null_mut(), per_thread)?);
+            dtod(dst, src, n, for_work(std::ptr::null_mut(), per_thread)?, true);
 
     pub fn cuMemcpyDtoDAsync_v2(
         dst: CUdeviceptr,
@@ -449,11 +484,11 @@ exports! {
         h: CUstream,
     ) ["cuMemcpyDtoDAsync" 3020]
         per_thread cuMemcpyDtoDAsync_v2_ptsz = |per_thread|
-            dtod(dst, src, n, for_work(h, per_thread)?);
+            dtod(dst, src, n, for_work(h, per_thread)?, false);
 
     pub fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) ["cuMemsetD8" 3020]
         per_thread cuMemsetD8_v2_ptds = |per_thread|
-            d8(dst, value, n, for_work(std::ptr::null_mut(), per_thread));
+            d8(dst, value, n, for_work(std::ptr::null_mut(), per_thread), true);
 
     pub fn cuMemsetD8Async(
         dst: CUdeviceptr,
@@ -461,11 +496,11 @@ exports! {
         n: usize,
         h: CUstream,
     ) ["cuMemsetD8Async" 3020]
-        per_thread cuMemsetD8Async_ptsz = |per_thread| d8(dst, value, n, for_work(h, per_thread));
+        per_thread cuMemsetD8Async_ptsz = |per_thread| d8(dst, value, n, for_work(h, per_thread), false);
 
     pub fn cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize) ["cuMemsetD32" 3020]
         per_thread cuMemsetD32_v2_ptds = |per_thread|
-            d32(dst, value, n, for_work(std::ptr::null_mut(), per_thread));
+            d32(dst, value, n, for_work(std::ptr::null_mut(), per_thread), true);
 
     pub fn cuMemsetD32Async(
         dst: CUdeviceptr,
@@ -473,7 +508,7 @@ exports! {
         n: usize,
         h: CUstream,
     ) ["cuMemsetD32Async" 3020]
-        per_thread cuMemsetD32Async_ptsz = |per_thread| d32(dst, value, n, for_work(h, per_thread));
+        per_thread cuMemsetD32Async_ptsz = |per_thread| d32(dst, value, n, for_work(h, per_thread), false);
 
     pub fn cuMemcpyPeer(
         dst: CUdeviceptr,

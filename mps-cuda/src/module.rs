@@ -315,8 +315,8 @@ fn param_info(h: usize, index: usize, offset: *mut usize, size: *mut usize) -> R
 // ----- the exports -----
 
 exports! {
-    /// A module's global variable. Kernels may be given its address; copies to and from it are
-    /// refused by the server (they reach allocations only).
+    /// A module's global variable. Kernels may be given its address, and copies and memsets may
+    /// name it (the server adds it to the client's ranges until the module is unloaded).
     ///
     /// # Safety
     /// `dptr` and `bytes` must be NULL or writable; `name` NULL or a NUL-terminated string.

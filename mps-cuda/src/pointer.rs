@@ -9,8 +9,9 @@
 //! CUDA_ERROR_INVALID_VALUE for `cuPointerGetAttribute`, as CUDA answers for it, and zeroes for
 //! `cuPointerGetAttributes`, as CUDA documents. A page-locked host buffer's `DEVICE_POINTER`
 //! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), not its address in this
-//! process. Memory in a reservation has no context (CONTEXT is NULL); an
-//! address reserved but not mapped answers only `MAPPED` (0) and its range.
+//! process; that device address is answered as the buffer too (its `HOST_POINTER` is the
+//! address here). Memory in a reservation has no context (CONTEXT is NULL); an address
+//! reserved but not mapped answers only `MAPPED` (0) and its range.
 
 use std::ffi::c_void;
 
@@ -18,7 +19,7 @@ use crate::abi::pointer_attribute as P;
 use crate::abi::{CUdevice, CUdeviceptr, CUresult};
 use crate::connection::Res;
 use crate::context::{current, to_cucontext};
-use crate::driver::{Allocation, HostBuffer, connection, driver};
+use crate::driver::{Allocation, HostBuffer, driver};
 use crate::ffi::{check, exports, lock};
 use crate::log;
 use crate::vmm::{self, Reserved};
@@ -34,6 +35,8 @@ enum Memory {
     Host {
         base: usize,
         b: HostBuffer,
+        /// The pointer's address in this process.
+        host_ptr: u64,
         /// The pointer's device address (`cuMemHostGetDevicePointer`'s), if the server gave one.
         device_ptr: Option<u64>,
     },
@@ -66,20 +69,53 @@ fn find(ptr: u64) -> Res<Option<Memory>> {
         return Ok(Some(Memory::Reserved(r)));
     }
     let p = ptr as usize;
-    let found = lock(&d.host)
+    let host = lock(&d.host);
+    let found = host
         .range(..=p)
         .next_back()
-        .filter(|(base, b)| p - **base < b.len)
-        .map(|(base, b)| (*base, *b));
-    let Some((base, b)) = found else {
-        return Ok(None);
-    };
-    let device_ptr = connection(b.device)?.host_device_address(p as *const u8);
-    Ok(Some(Memory::Host {
+        .filter(|(base, b)| p - **base < b.len);
+    if let Some((&base, &b)) = found {
+        let off = (p - base) as u64;
+        return Ok(Some(Memory::Host {
+            base,
+            b,
+            host_ptr: ptr,
+            device_ptr: b.at.map(|at| at + off),
+        }));
+    }
+    // A buffer's device address, as a kernel is given it through mps (CUDA's is the host
+    // pointer itself): the same memory.
+    let by_device = host.iter().find_map(|(&base, &b)| {
+        let off = ptr.checked_sub(b.at?)?;
+        (off < b.len as u64).then_some((base, b, off))
+    });
+    Ok(by_device.map(|(base, b, off)| Memory::Host {
         base,
         b,
-        device_ptr,
+        host_ptr: base as u64 + off,
+        device_ptr: Some(ptr),
     }))
+}
+
+/// The device address of `ptr` where it points into a page-locked host buffer of device
+/// `dev`: under CUDA's unified addressing such a host pointer is also a device address, which a
+/// program may pass wherever one goes (XLA copies from and sets its pinned buffers so), while
+/// the server knows only the buffer's device address. `None` for any other pointer, a device
+/// allocation or mapping with the same address first (the servers and this process have
+/// address spaces of their own): that is used as it is.
+pub(crate) fn pinned_device_address(ptr: u64, dev: CUdevice) -> Option<u64> {
+    let d = driver().ok()?;
+    if lock(&d.host).is_empty() {
+        return None;
+    }
+    match find(ptr).ok()?? {
+        Memory::Host {
+            b,
+            device_ptr: Some(at),
+            ..
+        } if b.device == dev => Some(at),
+        _ => None,
+    }
 }
 
 /// An attribute's value, in the C type CUDA gives it.
@@ -156,9 +192,10 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
         Memory::Host {
             base,
             b,
+            host_ptr,
             device_ptr,
         } => {
-            let host = Some(device_ptr);
+            let host = Some((host_ptr, device_ptr));
             (b.device, b.ctx, base as u64, b.len as u64, b.id, host)
         }
         Memory::Reserved(_) => unreachable!("answered above"),
@@ -172,11 +209,13 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
         }),
         P::DEVICE_POINTER => match host {
             None => Word(ptr),
-            Some(Some(d)) => Word(d),
-            Some(None) => return Err(No),
+            Some((_, Some(d))) => Word(d),
+            Some((_, None)) => return Err(No),
         },
-        P::HOST_POINTER if host.is_some() => Word(ptr),
-        P::HOST_POINTER => return Err(No),
+        P::HOST_POINTER => match host {
+            Some((h, _)) => Word(h),
+            None => return Err(No),
+        },
         P::SYNC_MEMOPS => Bool(false),
         P::BUFFER_ID | P::MEMORY_BLOCK_ID => U64(id),
         P::IS_MANAGED
@@ -262,18 +301,21 @@ unsafe fn get_attributes(n: u32, attrs: *const i32, data: *const *mut c_void, pt
     };
     check(data.iter().all(|d| !d.is_null()))?;
     let memory = find(ptr)?;
-    let mut values = Vec::with_capacity(attrs.len());
-    for &a in attrs {
-        let a = a as u32;
-        values.push(match value(memory, ptr, a) {
-            Ok(v) => v,
-            Err(Missing::NotApplicable) => zero(a),
-            Err(Missing::Unsupported) => return Err(unsupported(a)),
-        });
+    let answer = |a: i32| match value(memory, ptr, a as u32) {
+        Ok(v) => Ok(v),
+        Err(Missing::NotApplicable) => Ok(zero(a as u32)),
+        Err(Missing::Unsupported) => Err(a as u32),
+    };
+    // Nothing is written unless every attribute is answered; the count is the caller's, so
+    // nothing is allocated for it.
+    if let Some(a) = attrs.iter().find_map(|&a| answer(a).err()) {
+        return Err(unsupported(a));
     }
-    for (d, v) in data.iter().zip(values) {
-        // SAFETY: checked non-null; the caller guarantees room for each attribute's type.
-        unsafe { write(*d, v) };
+    for (d, &a) in data.iter().zip(attrs) {
+        if let Ok(v) = answer(a) {
+            // SAFETY: checked non-null; the caller guarantees room for each attribute's type.
+            unsafe { write(*d, v) };
+        }
     }
     Ok(())
 }
@@ -369,6 +411,37 @@ mod tests {
         assert_eq!(v(99), Err(Missing::Unsupported));
         // Unknown memory has no attributes.
         assert_eq!(value(None, 1, P::MEMORY_TYPE), Err(Missing::NotApplicable));
+    }
+
+    #[test]
+    fn a_host_buffer_answers_both_its_addresses_by_either() {
+        let b = HostBuffer {
+            len: 0x1000,
+            ctx: 0x40,
+            device: 0,
+            id: 3,
+            at: Some(0x9_0000),
+        };
+        // Asked by its device address, 0x10 into the buffer at 0x5000.
+        let by_device = Some(Memory::Host {
+            base: 0x5000,
+            b,
+            host_ptr: 0x5010,
+            device_ptr: Some(0x9_0010),
+        });
+        let v = |attr| value(by_device, 0x9_0010, attr);
+        assert_eq!(v(P::MEMORY_TYPE), Ok(Value::U32(P::MEMORYTYPE_HOST)));
+        assert_eq!(v(P::HOST_POINTER), Ok(Value::Word(0x5010)));
+        assert_eq!(v(P::DEVICE_POINTER), Ok(Value::Word(0x9_0010)));
+        assert_eq!(v(P::RANGE_START_ADDR), Ok(Value::Word(0x5000)));
+        let no_device = Some(Memory::Host {
+            base: 0x5000,
+            b: HostBuffer { at: None, ..b },
+            host_ptr: 0x5010,
+            device_ptr: None,
+        });
+        let v = |attr| value(no_device, 0x5010, attr);
+        assert_eq!(v(P::DEVICE_POINTER), Err(Missing::NotApplicable));
     }
 
     #[test]

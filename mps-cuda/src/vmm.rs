@@ -141,6 +141,12 @@ fn refuse(what: &str, result: CUresult) -> CUresult {
 /// The device of an allocation's properties: pinned memory on a device this process sees.
 fn device_of(prop: &AllocationProp) -> Res<CUdevice> {
     check(prop.type_ == ALLOCATION_PINNED)?;
+    location_of(prop)
+}
+
+/// The device of the properties' location, whatever their type (NVIDIA's driver answers a
+/// granularity for an allocation type it would not create, measured on the H200).
+fn location_of(prop: &AllocationProp) -> Res<CUdevice> {
     match prop.location.type_ {
         LOCATION_DEVICE => {}
         // CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA, _HOST_NUMA_CURRENT.
@@ -167,7 +173,7 @@ unsafe fn read_prop(prop: *const AllocationProp) -> Res<AllocationProp> {
 }
 
 fn get_granularity(out: *mut usize, prop: AllocationProp, option: u32) -> Res<()> {
-    let dev = device_of(&prop)?;
+    let dev = location_of(&prop)?;
     check(option == GRANULARITY_MINIMUM || option == GRANULARITY_RECOMMENDED)?;
     // The server's is the driver's minimum, which on the GPUs mps serves is the recommended one
     // too (2 MiB).
@@ -271,7 +277,13 @@ fn map(va: u64, size: usize, offset: usize, handle: Handle, flags: u64) -> Res<(
         }
         (p.device, p.server)
     };
-    connection(dev)?.vm_map(va, size as u64, server, offset as u64)?;
+    // CUDA documents that the offset must be 0 for now; NVIDIA's driver answers a nonzero one,
+    // and an address off the granularity, with CUDA_ERROR_NOT_SUPPORTED (measured on the H200).
+    let conn = connection(dev)?;
+    if offset != 0 || va % conn.vm_granularity()? != 0 {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    conn.vm_map(va, size as u64, server, offset as u64)?;
     let mut t = lock(&TABLES);
     let m = Mapping {
         size: size as u64,

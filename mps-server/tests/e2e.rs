@@ -1265,11 +1265,17 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
     let server =
         TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "10000000"]);
     infer_requests(&server, 30);
-    // Request 1 taught the shape and 2 made its graph (a miss); 10 left it at its first
-    // kernel (a miss: its held copy went on its own, the rest command by command); the other
-    // 26 were launched from the graph.
+    // Request 1's run, with the memset before it, is a shape of its own; request 2 taught the
+    // requests' shape and 3 made its graph (a miss); 10 left it at its first kernel, which the
+    // server says (a miss: its held copy went on its own, the rest command by command, and its
+    // run is the third shape); the other 26 were launched from the graph.
     server.wait_for_log(
-        "launch batching: 26 runs launched from cached graphs, 2 not (graphs made: 1)",
+        "a run left the shape it followed at command 2 of 14: the same kernel with other \
+         parameters (32 bytes; bytes 0..8: 0x40000000, not 0x3f800000)",
+    );
+    server.wait_for_log(
+        "launch batching: 26 runs launched from cached graphs, 2 not (graphs made: 1; shapes \
+         learned: 3; held runs that left their shape: 1)",
     );
 }
 
@@ -1347,6 +1353,7 @@ fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
     // The second run made the graph; the held half went command by command, and so did the
     // rest of its run.
     server.wait_for_log(
-        "launch batching: 0 runs launched from cached graphs, 2 not (graphs made: 1)",
+        "launch batching: 0 runs launched from cached graphs, 2 not (graphs made: 1; shapes \
+         learned: 1; held runs that left their shape: 0)",
     );
 }

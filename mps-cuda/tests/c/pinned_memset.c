@@ -2,7 +2,9 @@
  * stream, memsets of bytes and words, synchronous and asynchronous, and mapped page-locked
  * memory that a kernel and a copy reach through its device address.
  * Usage: pinned_memset <test_kernels.ptx> */
+#define _POSIX_C_SOURCE 200809L
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 
@@ -92,6 +94,61 @@ int main(int argc, char **argv) {
     ASSERT(words[9] == 0x5a5a5a5au, "memset past its end: %#x", words[9]);
     EXPECT(cuMemsetD32_v2(dc + 2, 0, 4), CUDA_ERROR_INVALID_VALUE); /* misaligned */
     CHECK(cuMemsetD8_v2(dc, 0, 0));                                 /* nothing to do */
+
+    /* Under unified addressing a page-locked host pointer is also its device address, as XLA
+     * uses its pinned buffers: the destination of memsets and copies, and the source of copies
+     * to the host and to the device. */
+    uint32_t *hx = NULL;
+    CHECK(cuMemHostAlloc((void **)&hx, 4096, CU_MEMHOSTALLOC_PORTABLE));
+    ASSERT(hx != NULL, "no host memory for unified addressing");
+    CUdeviceptr ux = (CUdeviceptr)(uintptr_t)hx;
+    memset(hx, 0, 4096);
+    uint32_t src_words[64], back[64];
+    for (int i = 0; i < 64; i++) src_words[i] = 0x1000u + (uint32_t)i;
+    CHECK(cuMemsetD32Async(ux, 0x11223344u, 64, s));                 /* words 0..63 */
+    CHECK(cuMemsetD8Async(ux + 256, 0x99, 256, s));                    /* words 64..127 */
+    CHECK(cuMemcpyHtoDAsync_v2(ux + 512, src_words, sizeof src_words, s)); /* 128..191 */
+    CHECK(cuMemcpyDtoDAsync_v2(ux + 1024, da, 256, s));                /* 256..319: 0..63.0f */
+    CHECK(cuMemcpyDtoDAsync_v2(dc, ux + 512, 256, s));
+    CHECK(cuMemcpyDtoHAsync_v2(back, ux, 64, s));
+    CHECK(cuStreamSynchronize(s));
+    ASSERT(hx[0] == 0x11223344u && hx[63] == 0x11223344u, "memset through the host pointer: %#x",
+           hx[63]);
+    ASSERT(hx[64] == 0x99999999u && hx[127] == 0x99999999u && hx[128] == 0x1000u,
+           "byte memset through the host pointer: %#x %#x", hx[64], hx[128]);
+    ASSERT(hx[191] == 0x103fu, "copy to the host pointer as a device address: %#x", hx[191]);
+    memcpy(&f, &hx[256 + 63], 4);
+    ASSERT(f == 63.0f, "device copy to the host pointer: %f", (double)f);
+    ASSERT(back[0] == 0x11223344u && back[15] == 0x11223344u, "copy from the host pointer: %#x",
+           back[15]);
+    memset(back, 0, sizeof back);
+    CHECK(cuMemcpyDtoH_v2(back, dc, sizeof back));
+    ASSERT(back[0] == 0x1000u && back[63] == 0x103fu, "device copy from the host pointer: %#x",
+           back[63]);
+    CHECK(cuMemsetD8_v2(ux + 4095, 0x42, 1));
+    ASSERT(((unsigned char *)hx)[4095] == 0x42, "synchronous memset of the host pointer");
+    CHECK(cuMemFreeHost(hx));
+
+    if (mps_only()) {
+        /* A memset the server refuses fails the next call, but a free is made all the same, and
+         * the failure is left for the call after it: a program told that its free failed
+         * would keep, and so leak, the buffer. */
+        /* The refusal comes back as the server takes the memset: let it arrive before the
+         * free (without it the free could only be earlier, and pass without saying anything). */
+        struct timespec arrive = {0, 50 * 1000 * 1000};
+        CHECK(cuMemHostAlloc((void **)&hx, 4096, 0));
+        CHECK(cuMemsetD32Async(0x10, 0, 4, s));
+        nanosleep(&arrive, NULL);
+        CHECK(cuMemFreeHost(hx));
+        EXPECT(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+        EXPECT(cuMemFreeHost(hx), CUDA_ERROR_INVALID_VALUE); /* it was freed */
+        CUdeviceptr gone = 0;
+        CHECK(cuMemAlloc_v2(&gone, 4096));
+        CHECK(cuMemsetD32Async(0x10, 0, 4, s));
+        nanosleep(&arrive, NULL);
+        CHECK(cuMemFree_v2(gone));
+        EXPECT(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+    }
 
     CHECK(cuMemFreeHost(ha));
     CHECK(cuMemFreeHost(hc));

@@ -3,7 +3,9 @@
  * ask them: device allocations, page-locked host buffers, pageable memory, and mapped and
  * unmapped parts of a reservation; and cuMemGetAddressRange.
  * Usage: pointer_queries <test_kernels.ptx> */
+#define _DEFAULT_SOURCE
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 
@@ -21,6 +23,23 @@ static int small(int attr, CUdeviceptr p) {
     int v = 0;
     CHECK(cuPointerGetAttribute(&v, attr, p));
     return v;
+}
+
+/* A library's exit handler (cuFFT's) asks about a pointer after the main thread's thread-local
+ * storage is gone: CUDA answers as ever (unknown memory is zeroes among several). */
+static void at_exit(void) {
+    int attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+    unsigned int type = 7;
+    CUdeviceptr dp = 1;
+    void *data[] = {&type, &dp};
+    CUresult r = cuPointerGetAttributes(2, attrs, data, (CUdeviceptr)(uintptr_t)&type);
+    CUcontext ctx = NULL;
+    CUresult rc = cuCtxGetCurrent(&ctx);
+    if (r != CUDA_SUCCESS || type != 0 || dp != 0 || rc != CUDA_SUCCESS) {
+        fprintf(stderr, "at exit: cuPointerGetAttributes returned %d (type %u, device %#llx), "
+                "cuCtxGetCurrent %d\n", r, type, dp, rc);
+        _exit(1);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -95,6 +114,12 @@ int main(int argc, char **argv) {
     CHECK(cuMemHostGetDevicePointer_v2(&hdev, h + 8, 0));
     ASSERT(hdev != 0 && word(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hin) == hdev,
            "host buffer's device pointer %#llx", hdev);
+    /* Asked by that device address (through mps, what a kernel is given), it is the same
+     * memory. */
+    ASSERT(small(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, hdev) == CU_MEMORYTYPE_HOST,
+           "device address's type");
+    ASSERT(word(CU_POINTER_ATTRIBUTE_HOST_POINTER, hdev) == hin, "device address's host pointer");
+    ASSERT(word(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hdev) == hdev, "device address's device");
     if (mps_only()) {
         ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, hin) == (uintptr_t)h, "host range");
         ASSERT(word(CU_POINTER_ATTRIBUTE_RANGE_SIZE, hin) == MIB, "host range size");
@@ -164,5 +189,7 @@ int main(int argc, char **argv) {
     CHECK(cuMemFreeHost(h));
     free(pageable);
     CHECK(cuDevicePrimaryCtxRelease_v2(0));
+    /* Registered last, so that it runs first, with the library still loaded. */
+    atexit(at_exit);
     return finish("pointer_queries");
 }

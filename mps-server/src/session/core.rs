@@ -110,9 +110,9 @@ pub(crate) struct SessionCore<B: Backend> {
     /// Each module's kernel names as [`Request::ModuleFunctionNames`] pages them (their count,
     /// and each name followed by a NUL), read from the backend when first asked.
     function_names: std::collections::HashMap<u64, (u64, Arc<[u8]>)>,
-    /// Each module's globals that the client looked up (their starts): copies may reach them,
-    /// as CUDA's may, until the module is unloaded.
-    module_globals: std::collections::HashMap<u64, Vec<u64>>,
+    /// Each module's globals that copies and memsets may name, by their starts in
+    /// `allocations` (as mappings), forgotten with the module.
+    globals: std::collections::HashMap<u64, Vec<u64>>,
     functions: HandleTable<FunctionEntry<B>>,
     host: HandleTable<memory::HostBuffer>,
     /// Bytes of the host buffers in `host`.
@@ -166,7 +166,7 @@ impl<B: Backend> SessionCore<B> {
             events: HandleTable::new(HandleKind::Event, limits.max_events),
             modules: HandleTable::new(HandleKind::Module, limits.max_modules),
             function_names: std::collections::HashMap::new(),
-            module_globals: std::collections::HashMap::new(),
+            globals: std::collections::HashMap::new(),
             functions: HandleTable::new(HandleKind::Function, limits.max_functions),
             host: HandleTable::new(HandleKind::HostBuffer, limits.max_host_buffers),
             host_bytes: 0,

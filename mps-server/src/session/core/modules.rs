@@ -91,9 +91,9 @@ impl<B: Backend> SessionCore<B> {
     pub(super) fn module_unload(&mut self, module: u64) -> Result<Answer> {
         self.modules.remove(module)?;
         self.function_names.remove(&module);
-        for start in self.module_globals.remove(&module).unwrap_or_default() {
-            let _ = self.allocations.remove_mapped(start);
-            let _ = self.shared_allocations().remove_mapped(start);
+        for ptr in self.globals.remove(&module).unwrap_or_default() {
+            let _ = self.allocations.remove_mapped(ptr);
+            let _ = self.shared_allocations().remove_mapped(ptr);
         }
         let kernels: Vec<u64> = self
             .functions
@@ -132,24 +132,36 @@ impl<B: Backend> SessionCore<B> {
     }
 
     /// A module global's address and size. Kernels may be given the address, and copies and
-    /// memsets may reach it from now until the module is unloaded, as CUDA's do: it joins the
-    /// client's ranges, as a mapping (no bytes of the client's).
+    /// memsets may name it (cuFFT copies its tables into its module's globals): its range is
+    /// the client's, as a mapping, until the module is unloaded.
     pub(super) fn module_global(&mut self, module: u64, name: &[u8]) -> Result<Answer> {
         let m = self.modules.get(module)?.clone();
         let name = std::str::from_utf8(name)
             .map_err(|_| Error::invalid_value("global name is not UTF-8"))?;
         let (ptr, size) = self.backend.module_global(&m, name)?;
-        let known = self.allocations.find(ptr) == Some((ptr, size));
-        if size > 0 && !known {
-            self.allocations.insert_mapped(ptr, size)?;
-            let shared = self.shared_allocations().insert_mapped(ptr, size);
-            if let Err(e) = shared {
-                let _ = self.allocations.remove_mapped(ptr);
-                return Err(e);
-            }
-            self.module_globals.entry(module).or_default().push(ptr);
+        if let Err(e) = self.table_global(module, ptr, size) {
+            // The address is still the global's, for kernels: only copies cannot name it.
+            tracing::warn!(
+                global = name,
+                "a module global stays out of the client's ranges: {e}"
+            );
         }
         Ok(Answer::Values([ptr, size, 0, 0]))
+    }
+
+    /// Adds global `[ptr, ptr + size)` of `module` to the client's ranges, once.
+    fn table_global(&mut self, module: u64, ptr: u64, size: u64) -> Result<()> {
+        if size == 0 || self.allocations.is_mapped(ptr) {
+            return Ok(());
+        }
+        self.allocations.insert_mapped(ptr, size)?;
+        let shared = self.shared_allocations().insert_mapped(ptr, size);
+        if let Err(e) = shared {
+            let _ = self.allocations.remove_mapped(ptr);
+            return Err(e);
+        }
+        self.globals.entry(module).or_default().push(ptr);
+        Ok(())
     }
 
     /// A page of the names of a module's kernels, from byte `offset` of their concatenation
