@@ -191,7 +191,6 @@ unsupported! {
     cuKernelGetLibrary
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
-    cuLaunchHostFunc
     cuLibraryGetManaged
     cuLibraryGetModule
     cuLibraryGetUnifiedFunction
@@ -292,7 +291,6 @@ unsupported! {
     cuProfilerStart
     cuProfilerStop
     cuSignalExternalSemaphoresAsync
-    cuStreamAddCallback
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2
