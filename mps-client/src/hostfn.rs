@@ -172,7 +172,8 @@ fn run(shared: &Shared, channel: &Channel, gates: usize) {
         }
         nap = Duration::from_micros(20);
         for p in ready {
-            (p.f)();
+            // A function that panics still lets its stream go on (and the thread live).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(p.f));
             // SAFETY: slot < MAX_STREAMS words of the gate buffer, which lives until this
             // thread is joined; the server reads the word only atomically.
             let word = unsafe { &*(gates as *const AtomicU64).add(p.slot as usize) };
