@@ -26,6 +26,12 @@ use crate::connection::Client;
 use crate::handles::Stream;
 use crate::transport::{lock, spin};
 
+/// The first nap of the thread between looks at the progress of pending functions.
+const FIRST_NAP: Duration = Duration::from_micros(20);
+/// The longest: a function's start may lag the end of the work before it by this much on a
+/// GPU, whose progress writes ring no doorbell.
+const MAX_NAP: Duration = Duration::from_micros(250);
+
 /// A host function, called once.
 pub type HostFn = Box<dyn FnOnce() + Send>;
 
@@ -150,7 +156,7 @@ impl Client {
 /// stream, and raises the stream's gate after each.
 fn run(shared: &Shared, channel: &Channel, gates: usize) {
     let bell = channel.progress_bell();
-    let mut nap = Duration::from_micros(20);
+    let mut nap = FIRST_NAP;
     loop {
         let ready = {
             let mut st = lock(&shared.state);
@@ -165,12 +171,19 @@ fn run(shared: &Shared, channel: &Channel, gates: usize) {
         if ready.is_empty() {
             // The server rings the bell when it publishes from the host; a device writes the
             // progress word silently, so look again after a nap that grows while nothing comes.
+            // It spins only on its first look, so that a function behind long work costs a
+            // wake-up per nap, not a spin.
             let seen = bell.value();
-            bell.wait(spin(), nap, || bell.value() != seen);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            let spin = if nap == FIRST_NAP {
+                spin()
+            } else {
+                Duration::ZERO
+            };
+            bell.wait(spin, nap, || bell.value() != seen);
+            nap = (nap * 2).min(MAX_NAP);
             continue;
         }
-        nap = Duration::from_micros(20);
+        nap = FIRST_NAP;
         for p in ready {
             // A function that panics still lets its stream go on (and the thread live).
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(p.f));
