@@ -40,6 +40,14 @@ pub struct Client {
     pub(crate) host: HostMemory,
     /// Streams that capture a graph (see `graphs`).
     pub(crate) capturing: Mutex<std::collections::HashSet<u64>>,
+    /// Host functions and the thread that runs them.
+    pub(crate) host_funcs: crate::hostfn::HostFuncs,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.stop_host_funcs();
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -157,6 +165,7 @@ impl Client {
             kernels: Kernels::default(),
             host: HostMemory::default(),
             capturing: Mutex::default(),
+            host_funcs: Default::default(),
         }
     }
 

@@ -36,6 +36,7 @@ mod devices;
 mod graphs;
 mod handles;
 mod host;
+mod hostfn;
 mod kernels;
 mod launch;
 #[cfg(test)]
@@ -52,6 +53,7 @@ pub use connection::Client;
 pub use handles::{
     DeviceInfo, DevicePtr, Event, Function, Graph, GraphExec, Module, SmInfo, Stream,
 };
+pub use hostfn::HostFn;
 pub use launch::KernelLayout;
 pub use mps_core::handshake::BackendKind;
 pub use mps_core::protocol::{Cluster, Dim3, OccupancyQuery, ParamInfo};

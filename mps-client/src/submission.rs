@@ -71,7 +71,10 @@ impl Submissions {
         if opcode.is_stream_ordered()
             && let Some((_, clock)) = self.streams.get_mut(&stream.0)
         {
-            clock.submitted(seq, fl & flags::MARK != 0);
+            // A host wait's mark says that the work before it is done, not the function: a
+            // wait for the stream marks it again.
+            let marked = fl & flags::MARK != 0 && opcode != Opcode::HostWait;
+            clock.submitted(seq, marked);
         }
     }
 
@@ -209,6 +212,17 @@ mod tests {
         );
         s.stream_destroyed(st);
         assert_eq!(s.target(st).unwrap_err().status, Status::InvalidHandle);
+    }
+
+    #[test]
+    fn a_wait_after_a_host_function_marks_the_stream_again() {
+        let mut s = Submissions::new();
+        let st = Stream(0x2000);
+        s.stream_created(st, 3);
+        // The host wait's mark is published before its function runs: waiting for the
+        // stream must wait past the function, for a mark after it.
+        submit(&mut s, Opcode::HostWait, st, flags::MARK).unwrap();
+        assert_eq!(s.target(st).unwrap(), Target::NeedsMark { slot: 3 });
     }
 
     #[test]

@@ -231,6 +231,13 @@ crate::command_table::commands! {
         /// NUL, from byte `offset` of their concatenation: replies `[its length, the kernel
         /// count, 0, 0]` and, in its data, up to [`COMPLETION_DATA_BYTES`] of it.
         ModuleFunctionNames = 50 => "module_function_names" [] { module: u64 = 0, offset: u64 = 1 },
+        /// A host function's place in its stream (`cuLaunchHostFunc`): once the work before it
+        /// is done the server publishes the command's progress (it must carry `MARK`), and the
+        /// stream then waits until the 8-byte word at `gate`, in a host buffer, is at least
+        /// `value`, which the client writes once the function has returned. A stream names one
+        /// gate word for all its host functions; the server opens every gate (writes all ones)
+        /// when the client goes away.
+        HostWait = 51 => "host_wait" [ordered] { gate: HostRef = 0, value: u64 = 2 },
     }
 }
 
@@ -883,6 +890,13 @@ mod tests {
             Request::ModuleFunctionNames {
                 module: 3,
                 offset: 200,
+            },
+            Request::HostWait {
+                gate: HostRef::Buffer {
+                    handle: 9,
+                    offset: 16,
+                },
+                value: 3,
             },
             Request::ContextLimits,
             Request::ModuleGlobal {

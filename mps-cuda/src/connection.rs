@@ -350,6 +350,11 @@ impl Connection {
         self.client.stream_query(stream).map_err(fail)
     }
 
+    /// Queues host function `f` in `stream` (see `mps_client::Client::launch_host_func`).
+    pub(crate) fn launch_host_func(&self, stream: Stream, f: mps_client::HostFn) -> Res<()> {
+        self.client.launch_host_func(stream, f).map_err(fail)
+    }
+
     pub(crate) fn stream_wait_event(&self, stream: Stream, event: Event) -> Res<()> {
         self.client.stream_wait_event(stream, event).map_err(fail)
     }

@@ -16,6 +16,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::abi::{
@@ -259,6 +260,76 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32, per_thread: bool) -> Res<()>
     )
 }
 
+/// A host function (`CUhostFn`).
+pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
+/// A stream callback (`CUstreamCallback`).
+pub type StreamCallback = unsafe extern "C" fn(h: CUstream, status: CUresult, user: *mut c_void);
+
+/// What a host function is handed, carried to the thread that calls it.
+struct UserData(*mut c_void);
+// SAFETY: an opaque word of the program's, handed back to its own function as CUDA hands it
+// (on a thread of the driver's); the program vouches for it being usable there.
+unsafe impl Send for UserData {}
+
+/// Queues `call` in the stream `h` names, after the waits CUDA's default-stream semantics call
+/// for; refused in a capturing stream (CUDA would capture a host node). `what` names the call
+/// in the refusal.
+fn host_func(
+    h: CUstream,
+    per_thread: bool,
+    what: &str,
+    call: impl FnOnce() + Send + 'static,
+) -> Res<()> {
+    let (s, conn) = for_work(h, per_thread)?;
+    capture::refuse_in_capture(conn, s, what)?;
+    conn.launch_host_func(s, Box::new(call))
+}
+
+fn launch_host_func(
+    h: CUstream,
+    f: Option<HostFn>,
+    user: *mut c_void,
+    per_thread: bool,
+) -> Res<()> {
+    let f = f.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let user = UserData(user);
+    host_func(
+        h,
+        per_thread,
+        "a host function (cuLaunchHostFunc)",
+        move || {
+            let user = user;
+            // SAFETY: the program's function with the argument it gave for it, called once, on
+            // a thread that calls nothing else meanwhile, as CUDA calls it.
+            unsafe { f(user.0) }
+        },
+    )
+}
+
+/// `cuStreamAddCallback`: the callback is handed the stream as the program named it and
+/// `CUDA_SUCCESS` (after an error the client calls no later callback of its streams).
+fn add_callback(
+    h: CUstream,
+    cb: Option<StreamCallback>,
+    user: *mut c_void,
+    flags: u32,
+    per_thread: bool,
+) -> Res<()> {
+    check(flags == 0)?;
+    let cb = cb.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let (stream, user) = (UserData(h.cast()), UserData(user));
+    host_func(
+        h,
+        per_thread,
+        "a stream callback (cuStreamAddCallback)",
+        move || {
+            let (stream, user) = (stream, user);
+            // SAFETY: as in `launch_host_func`; the stream is the handle the program passed.
+            unsafe { cb(stream.0.cast(), CUresult::CUDA_SUCCESS, user.0) }
+        },
+    )
+}
+
 /// The flags and priority of a stream (the default streams: blocking, priority 0).
 pub(crate) fn properties(h: CUstream, per_thread: bool) -> Res<(u32, i32)> {
     let t = resolve(h, per_thread)?;
@@ -372,6 +443,30 @@ exports! {
 
     pub fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) ["cuStreamWaitEvent" 3020]
         per_thread cuStreamWaitEvent_ptsz = |per_thread| wait_event(h, ev, flags, per_thread);
+
+    /// Queues `f(user)` in the stream: it runs once the work before it is done, and later
+    /// work waits for it.
+    ///
+    /// # Safety
+    /// `f` must be NULL or a function that may be called with `user` on another thread.
+    pub unsafe fn cuLaunchHostFunc(
+        h: CUstream,
+        f: Option<HostFn>,
+        user: *mut c_void,
+    ) ["cuLaunchHostFunc" 10000]
+        per_thread cuLaunchHostFunc_ptsz = |per_thread| launch_host_func(h, f, user, per_thread);
+
+    /// # Safety
+    /// `cb` must be NULL or a function that may be called with `h` and `user` on another
+    /// thread.
+    pub unsafe fn cuStreamAddCallback(
+        h: CUstream,
+        cb: Option<StreamCallback>,
+        user: *mut c_void,
+        flags: u32,
+    ) ["cuStreamAddCallback" 5000]
+        per_thread cuStreamAddCallback_ptsz = |per_thread|
+            add_callback(h, cb, user, flags, per_thread);
 
     /// # Safety
     /// `flags` must be NULL or writable.

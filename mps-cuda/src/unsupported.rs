@@ -187,7 +187,6 @@ unsupported! {
     cuKernelGetLibrary
     cuKernelSetCacheConfig
     cuLaunchCooperativeKernel
-    cuLaunchHostFunc
     cuLibraryGetManaged
     cuLibraryGetModule
     cuLibraryGetUnifiedFunction
@@ -288,7 +287,6 @@ unsupported! {
     cuProfilerStart
     cuProfilerStop
     cuSignalExternalSemaphoresAsync
-    cuStreamAddCallback
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2

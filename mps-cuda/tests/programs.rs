@@ -250,6 +250,32 @@ fn mem_get_info_reports_the_client_memory_limit() {
 }
 
 #[test]
+fn host_functions_run_in_stream_order_and_a_pending_one_does_not_hold_the_server() {
+    let server = Server::start();
+    let exe = build("host_func");
+    for env in [&[][..], &[("PENDING_EXIT", "1")][..]] {
+        let out = run(&exe, &server.dir, env);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("all checks passed"),
+            "host_func with {env:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The client that left with a function pending is released: its stream, waiting for the
+    // function, does not hold its session.
+    let started = Instant::now();
+    while server.log().matches("client disconnected").count() < 2 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "a client that left with a host function pending was not released; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn threads_have_their_own_current_context_and_streams() {
     passes("threads", &[]);
 }

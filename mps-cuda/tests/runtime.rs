@@ -180,6 +180,11 @@ fn pinned_memory_with_asynchronous_copies() {
 }
 
 #[test]
+fn host_functions_and_stream_callbacks_in_stream_order() {
+    passes("host_func", &[], &["host functions: 2, in order"]);
+}
+
+#[test]
 fn memset() {
     passes("memset", &[], &["bytes: ab 11 11 ab"]);
 }

@@ -11,7 +11,7 @@ use mps_core::protocol::{Completion, CompletionKind};
 use mps_ipc::channel::{Channel, ShmRing};
 use mps_ipc::ring::Producer;
 
-use crate::backend::FaultSink;
+use crate::backend::{FaultSink, HostGates};
 
 /// Posts completions to one client, and remembers why the client is being disconnected.
 #[derive(Debug)]
@@ -19,6 +19,8 @@ pub(crate) struct Outbox {
     channel: Channel,
     producer: Mutex<Producer<Completion, ShmRing<Completion>>>,
     closing: Arc<AtomicBool>,
+    /// Opened when the client is disconnected, so that no stream waits for it.
+    gates: Arc<HostGates>,
     disconnect_reason: Mutex<Option<String>>,
     fault: Mutex<Option<Error>>,
     faulted: AtomicBool,
@@ -26,8 +28,14 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    pub(crate) fn new(channel: Channel, closing: Arc<AtomicBool>, socket: Arc<UnixStream>) -> Self {
+    pub(crate) fn new(
+        channel: Channel,
+        closing: Arc<AtomicBool>,
+        gates: Arc<HostGates>,
+        socket: Arc<UnixStream>,
+    ) -> Self {
         Outbox {
+            gates,
             producer: Mutex::new(channel.complete_producer()),
             channel,
             closing,
@@ -78,6 +86,9 @@ impl Outbox {
         }
         drop(r);
         self.closing.store(true, Ordering::SeqCst);
+        // A stream waiting for a host function of a client that is gone (on the device, where
+        // nothing else ends the wait) goes on.
+        self.gates.open_all();
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
         self.channel.submit_bell().ring();
     }
@@ -133,7 +144,7 @@ mod tests {
         let channel = Channel::create(Layout::default()).unwrap();
         let (ours, theirs) = UnixStream::pair().unwrap();
         let closing = Arc::new(AtomicBool::new(false));
-        let outbox = Outbox::new(channel.clone(), closing, Arc::new(ours));
+        let outbox = Outbox::new(channel.clone(), closing, Arc::default(), Arc::new(ours));
         (outbox, channel, theirs)
     }
 

@@ -68,6 +68,18 @@ pub enum HostBytes {
 }
 
 impl HostBytes {
+    /// The 8-byte word these bytes are, read with acquire ordering; `None` if they are not
+    /// 8 aligned bytes.
+    pub fn load_word(&self) -> Option<u64> {
+        let (p, len) = self.as_raw();
+        if len != 8 || (p as usize) % 8 != 0 {
+            return None;
+        }
+        // SAFETY: 8 aligned bytes of a live mapping (kept alive by `self`); another process
+        // writes them only atomically.
+        Some(unsafe { &*(p as *const AtomicU64) }.load(Ordering::Acquire))
+    }
+
     /// Base address and length.
     pub fn as_raw(&self) -> (*mut u8, usize) {
         match self {
@@ -124,6 +136,95 @@ pub struct ClientContext {
     /// Nanoseconds the device spent on the client's work (see each backend for how it is
     /// measured).
     pub busy_ns: Arc<AtomicU64>,
+    /// The words its streams wait on for host functions ([`Op::HostWait`]).
+    pub gates: Arc<HostGates>,
+}
+
+/// The gate words of a client's streams ([`Op::HostWait`]): one word of a host buffer per
+/// stream, which the client raises as its host functions return. When the client goes away
+/// every gate is opened, so that no stream, on the device or in the simulator, waits for a
+/// client that is gone.
+#[derive(Debug, Default)]
+pub struct HostGates {
+    inner: std::sync::Mutex<GatesInner>,
+}
+
+#[derive(Debug, Default)]
+struct GatesInner {
+    /// Set once the client is going away: gates named after that open at once.
+    opened: bool,
+    /// Each stream's gate, by stream handle: the host buffer (handle, offset) it names and the
+    /// word.
+    by_stream: std::collections::HashMap<u64, ((u64, u64), HostBytes)>,
+}
+
+impl HostGates {
+    /// What an opened gate holds: every wait of a well-behaved client (whose values count its
+    /// host functions) is met by it, as the device compares (`(int64_t)(word - value) >= 0`)
+    /// and as the simulator does.
+    pub const OPEN: u64 = i64::MAX as u64;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GatesInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `word` (host buffer `handle`, byte `offset`) the gate of `stream`, or checks that
+    /// it is the one the stream already waits on.
+    pub fn fix(&self, stream: u64, handle: u64, offset: u64, word: &HostBytes) -> Result<()> {
+        let mut g = self.lock();
+        if let Some(((h, o), _)) = g.by_stream.get(&stream) {
+            if (*h, *o) != (handle, offset) {
+                return Err(Error::invalid_value(format!(
+                    "stream {stream:#x} waits for host functions on byte {o} of host buffer \
+                     {h:#x}; a host wait naming byte {offset} of host buffer {handle:#x} is \
+                     refused (a stream has one gate word)"
+                )));
+            }
+            return Ok(());
+        }
+        let HostBytes::Shared {
+            segment,
+            offset: at,
+            len,
+        } = word
+        else {
+            return Err(Error::internal(
+                "a host function's gate is not shared memory",
+            ));
+        };
+        let word = HostBytes::Shared {
+            segment: segment.clone(),
+            offset: *at,
+            len: *len,
+        };
+        if g.opened {
+            open(&word);
+        }
+        g.by_stream.insert(stream, ((handle, offset), word));
+        Ok(())
+    }
+
+    /// Forgets the gate of `stream`, which is destroyed and waits no more.
+    pub fn forget(&self, stream: u64) {
+        self.lock().by_stream.remove(&stream);
+    }
+
+    /// Opens every gate, now and from now on: the client is going away.
+    pub fn open_all(&self) {
+        let mut g = self.lock();
+        g.opened = true;
+        g.by_stream.values().for_each(|(_, w)| open(w));
+    }
+}
+
+/// Sets a gate word to [`HostGates::OPEN`].
+fn open(word: &HostBytes) {
+    let (p, len) = word.as_raw();
+    if len == 8 && (p as usize) % 8 == 0 {
+        // SAFETY: 8 aligned bytes of a live mapping (kept alive by `word`), written only
+        // atomically by either process.
+        unsafe { &*(p as *const AtomicU64) }.store(HostGates::OPEN, Ordering::Release);
+    }
 }
 
 /// A client's current SM placement, as the server last decided it.
@@ -193,6 +294,17 @@ pub enum Op<'a, B: Backend> {
     Wait(Arc<B::Event>),
     /// Run an executable graph (never submitted to a capturing stream).
     GraphLaunch(Arc<B::GraphExec>),
+    /// Wait until the 8-byte word `word` of a host buffer (at device address `device`) is at
+    /// least `value`: a host function's gate (never submitted to a capturing stream). The word
+    /// is opened (set to all ones) when the client goes away, so the wait always ends.
+    HostWait {
+        /// The word's bytes, kept mapped while the wait is pending.
+        word: HostBytes,
+        /// Its device address.
+        device: u64,
+        /// The value to reach.
+        value: u64,
+    },
     /// Nothing; exists to carry a publish.
     Nop,
 }
@@ -209,6 +321,15 @@ impl<B: Backend> Op<'_, B> {
             Op::Record(e) => Op::Record(e),
             Op::Wait(e) => Op::Wait(e),
             Op::GraphLaunch(g) => Op::GraphLaunch(g),
+            Op::HostWait {
+                word,
+                device,
+                value,
+            } => Op::HostWait {
+                word,
+                device,
+                value,
+            },
             Op::Nop => Op::Nop,
         }
     }

@@ -24,7 +24,7 @@ use mps_ipc::segment::Segment;
 
 use super::limits::Limits;
 use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
-use crate::backend::{Backend, ClientContext, Op, Publish};
+use crate::backend::{Backend, ClientContext, HostGates, Op, Publish};
 use crate::quota::Charges;
 use crate::registry::{Registry, Stats};
 
@@ -346,6 +346,7 @@ impl<B: Backend> SessionCore<B> {
                 self.enqueue(cmd, op)
             }
             Request::Mark => self.enqueue(cmd, Op::Nop),
+            Request::HostWait { gate, value } => self.host_wait(cmd, gate, value),
             Request::CopyHtoD { dst, src, len } => {
                 self.check_device(dst, len, "copy destination")?;
                 let take = matches!(src, HostRef::Staging { .. });
@@ -514,6 +515,7 @@ impl<B: Backend> SessionCore<B> {
                 self.batch.forget_stream(stream);
                 self.batch_cache_changed();
                 self.backend.stream_destroy(s.stream);
+                self.ctx.gates.forget(stream);
                 self.streams.give_back(s.slot);
                 DONE
             }
@@ -587,6 +589,44 @@ impl<B: Backend> SessionCore<B> {
         DONE
     }
 
+    /// A host function's place in its stream: the command's progress is published once the
+    /// work before it is done, and the stream then waits for the client to raise the gate word
+    /// to `value` (its function has returned).
+    fn host_wait(&mut self, cmd: &Command, gate: HostRef, value: u64) -> Result<Answer> {
+        let HostRef::Buffer { handle, offset } = gate else {
+            return Err(Error::invalid_value(
+                "a host function's gate must be a word of a host buffer, not of the staging area",
+            ));
+        };
+        if cmd.flags & flags::MARK == 0 {
+            return Err(Error::invalid_value(
+                "a host wait must carry MARK: the client runs its function once the command's \
+                 progress is published",
+            ));
+        }
+        if offset % 8 != 0 || value > HostGates::OPEN / 2 {
+            return Err(Error::invalid_value(format!(
+                "a host function's gate must be an 8-byte aligned word (byte {offset}) and its \
+                 value at most {} ({value})",
+                HostGates::OPEN / 2
+            )));
+        }
+        let word = self.host_bytes(gate, 8, false)?;
+        let device = self.host.get(handle)?.device + offset;
+        let s = self.streams.get(cmd.stream)?;
+        self.ctx.gates.fix(cmd.stream, handle, offset, &word)?;
+        let publish = self.publish(s.slot, cmd.seq);
+        self.backend
+            .submit(&s.stream, cmd.seq, Op::Nop, Some(publish))?;
+        let wait = Op::HostWait {
+            word,
+            device,
+            value,
+        };
+        self.backend.submit(&s.stream, cmd.seq, wait, None)?;
+        DONE
+    }
+
     /// Waits for all of this client's work (before freeing memory it may use, as cuMemFree
     /// does).
     fn synchronize_all(&self) -> Result<()> {
@@ -600,6 +640,8 @@ impl<B: Backend> SessionCore<B> {
     /// Releases everything the client held; call once it is closing (its queued work is then
     /// dropped rather than run).
     pub(crate) fn release(mut self) -> Released {
+        // No stream may wait for a host function of a client that is gone.
+        self.ctx.gates.open_all();
         let graphs = self.release_graphs();
         // Held work is dropped with the client; cached graphs go before its streams.
         self.batch = batch::Batching::new(false, 0, 0);

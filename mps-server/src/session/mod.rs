@@ -119,9 +119,11 @@ impl<B: Backend> Session<B> {
             )
         })?;
         let closing = Arc::new(AtomicBool::new(false));
+        let gates = Arc::new(crate::backend::HostGates::default());
         let outbox = Arc::new(Outbox::new(
             channel.clone(),
             closing.clone(),
+            gates.clone(),
             socket.clone(),
         ));
         let ctx = ClientContext {
@@ -131,6 +133,7 @@ impl<B: Backend> Session<B> {
             faults: outbox.clone(),
             sm: Arc::default(),
             busy_ns: Arc::default(),
+            gates,
         };
         let shared = Shared {
             backend,

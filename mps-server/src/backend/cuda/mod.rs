@@ -599,6 +599,18 @@ impl Backend for CudaBackend {
                     format!("a graph of client {}", stream.client)
                 }))?;
             }
+            Op::HostWait { device, value, .. } => {
+                let geq = sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32;
+                // SAFETY: `device` is the device address of 8 bytes of a registered host buffer
+                // of the client, which stays registered while work of its streams is pending.
+                let r = unsafe { sys::cuStreamWaitValue64_v2(s, device, value, geq) };
+                self.ctx.check(check_on(r, "cuStreamWaitValue64", || {
+                    format!(
+                        "a host function's gate at {device:#x} (value {value}), client {}",
+                        stream.client
+                    )
+                }))?;
+            }
             Op::Nop => {}
         }
         if let (Some(keep), Some(captured)) = (keep, stream.capture.borrow_mut().as_mut()) {

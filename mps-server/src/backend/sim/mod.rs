@@ -308,8 +308,8 @@ impl Worker {
                     "the simulator panicked while running this command",
                 ))
             });
-            // Waiting for another stream's event is not work of the device.
-            if !matches!(job.op, Op::Wait(_)) {
+            // Waiting for another stream's event or for the host is not work of the device.
+            if !matches!(job.op, Op::Wait(_) | Op::HostWait { .. }) {
                 let ns = started.elapsed().as_nanos() as u64;
                 self.client.busy_ns.fetch_add(ns, Ordering::Relaxed);
             }
@@ -451,6 +451,21 @@ impl Worker {
             // A replay runs the captured work in order, each launch under the client's SM
             // placement at the time it runs, as on its stream. Captures hold no event work.
             Op::GraphLaunch(exec) => exec.ops.iter().try_for_each(|op| self.execute(op, 0, None)),
+            Op::HostWait { word, value, .. } => {
+                // The host writes the word without ringing anything: look at it, more slowly
+                // the longer the wait.
+                let mut nap = Duration::from_micros(10);
+                loop {
+                    let now = word.load_word().ok_or_else(|| {
+                        Error::internal("a host function's gate is not an aligned 8-byte word")
+                    })?;
+                    if now >= *value || self.client.closing.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(1));
+                }
+            }
             Op::Nop => Ok(()),
         }
     }
@@ -681,7 +696,12 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         self.context.alive()?;
         if let Some(captured) = stream.capture.borrow_mut().as_mut() {
-            if publish.is_some() || matches!(op, Op::Record(_) | Op::Wait(_) | Op::GraphLaunch(_)) {
+            if publish.is_some()
+                || matches!(
+                    op,
+                    Op::Record(_) | Op::Wait(_) | Op::GraphLaunch(_) | Op::HostWait { .. }
+                )
+            {
                 return Err(Error::internal(format!(
                     "command {seq} reached a capturing simulator stream, which records only \
                      copies, memsets and launches without progress marks"
@@ -816,6 +836,7 @@ mod tests {
             faults: heard.clone(),
             sm: Arc::default(),
             busy_ns: Arc::default(),
+            gates: Arc::default(),
         }
     }
 

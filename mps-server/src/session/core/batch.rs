@@ -508,6 +508,15 @@ fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
         Op::Record(e) => Op::Record(e.clone()),
         Op::Wait(e) => Op::Wait(e.clone()),
         Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),
+        Op::HostWait {
+            word,
+            device,
+            value,
+        } => Op::HostWait {
+            word: host(word),
+            device: *device,
+            value: *value,
+        },
         Op::Nop => Op::Nop,
     }
 }

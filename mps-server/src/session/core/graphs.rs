@@ -118,6 +118,15 @@ impl<B: Backend> SessionCore<B> {
         };
         let stream = cmd.stream;
         let op = req.opcode();
+        if op == Opcode::HostWait {
+            return Err(Error::new(
+                Status::Unsupported,
+                format!(
+                    "a host function in a capturing stream ({stream:#x}) is not supported: a \
+                     capture records copies, memsets and kernel launches of one stream"
+                ),
+            ));
+        }
         if cmd.flags & flags::MARK != 0 || op == Opcode::Mark {
             return Err(Error::invalid_value(format!(
                 "stream {stream:#x} is capturing a graph: its work is recorded, not run, so it \

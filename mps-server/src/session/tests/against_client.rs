@@ -214,3 +214,64 @@ fn what_a_client_leaves_behind_is_released() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn host_functions_run_in_stream_order_and_a_pending_one_does_not_outlive_its_client() {
+    use std::sync::Mutex as StdMutex;
+    let server = sim_server();
+    let w = workers();
+    let c = connect(&server, &w, 1);
+    let fill = fill_kernel(&c);
+    let n = 1024u64;
+    let p = c.mem_alloc(n * 4).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let host = c.host_alloc(n as usize * 4).unwrap() as usize;
+    let words = move || {
+        // SAFETY: the host buffer holds n words and outlives every function here (the client
+        // frees it only when dropped, after its host-function thread ends).
+        unsafe { std::slice::from_raw_parts(host as *const u32, n as usize) }.to_vec()
+    };
+    let params = |v: u32| {
+        [
+            p.0.to_le_bytes().to_vec(),
+            v.to_le_bytes().to_vec(),
+            n.to_le_bytes().to_vec(),
+        ]
+    };
+    let seen = Arc::new(StdMutex::new(Vec::new()));
+    for round in 1..=3u32 {
+        let pr = params(round);
+        c.launch(fill, grid(4), grid(256), 0, s, &[&pr[0], &pr[1], &pr[2]])
+            .unwrap();
+        // SAFETY: `host` is a host buffer of n words.
+        let dst = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, n as usize * 4) };
+        c.memcpy_dtoh(dst, p, s).unwrap();
+        let seen = seen.clone();
+        c.launch_host_func(s, Box::new(move || seen.lock().unwrap().push(words())))
+            .unwrap();
+    }
+    c.stream_synchronize(s).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.len(),
+        3,
+        "a synchronisation returned before its host functions ran"
+    );
+    for (i, w) in seen.iter().enumerate() {
+        let want = i as u32 + 1;
+        assert!(
+            w.iter().all(|&x| x == want),
+            "function {i} saw {:?}",
+            &w[..4]
+        );
+    }
+    // One function runs, the next waits behind it; the client leaves meanwhile.
+    c.launch_host_func(
+        s,
+        Box::new(|| std::thread::sleep(Duration::from_millis(20))),
+    )
+    .unwrap();
+    c.launch_host_func(s, Box::new(|| {})).unwrap();
+    drop(c);
+    all_gone(&server);
+}

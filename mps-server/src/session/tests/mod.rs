@@ -28,6 +28,7 @@ mod against_client;
 mod batch;
 mod device;
 mod graphs;
+mod hostfn;
 mod isolation;
 mod launch;
 mod limits;
@@ -89,6 +90,7 @@ impl<B: Backend> Server<B> {
             faults: faults.clone(),
             sm: Arc::default(),
             busy_ns: Arc::default(),
+            gates: Arc::default(),
         };
         let shared = Shared {
             backend: self.backend.clone(),

@@ -251,6 +251,7 @@ impl Backend for Recorder {
             Op::Record(_) => (Opcode::EventRecord, None),
             Op::Wait(_) => (Opcode::StreamWaitEvent, None),
             Op::GraphLaunch(_) => (Opcode::GraphLaunch, None),
+            Op::HostWait { .. } => (Opcode::HostWait, None),
         };
         self.submitted.lock().unwrap().push(Submitted {
             stream: *stream,
