@@ -776,12 +776,14 @@ static TOOLS_MOD: Table<99> = Table([
     stub!(8, 98),
 ]);
 
-/// What [7] calls for each function: `(user, function, its name, …, module)`; 0 goes on.
+/// What [7] calls for each function: `(user, function, its name)`, as NVIDIA's driver was seen
+/// calling it (the words after those differ from call to call: a visitor reads three; mps passes
+/// 0, 0 and the module, as the driver happened to for cuFFT). 0 goes on.
 type FunctionVisitor =
     unsafe extern "C" fn(*mut c_void, usize, *const c_char, usize, usize, usize) -> u64;
 
 /// Slot 7 `(context, module, visit, user, module, _)`: walks the module's functions, calling
-/// `visit(user, function, name, 0, 0, module)` for each, and returns how many it visited, as
+/// `visit(user, function, name)` for each, and returns how many it visited, as
 /// NVIDIA's driver was measured doing on an H200: 1 for a cuFFT plan's module of one function
 /// (whose visitor kept the function it wanted in `user[0]` and answered 0), 7 for the test
 /// kernels' seven (docs/bench/h200-2026-12-01-suite). What a visitor's other answers mean was

@@ -2,8 +2,8 @@
  * cuLibraryGetKernelCount, cuLibraryEnumerateKernels) and named (cuFuncGetName, cuKernelGetName):
  * each listed handle is the one cuModuleGetFunction gives for its name, and launches. Then the
  * walk over a module's functions that cuFFT asks of the tools-module export table (6e163fbe, [7]):
- * the visitor is called with (user, function, name, ...) for each function, and [7] returns how
- * many it visited, as NVIDIA's driver does (which also passes other words after the name: mps
+ * the visitor is called with (user, function, name) for each function, and [7] returns how
+ * many it visited, as NVIDIA's driver does (whose further words differ from call to call: mps
  * passes 0, 0 and the module, as the driver did for cuFFT's plans; checked with MPS_ONLY=1).
  * Usage: module_functions <test_kernels.ptx> */
 #include <stdio.h>
