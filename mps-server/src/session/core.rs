@@ -34,6 +34,7 @@ pub(crate) use batch::MAX_RUN;
 mod graphs;
 mod memory;
 mod modules;
+mod tensor_map;
 mod vm;
 
 /// What the shell does with a handled command.
@@ -479,6 +480,7 @@ impl<B: Backend> SessionCore<B> {
             Request::ModuleFunctionNames { module, offset } => {
                 self.module_function_names(seq, module, offset)
             }
+            Request::TensorMapEncodeTiled { map } => self.tensor_map_encode_tiled(seq, &map),
             Request::FuncAttributes { function } => self.func_attributes(seq, function),
             Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {
