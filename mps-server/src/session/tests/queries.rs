@@ -275,10 +275,13 @@ fn a_tensor_map_is_refused_outside_the_clients_memory_or_its_ranks() {
     map.data_type = 16;
     let req = Request::TensorMapEncodeTiled { map };
     c.refused(&req, 0, Status::InvalidValue, "data type 16");
-    // Strides that overflow the span.
+    // CUDA's documented alignments: a global address of 16 bytes, strides multiple of 16.
     map.data_type = 7;
-    map.shape.strides[0] = u64::MAX;
-    map.shape.dims[1] = 3;
+    map.address += 8;
     let req = Request::TensorMapEncodeTiled { map };
-    c.refused(&req, 0, Status::InvalidValue, "2^64");
+    c.refused(&req, 0, Status::InvalidValue, "not aligned to 16 bytes");
+    map.address -= 8;
+    map.shape.strides[0] = 120;
+    let req = Request::TensorMapEncodeTiled { map };
+    c.refused(&req, 0, Status::InvalidValue, "stride 0 of 120 bytes");
 }
