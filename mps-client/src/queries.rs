@@ -132,6 +132,24 @@ impl Client {
         })
     }
 
+    /// The TMA descriptor `map` made to name `address` instead, by the server's driver.
+    pub fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: DevicePtr,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        let c = self.transport.call(&Request::TensorMapReplaceAddress {
+            address: address.0,
+            map,
+        })?;
+        c.data().try_into().map_err(|_| {
+            Error::internal(format!(
+                "the server's tensor map is {} bytes, not {TENSOR_MAP_BYTES}",
+                c.data().len()
+            ))
+        })
+    }
+
     /// The occupancy figure `query` of kernel `f`, per SM of the whole device.
     pub fn occupancy(&self, f: Function, query: OccupancyQuery) -> Result<u64> {
         Ok(self

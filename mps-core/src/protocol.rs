@@ -242,6 +242,10 @@ crate::command_table::commands! {
         /// device memory: replies `[TENSOR_MAP_BYTES, 0, 0, 0]` and, in its data, the
         /// [`TENSOR_MAP_BYTES`]-byte `CUtensorMap`, which names the server context's address.
         TensorMapEncodeTiled = 52 => "tensor_map_encode_tiled" [payload] { map: TensorMapTiled = 0 },
+        /// A TMA descriptor, `map` (its [`TENSOR_MAP_BYTES`]), made to name `address` in the
+        /// client's memory instead (`cuTensorMapReplaceAddress`): replies like
+        /// [`Request::TensorMapEncodeTiled`].
+        TensorMapReplaceAddress = 53 => "tensor_map_replace_address" [payload] { address: u64 = 0, map: &'a [u8] = 1 },
     }
 }
 
@@ -1007,6 +1011,10 @@ mod tests {
                         element_strides: [1, 1, 0, 0, 0],
                     },
                 },
+            },
+            Request::TensorMapReplaceAddress {
+                address: 0x7f00_0000_2000,
+                map: &[3; TENSOR_MAP_BYTES],
             },
             Request::ContextLimits,
             Request::ModuleGlobal {

@@ -1,4 +1,4 @@
-//! TMA descriptors (`cuTensorMapEncodeTiled`). A `CUtensorMap` names a device address of the
+//! TMA descriptors (`cuTensorMapEncodeTiled`, `cuTensorMapReplaceAddress`). A `CUtensorMap` names a device address of the
 //! server's context, so the server encodes it; the 128 bytes come back into the program's.
 //! What is checked here is what the arrays' reading needs (non-null pointers, a rank of 1 to 5
 //! that sizes them) and the descriptor's alignment (64 bytes, as CUDA documents); the server
@@ -68,7 +68,34 @@ unsafe fn encode_tiled(
     Ok(())
 }
 
+/// # Safety
+/// `map` must be NULL or readable and writable for 128 bytes.
+unsafe fn replace_address(map: *mut c_void, address: *mut c_void) -> Res<()> {
+    check(!map.is_null() && map as usize % 64 == 0)?;
+    let mut bytes = [0u8; TENSOR_MAP_BYTES];
+    // SAFETY: `map` is non-null and readable for 128 bytes (the caller's guarantee).
+    unsafe {
+        std::ptr::copy_nonoverlapping(map.cast::<u8>(), bytes.as_mut_ptr(), TENSOR_MAP_BYTES)
+    };
+    let bytes = current()?
+        .conn()?
+        .tensor_map_replace_address(&bytes, address as u64)?;
+    // SAFETY: as above, writable.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), map.cast::<u8>(), TENSOR_MAP_BYTES) };
+    Ok(())
+}
+
 exports! {
+    /// # Safety
+    /// `tensorMap` must be a descriptor, readable and writable for 128 bytes.
+    pub unsafe fn cuTensorMapReplaceAddress(
+        tensor_map: *mut c_void,
+        address: *mut c_void,
+    ) ["cuTensorMapReplaceAddress" 12000] =
+        // SAFETY: the caller's guarantee is replace_address's precondition.
+        unsafe { replace_address(tensor_map, address) };
+
+
     /// # Safety
     /// As `cuTensorMapEncodeTiled` documents: `tensorMap` writable for 128 bytes, the arrays
     /// sized by the rank.

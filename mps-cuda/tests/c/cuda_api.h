@@ -179,6 +179,7 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, int tensorDataType, unsi
                                 const unsigned long long *globalStrides, const unsigned *boxDim,
                                 const unsigned *elementStrides, int interleave, int swizzle,
                                 int l2Promotion, int oobFill);
+CUresult cuTensorMapReplaceAddress(CUtensorMap *tensorMap, void *globalAddress);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);

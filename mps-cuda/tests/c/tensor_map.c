@@ -2,7 +2,9 @@
  * and what CUDA documents as invalid is CUDA_ERROR_INVALID_VALUE: a rank of 0 or 6, a global
  * address not aligned to 16 bytes, a stride not a multiple of 16, a box dimension past 256, an
  * element stride of 0. Through mps (MPS_ONLY=1) also: a tensor that is not, or not wholly, in
- * the program's memory. Needs compute capability 9.0 natively. Usage: tensor_map */
+ * the program's memory. cuTensorMapReplaceAddress gives a descriptor another allocation, not one
+ * misaligned (nor, through mps, one outside the program's memory). Needs compute capability 9.0
+ * natively. Usage: tensor_map */
 #include <stdio.h>
 #include <string.h>
 
@@ -85,6 +87,21 @@ int main(void) {
         EXPECT(encode((CUtensorMap *)(void *)(room + 8 - ((uintptr_t)room % 64) + 64), &t),
                CUDA_ERROR_INVALID_VALUE);
     }
+
+    /* The descriptor given another matrix's address. */
+    CUdeviceptr other;
+    CHECK(cuMemAlloc_v2(&other, BYTES));
+    t = matrix(buf);
+    CHECK(encode(&map, &t));
+    CHECK(cuTensorMapReplaceAddress(&map, (void *)(uintptr_t)other));
+    EXPECT(cuTensorMapReplaceAddress(&map, (void *)(uintptr_t)(other + 8)),
+           CUDA_ERROR_INVALID_VALUE);
+    if (mps_only()) {
+        ASSERT(memcmp(&map, &again, sizeof map) != 0, "the address was replaced");
+        EXPECT(cuTensorMapReplaceAddress(&map, (void *)(uintptr_t)(other + (1ull << 40))),
+               CUDA_ERROR_INVALID_VALUE);
+    }
+    CHECK(cuMemFree_v2(other));
 
     CHECK(cuMemFree_v2(buf));
     CHECK(cuCtxDestroy_v2(ctx));

@@ -402,6 +402,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A tiled TMA descriptor (`cuTensorMapEncodeTiled`'s) of a tensor in a client's memory,
     /// whose rank, enumerations and span the session has checked.
     fn tensor_map_encode_tiled(&self, map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES]>;
+    /// A client's TMA descriptor naming `address` instead (`cuTensorMapReplaceAddress`'s),
+    /// which the session found inside the client's memory.
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]>;
     /// The context's stream priority range (least, greatest) and its limits
     /// (`cuCtxGetLimit`'s, by `CUlimit`; `None` where the device has no such limit).
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]);

@@ -481,6 +481,9 @@ impl<B: Backend> SessionCore<B> {
                 self.module_function_names(seq, module, offset)
             }
             Request::TensorMapEncodeTiled { map } => self.tensor_map_encode_tiled(seq, &map),
+            Request::TensorMapReplaceAddress { address, map } => {
+                self.tensor_map_replace_address(seq, address, map)
+            }
             Request::FuncAttributes { function } => self.func_attributes(seq, function),
             Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {

@@ -363,6 +363,15 @@ impl Backend for CudaBackend {
         tensor_map::encode_tiled(map)
     }
 
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.ctx.enter()?;
+        tensor_map::replace_address(map, address)
+    }
+
     fn module_function_names(&self, module: &CudaModule) -> Result<Vec<String>> {
         self.ctx.enter()?;
         let on = || "a module".to_string();

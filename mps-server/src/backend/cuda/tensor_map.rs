@@ -1,4 +1,4 @@
-//! TMA descriptors encoded by the driver (`cuTensorMapEncodeTiled`).
+//! TMA descriptors encoded by the driver (`cuTensorMapEncodeTiled`, `cuTensorMapReplaceAddress`).
 
 use std::ffi::c_void;
 
@@ -48,6 +48,25 @@ pub(super) fn encode_tiled(map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES
     };
     check_on(r, "cuTensorMapEncodeTiled", || {
         format!("a tensor map of rank {} at {:#x}", map.rank, map.address)
+    })?;
+    let mut bytes = [0u8; TENSOR_MAP_BYTES];
+    bytes.copy_from_slice(bytemuck::cast_slice(&out.opaque));
+    Ok(bytes)
+}
+
+/// The driver's copy of the client's descriptor `map` naming `address` instead; the driver
+/// rewrites only the 128 bytes given it.
+pub(super) fn replace_address(
+    map: &[u8; TENSOR_MAP_BYTES],
+    address: u64,
+) -> Result<[u8; TENSOR_MAP_BYTES]> {
+    let mut out = sys::CUtensorMap { opaque: [0; 16] };
+    bytemuck::cast_slice_mut(&mut out.opaque).copy_from_slice(map);
+    // SAFETY: `out` is an aligned 128-byte descriptor the driver reads and rewrites; it reads
+    // no memory at the address.
+    let r = unsafe { sys::cuTensorMapReplaceAddress(&mut out, address as *mut c_void) };
+    check_on(r, "cuTensorMapReplaceAddress", || {
+        format!("a tensor map given the address {address:#x}")
     })?;
     let mut bytes = [0u8; TENSOR_MAP_BYTES];
     bytes.copy_from_slice(bytemuck::cast_slice(&out.opaque));

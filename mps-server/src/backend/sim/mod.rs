@@ -657,6 +657,18 @@ impl Backend for SimBackend {
         Ok(d)
     }
 
+    /// The simulator's descriptor starts with its address.
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.context.alive()?;
+        let mut d = *map;
+        d[..8].copy_from_slice(&address.to_le_bytes());
+        Ok(d)
+    }
+
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {
         (occupancy::PRIORITIES, occupancy::context_limits())
     }

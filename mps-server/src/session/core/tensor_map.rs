@@ -112,11 +112,42 @@ impl<B: Backend> SessionCore<B> {
         self.allocations
             .check_range(map.address, span, "tensor map", Status::InvalidValue)?;
         let descriptor = self.backend.tensor_map_encode_tiled(map)?;
-        let mut c = Completion::reply(seq, [TENSOR_MAP_BYTES as u64, 0, 0, 0]);
-        c.data[..TENSOR_MAP_BYTES].copy_from_slice(&descriptor);
-        c.data_len = TENSOR_MAP_BYTES as u32;
-        Ok(Answer::Full(Box::new(c)))
+        Ok(descriptor_reply(seq, &descriptor))
     }
+
+    /// A client's descriptor made to name `address` instead. The descriptor is opaque, so
+    /// only the new address is checked: aligned to 16 bytes and inside the client's memory
+    /// (the driver then checks its alignment against the descriptor's interleave).
+    pub(super) fn tensor_map_replace_address(
+        &mut self,
+        seq: u64,
+        address: u64,
+        map: &[u8],
+    ) -> Result<Answer> {
+        let map: &[u8; TENSOR_MAP_BYTES] = map.try_into().map_err(|_| {
+            Error::invalid_value(format!(
+                "a tensor map of {} bytes, not {TENSOR_MAP_BYTES}",
+                map.len()
+            ))
+        })?;
+        if address % 16 != 0 {
+            return Err(Error::invalid_value(format!(
+                "tensor map: global address {address:#x} is not aligned to 16 bytes"
+            )));
+        }
+        self.allocations
+            .check_range(address, 1, "tensor map", Status::InvalidValue)?;
+        let descriptor = self.backend.tensor_map_replace_address(map, address)?;
+        Ok(descriptor_reply(seq, &descriptor))
+    }
+}
+
+/// The reply carrying a descriptor.
+fn descriptor_reply(seq: u64, descriptor: &[u8; TENSOR_MAP_BYTES]) -> Answer {
+    let mut c = Completion::reply(seq, [TENSOR_MAP_BYTES as u64, 0, 0, 0]);
+    c.data[..TENSOR_MAP_BYTES].copy_from_slice(descriptor);
+    c.data_len = TENSOR_MAP_BYTES as u32;
+    Answer::Full(Box::new(c))
 }
 
 #[cfg(test)]

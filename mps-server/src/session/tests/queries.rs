@@ -285,3 +285,25 @@ fn a_tensor_map_is_refused_outside_the_clients_memory_or_its_ranks() {
     let req = Request::TensorMapEncodeTiled { map };
     c.refused(&req, 0, Status::InvalidValue, "stride 0 of 120 bytes");
 }
+
+#[test]
+fn a_tensor_maps_address_is_replaced_only_within_the_clients_memory() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let (a, b) = (c.alloc(4096), c.alloc(4096));
+    let (_, map) = full(&mut c, &tensor_map(a, 1)).unwrap();
+    fn replace(address: u64, map: &[u8]) -> Request<'_> {
+        Request::TensorMapReplaceAddress { address, map }
+    }
+    let ([len, ..], moved) = full(&mut c, &replace(b, &map)).unwrap();
+    assert_eq!(len, TENSOR_MAP_BYTES as u64);
+    // The simulator's descriptor starts with its address; the rest stays.
+    assert_eq!(moved[..8], b.to_le_bytes());
+    assert_eq!(moved[8..], map[8..]);
+    let req = replace(b + 8, &map);
+    c.refused(&req, 0, Status::InvalidValue, "not aligned to 16 bytes");
+    let req = replace(b + (1 << 40), &map);
+    c.refused(&req, 0, Status::InvalidValue, "not inside any allocation");
+    let req = replace(b, &map[..64]);
+    c.refused(&req, 0, Status::InvalidValue, "of 64 bytes");
+}
