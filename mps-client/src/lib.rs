@@ -56,7 +56,9 @@ pub use handles::{
 pub use hostfn::HostFn;
 pub use launch::KernelLayout;
 pub use mps_core::handshake::BackendKind;
-pub use mps_core::protocol::{Cluster, Dim3, OccupancyQuery, ParamInfo};
+pub use mps_core::protocol::{
+    Cluster, Dim3, OccupancyQuery, ParamInfo, TENSOR_MAP_BYTES, TensorMapTiled, TensorShape,
+};
 pub use mps_core::{Error, Result, Status};
 pub use queries::{ContextLimits, FunctionAttributes};
 pub use vm::PhysicalMem;

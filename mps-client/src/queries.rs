@@ -2,7 +2,9 @@
 //! context's limits (`cuCtxGetLimit`'s), a kernel's attributes (`cuFuncGetAttribute`'s) and
 //! occupancy figures (`cuOccupancy*`'s).
 
-use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, Request};
+use mps_core::protocol::{
+    CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, Request, TENSOR_MAP_BYTES, TensorMapTiled,
+};
 use mps_core::{Error, Result};
 
 use crate::connection::Client;
@@ -114,6 +116,38 @@ impl Client {
             )));
         }
         Ok(names)
+    }
+
+    /// The tiled TMA descriptor (`CUtensorMap`'s 128 bytes) of `map`, encoded in the server's
+    /// context, where the address is the device's.
+    pub fn tensor_map_encode_tiled(&self, map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        let c = self
+            .transport
+            .call(&Request::TensorMapEncodeTiled { map: *map })?;
+        c.data().try_into().map_err(|_| {
+            Error::internal(format!(
+                "the server's tensor map is {} bytes, not {TENSOR_MAP_BYTES}",
+                c.data().len()
+            ))
+        })
+    }
+
+    /// The TMA descriptor `map` made to name `address` instead, by the server's driver.
+    pub fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: DevicePtr,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        let c = self.transport.call(&Request::TensorMapReplaceAddress {
+            address: address.0,
+            map,
+        })?;
+        c.data().try_into().map_err(|_| {
+            Error::internal(format!(
+                "the server's tensor map is {} bytes, not {TENSOR_MAP_BYTES}",
+                c.data().len()
+            ))
+        })
     }
 
     /// The occupancy figure `query` of kernel `f`, per SM of the whole device.

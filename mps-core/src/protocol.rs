@@ -238,6 +238,14 @@ crate::command_table::commands! {
         /// gate word for all its host functions; the server opens every gate (writes all ones)
         /// when the client goes away.
         HostWait = 51 => "host_wait" [ordered] { gate: HostRef = 0, value: u64 = 2 },
+        /// Encode a tiled TMA descriptor (`cuTensorMapEncodeTiled`) of a tensor in the client's
+        /// device memory: replies `[TENSOR_MAP_BYTES, 0, 0, 0]` and, in its data, the
+        /// [`TENSOR_MAP_BYTES`]-byte `CUtensorMap`, which names the server context's address.
+        TensorMapEncodeTiled = 52 => "tensor_map_encode_tiled" [payload] { map: TensorMapTiled = 0 },
+        /// A TMA descriptor, `map` (its [`TENSOR_MAP_BYTES`]), made to name `address` in the
+        /// client's memory instead (`cuTensorMapReplaceAddress`): replies like
+        /// [`Request::TensorMapEncodeTiled`].
+        TensorMapReplaceAddress = 53 => "tensor_map_replace_address" [payload] { address: u64 = 0, map: &'a [u8] = 1 },
     }
 }
 
@@ -285,6 +293,95 @@ pub enum OccupancyQuery {
         /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`).
         non_portable: bool,
     },
+}
+
+/// The bytes of a TMA descriptor (`CUtensorMap`), as CUDA lays it out: opaque, 64-byte aligned.
+pub const TENSOR_MAP_BYTES: usize = 128;
+/// The most dimensions a TMA descriptor describes.
+pub const TENSOR_MAP_MAX_RANK: usize = 5;
+
+const _: () = assert!(TENSOR_MAP_BYTES <= COMPLETION_DATA_BYTES);
+
+/// A tiled TMA descriptor's tensor (`cuTensorMapEncodeTiled`'s parameters). The enumerations
+/// keep CUDA's values (`CUtensorMapDataType`, `CUtensorMapInterleave`, `CUtensorMapSwizzle`,
+/// `CUtensorMapL2promotion`, `CUtensorMapFloatOOBfill`), each of which fits in a byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMapTiled {
+    /// The element type.
+    pub data_type: u8,
+    /// The dimensions described, 1..=[`TENSOR_MAP_MAX_RANK`] (the server refuses others).
+    pub rank: u8,
+    /// The interleave layout.
+    pub interleave: u8,
+    /// The shared-memory swizzle.
+    pub swizzle: u8,
+    /// The L2 promotion.
+    pub l2_promotion: u8,
+    /// The fill of out-of-bounds elements.
+    pub oob_fill: u8,
+    /// The tensor's device address, in the client's memory.
+    pub address: u64,
+    /// Its dimensions, strides and box; entries past the rank are 0.
+    pub shape: TensorShape,
+}
+
+/// The arrays of a [`TensorMapTiled`], as they travel in its command's payload (little-endian,
+/// in this order); only the first `rank` entries (`rank - 1` strides) mean anything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Pod, Zeroable)]
+pub struct TensorShape {
+    /// Elements along each dimension, the innermost first (`globalDim`).
+    pub dims: [u64; TENSOR_MAP_MAX_RANK],
+    /// Bytes between consecutive indices of dimensions 1.. (`globalStrides`).
+    pub strides: [u64; TENSOR_MAP_MAX_RANK - 1],
+    /// The box a copy moves, in elements along each dimension (`boxDim`).
+    pub box_dims: [u32; TENSOR_MAP_MAX_RANK],
+    /// The step between elements a copy moves, along each dimension (`elementStrides`).
+    pub element_strides: [u32; TENSOR_MAP_MAX_RANK],
+}
+
+/// A tiled tensor map travels as three words, its address, its six small fields (a byte each,
+/// the data type lowest) and the length of its [`TensorShape`], which fills the payload.
+impl<'p> Arg<'p> for TensorMapTiled {
+    #[inline]
+    fn put<'s>(&'s self, args: &mut [u64], payload: &mut &'s [u8]) {
+        args[0] = self.address;
+        args[1] = u64::from_le_bytes([
+            self.data_type,
+            self.rank,
+            self.interleave,
+            self.swizzle,
+            self.l2_promotion,
+            self.oob_fill,
+            0,
+            0,
+        ]);
+        args[2] = size_of::<TensorShape>() as u64;
+        *payload = bytemuck::bytes_of(&self.shape);
+    }
+
+    #[inline]
+    fn take(args: &[u64], from: &Source<'p>, field: &'static str) -> Result<TensorMapTiled> {
+        let small = args[1].to_le_bytes();
+        if small[6..] != [0, 0] {
+            return Err(from.error(field, format_args!("has unknown bits in {:#x}", args[1])));
+        }
+        let n = size_of::<TensorShape>();
+        if args[2] != n as u64 {
+            return Err(from.error(field, format_args!("shape of {} bytes, not {n}", args[2])));
+        }
+        let shape = bytemuck::pod_read_unaligned(from.payload(field, args[2], n)?);
+        Ok(TensorMapTiled {
+            data_type: small[0],
+            rank: small[1],
+            interleave: small[2],
+            swizzle: small[3],
+            l2_promotion: small[4],
+            oob_fill: small[5],
+            address: args[0],
+            shape,
+        })
+    }
 }
 
 /// Host memory named by a copy: the client's staging area, or a buffer from `mps_host_alloc`.
@@ -897,6 +994,27 @@ mod tests {
                     offset: 16,
                 },
                 value: 3,
+            },
+            Request::TensorMapEncodeTiled {
+                map: TensorMapTiled {
+                    data_type: 7,
+                    rank: 2,
+                    interleave: 0,
+                    swizzle: 3,
+                    l2_promotion: 2,
+                    oob_fill: 0,
+                    address: 0x7f00_0000_1000,
+                    shape: TensorShape {
+                        dims: [64, 32, 0, 0, 0],
+                        strides: [256, 0, 0, 0],
+                        box_dims: [32, 16, 0, 0, 0],
+                        element_strides: [1, 1, 0, 0, 0],
+                    },
+                },
+            },
+            Request::TensorMapReplaceAddress {
+                address: 0x7f00_0000_2000,
+                map: &[3; TENSOR_MAP_BYTES],
             },
             Request::ContextLimits,
             Request::ModuleGlobal {

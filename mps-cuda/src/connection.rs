@@ -269,6 +269,25 @@ impl Connection {
         self.client.module_function_names(module).map_err(fail)
     }
 
+    /// The server's tiled TMA descriptor of `map`.
+    pub(crate) fn tensor_map_encode_tiled(
+        &self,
+        map: &mps_client::TensorMapTiled,
+    ) -> Res<[u8; mps_client::TENSOR_MAP_BYTES]> {
+        self.client.tensor_map_encode_tiled(map).map_err(fail)
+    }
+
+    /// The server's copy of descriptor `map` naming `address` instead.
+    pub(crate) fn tensor_map_replace_address(
+        &self,
+        map: &[u8; mps_client::TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Res<[u8; mps_client::TENSOR_MAP_BYTES]> {
+        self.client
+            .tensor_map_replace_address(map, mps_client::DevicePtr(address))
+            .map_err(fail)
+    }
+
     pub(crate) fn occupancy(&self, f: Function, q: mps_client::OccupancyQuery) -> Res<u64> {
         self.client.occupancy(f, q).map_err(fail)
     }

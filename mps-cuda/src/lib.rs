@@ -49,6 +49,7 @@ mod order;
 pub mod pointer;
 pub mod proc;
 pub mod stream;
+pub mod tensor_map;
 pub mod unsupported;
 pub mod vmm;
 

@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    pointer, stream, vmm,
+    pointer, stream, tensor_map, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -51,6 +51,7 @@ const MODULES: &[&[Export]] = &[
     module::EXPORTS,
     pointer::EXPORTS,
     stream::EXPORTS,
+    tensor_map::EXPORTS,
     vmm::EXPORTS,
     EXPORTS,
 ];

@@ -310,7 +310,6 @@ unsupported! {
     cuSurfObjectCreate
     cuSurfObjectDestroy
     cuSurfObjectGetResourceDesc
-    cuTensorMapEncodeTiled
     cuTexObjectCreate
     cuTexObjectDestroy
     cuTexObjectGetResourceDesc

@@ -295,6 +295,11 @@ fn proc_addresses_by_version_and_unsupported_functions_refused_once() {
 }
 
 #[test]
+fn a_tiled_tensor_map_is_encoded_by_the_server_and_refused_as_cuda_documents() {
+    passes("tensor_map", &[]);
+}
+
+#[test]
 fn a_modules_kernels_are_listed_named_and_walked_as_cufft_walks_them() {
     passes("module_functions", &[]);
 }

@@ -166,6 +166,20 @@ CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int flags);
 CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
+
+/* Tensor maps (TMA descriptors), compute capability 9.0 and later. */
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } CUtensorMap;
+#define CU_TENSOR_MAP_DATA_TYPE_FLOAT32 7
+#define CU_TENSOR_MAP_INTERLEAVE_NONE 0
+#define CU_TENSOR_MAP_SWIZZLE_NONE 0
+#define CU_TENSOR_MAP_L2_PROMOTION_NONE 0
+#define CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE 0
+CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, int tensorDataType, unsigned tensorRank,
+                                void *globalAddress, const unsigned long long *globalDim,
+                                const unsigned long long *globalStrides, const unsigned *boxDim,
+                                const unsigned *elementStrides, int interleave, int swizzle,
+                                int l2Promotion, int oobFill);
+CUresult cuTensorMapReplaceAddress(CUtensorMap *tensorMap, void *globalAddress);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);

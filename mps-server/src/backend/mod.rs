@@ -17,7 +17,7 @@ use mps_core::alloc::AllocTable;
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
     BackendKind, CONTEXT_LIMITS, DeviceAttribute, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec,
-    OccupancyQuery, ParamInfo,
+    OccupancyQuery, ParamInfo, TENSOR_MAP_BYTES, TensorMapTiled,
 };
 use mps_core::{Error, Result};
 use mps_ipc::channel::Channel;
@@ -399,6 +399,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn module_global(&self, module: &Self::Module, name: &str) -> Result<(u64, u64)>;
     /// The names of a module's kernels, in the order the device's driver lists them.
     fn module_function_names(&self, module: &Self::Module) -> Result<Vec<String>>;
+    /// A tiled TMA descriptor (`cuTensorMapEncodeTiled`'s) of a tensor in a client's memory,
+    /// whose rank, enumerations and span the session has checked.
+    fn tensor_map_encode_tiled(&self, map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES]>;
+    /// A client's TMA descriptor naming `address` instead (`cuTensorMapReplaceAddress`'s),
+    /// which the session found inside the client's memory.
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]>;
     /// The context's stream priority range (least, greatest) and its limits
     /// (`cuCtxGetLimit`'s, by `CUlimit`; `None` where the device has no such limit).
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]);

@@ -34,6 +34,7 @@ pub(crate) use batch::MAX_RUN;
 mod graphs;
 mod memory;
 mod modules;
+mod tensor_map;
 mod vm;
 
 /// What the shell does with a handled command.
@@ -478,6 +479,10 @@ impl<B: Backend> SessionCore<B> {
             Request::ModuleGlobal { module, name } => self.module_global(module, name),
             Request::ModuleFunctionNames { module, offset } => {
                 self.module_function_names(seq, module, offset)
+            }
+            Request::TensorMapEncodeTiled { map } => self.tensor_map_encode_tiled(seq, &map),
+            Request::TensorMapReplaceAddress { address, map } => {
+                self.tensor_map_replace_address(seq, address, map)
             }
             Request::FuncAttributes { function } => self.func_attributes(seq, function),
             Request::Occupancy { function, query } => self.occupancy(function, query),

@@ -33,6 +33,7 @@ mod objects;
 mod partition;
 mod queries;
 mod stream;
+mod tensor_map;
 mod vm;
 
 use std::ffi::{CString, c_void};
@@ -43,6 +44,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUfunction, CUresult, CUstream};
 use mps_core::protocol::{
     CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery, ParamInfo,
+    TENSOR_MAP_BYTES, TensorMapTiled,
 };
 use mps_core::ptx::ImageFormat;
 use mps_core::{Error, Result, Status};
@@ -354,6 +356,20 @@ impl Backend for CudaBackend {
             unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module.0.raw(), cname) }
         })?;
         Ok((ptr, size as u64))
+    }
+
+    fn tensor_map_encode_tiled(&self, map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.ctx.enter()?;
+        tensor_map::encode_tiled(map)
+    }
+
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.ctx.enter()?;
+        tensor_map::replace_address(map, address)
     }
 
     fn module_function_names(&self, module: &CudaModule) -> Result<Vec<String>> {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use mps_core::limits::DeviceLimits;
 use mps_core::protocol::{
     BackendKind, CONTEXT_LIMITS, DeviceCopy, FUNC_ATTRIBUTES, Fill, LaunchSpec, OccupancyQuery,
-    ParamInfo,
+    ParamInfo, TENSOR_MAP_BYTES, TensorMapTiled,
 };
 use mps_core::ptx::{self, ImageFormat};
 use mps_core::{Error, Result, Status};
@@ -636,6 +636,37 @@ impl Backend for SimBackend {
     fn module_function_names(&self, module: &SimModule) -> Result<Vec<String>> {
         self.context.alive()?;
         Ok(module.entries.iter().map(|e| e.name.clone()).collect())
+    }
+
+    /// The simulator's kernels use no TMA: its descriptor is the parameters themselves, the
+    /// address, the six small fields (a byte each, two zero bytes) and the shape's arrays,
+    /// exactly 128 bytes, so the same request always gets the same descriptor.
+    fn tensor_map_encode_tiled(&self, map: &TensorMapTiled) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.context.alive()?;
+        let mut d = [0u8; TENSOR_MAP_BYTES];
+        d[..8].copy_from_slice(&map.address.to_le_bytes());
+        d[8..14].copy_from_slice(&[
+            map.data_type,
+            map.rank,
+            map.interleave,
+            map.swizzle,
+            map.l2_promotion,
+            map.oob_fill,
+        ]);
+        d[16..].copy_from_slice(bytemuck::bytes_of(&map.shape));
+        Ok(d)
+    }
+
+    /// The simulator's descriptor starts with its address.
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> Result<[u8; TENSOR_MAP_BYTES]> {
+        self.context.alive()?;
+        let mut d = *map;
+        d[..8].copy_from_slice(&address.to_le_bytes());
+        Ok(d)
     }
 
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; CONTEXT_LIMITS]) {

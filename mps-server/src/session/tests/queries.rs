@@ -1,7 +1,9 @@
 //! Questions a client asks once and keeps: the context's priority range and limits, a kernel's
 //! attributes; and occupancy figures.
 
-use mps_core::protocol::{CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery};
+use mps_core::protocol::{
+    CONTEXT_LIMITS, FUNC_ATTRIBUTES, OccupancyQuery, TENSOR_MAP_BYTES, TensorMapTiled, TensorShape,
+};
 
 use super::*;
 
@@ -183,4 +185,125 @@ fn a_modules_kernel_names_come_in_pages_and_go_with_the_module() {
         offset: 0,
     };
     c.refused(&gone, 0, Status::InvalidHandle, "");
+}
+
+/// A float tensor of `rows` rows of 16 elements, each row 128 bytes apart, at `address`.
+fn tensor_map(address: u64, rows: u64) -> Request<'static> {
+    Request::TensorMapEncodeTiled {
+        map: TensorMapTiled {
+            data_type: 7,
+            rank: 2,
+            interleave: 0,
+            swizzle: 0,
+            l2_promotion: 0,
+            oob_fill: 0,
+            address,
+            shape: TensorShape {
+                dims: [16, rows, 0, 0, 0],
+                strides: [128, 0, 0, 0],
+                box_dims: [16, 4, 0, 0, 0],
+                element_strides: [1, 1, 0, 0, 0],
+            },
+        },
+    }
+}
+
+#[test]
+fn a_tensor_map_of_the_clients_memory_is_the_backends_descriptor() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let ptr = c.alloc(4096);
+    let req = tensor_map(ptr, 32);
+    let ([len, ..], data) = full(&mut c, &req).unwrap();
+    assert_eq!(len, TENSOR_MAP_BYTES as u64);
+    assert_eq!(data.len(), TENSOR_MAP_BYTES);
+    // The simulator's descriptor holds the parameters, the address first.
+    assert_eq!(data[..8], ptr.to_le_bytes());
+    assert_eq!(data[8..10], [7, 2]);
+    assert_eq!(
+        full(&mut c, &req).unwrap().1,
+        data,
+        "the same request, the same descriptor"
+    );
+    // The last row of 32 ends at 31 * 128 + 64 bytes, inside the 4096.
+    let (_, inside) = full(&mut c, &tensor_map(ptr + 4096 - (31 * 128 + 64), 32)).unwrap();
+    assert_eq!(inside.len(), TENSOR_MAP_BYTES);
+}
+
+#[test]
+fn a_tensor_map_is_refused_outside_the_clients_memory_or_its_ranks() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let ptr = c.alloc(4096);
+    // 33 rows reach past the allocation; an address of no allocation; another client's.
+    c.refused(
+        &tensor_map(ptr, 33),
+        0,
+        Status::InvalidValue,
+        "runs past the end",
+    );
+    c.refused(
+        &tensor_map(0x10, 1),
+        0,
+        Status::InvalidValue,
+        "not inside any allocation",
+    );
+    let mut other = server.client(Limits::default());
+    let theirs = other.alloc(4096);
+    c.refused(
+        &tensor_map(theirs, 1),
+        0,
+        Status::InvalidValue,
+        "not inside any allocation",
+    );
+    for rank in [0, 6] {
+        let Request::TensorMapEncodeTiled { mut map } = tensor_map(ptr, 1) else {
+            unreachable!()
+        };
+        map.rank = rank;
+        let req = Request::TensorMapEncodeTiled { map };
+        c.refused(
+            &req,
+            0,
+            Status::InvalidValue,
+            &format!("rank {rank} is not 1 to 5"),
+        );
+    }
+    let Request::TensorMapEncodeTiled { mut map } = tensor_map(ptr, 1) else {
+        unreachable!()
+    };
+    map.data_type = 16;
+    let req = Request::TensorMapEncodeTiled { map };
+    c.refused(&req, 0, Status::InvalidValue, "data type 16");
+    // CUDA's documented alignments: a global address of 16 bytes, strides multiple of 16.
+    map.data_type = 7;
+    map.address += 8;
+    let req = Request::TensorMapEncodeTiled { map };
+    c.refused(&req, 0, Status::InvalidValue, "not aligned to 16 bytes");
+    map.address -= 8;
+    map.shape.strides[0] = 120;
+    let req = Request::TensorMapEncodeTiled { map };
+    c.refused(&req, 0, Status::InvalidValue, "stride 0 of 120 bytes");
+}
+
+#[test]
+fn a_tensor_maps_address_is_replaced_only_within_the_clients_memory() {
+    let server = sim();
+    let mut c = server.client(Limits::default());
+    let (a, b) = (c.alloc(4096), c.alloc(4096));
+    let (_, map) = full(&mut c, &tensor_map(a, 1)).unwrap();
+    fn replace(address: u64, map: &[u8]) -> Request<'_> {
+        Request::TensorMapReplaceAddress { address, map }
+    }
+    let ([len, ..], moved) = full(&mut c, &replace(b, &map)).unwrap();
+    assert_eq!(len, TENSOR_MAP_BYTES as u64);
+    // The simulator's descriptor starts with its address; the rest stays.
+    assert_eq!(moved[..8], b.to_le_bytes());
+    assert_eq!(moved[8..], map[8..]);
+    let req = replace(b + 8, &map);
+    c.refused(&req, 0, Status::InvalidValue, "not aligned to 16 bytes");
+    let req = replace(b + (1 << 40), &map);
+    c.refused(&req, 0, Status::InvalidValue, "not inside any allocation");
+    let req = replace(b, &map[..64]);
+    c.refused(&req, 0, Status::InvalidValue, "of 64 bytes");
 }

@@ -187,6 +187,21 @@ impl Backend for Recorder {
         Ok(vec!["fill_u32".to_string()])
     }
 
+    fn tensor_map_encode_tiled(
+        &self,
+        _map: &protocol::TensorMapTiled,
+    ) -> Result<[u8; protocol::TENSOR_MAP_BYTES]> {
+        Ok([0; protocol::TENSOR_MAP_BYTES])
+    }
+
+    fn tensor_map_replace_address(
+        &self,
+        map: &[u8; protocol::TENSOR_MAP_BYTES],
+        _address: u64,
+    ) -> Result<[u8; protocol::TENSOR_MAP_BYTES]> {
+        Ok(*map)
+    }
+
     /// Nothing to report: the session tests ask these of the simulator.
     fn context_limits(&self) -> ((i32, i32), [Option<u64>; protocol::CONTEXT_LIMITS]) {
         ((0, 0), [None; protocol::CONTEXT_LIMITS])
