@@ -143,10 +143,14 @@ pub(crate) fn attribute_of(conn: &Connection, attrib: i32) -> Res<i32> {
     attribute(conn.device(), attrib, conn.reported_attribute(attrib))
 }
 
+/// The device's PCI domain, bus and device, as `cuDeviceGetAttribute` reports them.
+pub(crate) fn pci_location(conn: &Connection) -> [Res<i32>; 3] {
+    [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID].map(|a| attribute_of(conn, a))
+}
+
 /// The device's PCI address in CUDA's form, `domain:bus:device.function` in hexadecimal.
 fn pci_bus_id(conn: &Connection) -> Res<String> {
-    let [domain, bus, device] =
-        [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID].map(|a| attribute_of(conn, a));
+    let [domain, bus, device] = pci_location(conn);
     Ok(format!("{:04X}:{:02X}:{:02X}.0", domain?, bus?, device?))
 }
 
@@ -252,9 +256,7 @@ exports! {
         let want = parse_pci_bus_id(&text).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let count = driver()?.devices.len() as CUdevice;
         for d in 0..count {
-            let c = connection(d)?;
-            let at = [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID].map(|a| attribute_of(c, a));
-            if let [Ok(domain), Ok(bus), Ok(device)] = at {
+            if let [Ok(domain), Ok(bus), Ok(device)] = pci_location(connection(d)?) {
                 if (domain as u32, bus as u32, device as u32) == want {
                     // SAFETY: checked non-null; the caller guarantees it is writable.
                     return unsafe { put(dev, d) };

@@ -19,10 +19,9 @@ use std::sync::{Mutex, Once};
 use hmac::{KeyInit, Mac, SimpleHmac};
 use md2::Md2;
 
-use crate::abi::device_attribute::{PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID};
 use crate::abi::{CUcontext, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::context::{current_handle, handle_of, primary_of, to_cucontext};
-use crate::device::{attribute_of, uuid_of};
+use crate::device::{pci_location, uuid_of};
 use crate::driver::{self, Stage, connection, driver};
 use crate::ffi::{Res, check, entry, exports, lock, put};
 use crate::log;
@@ -426,8 +425,7 @@ impl Identity {
         let devices = (0..count)
             .filter_map(|dev| connection(dev).ok())
             .map(|c| {
-                let pci = [PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID]
-                    .map(|a| attribute_of(c, a).unwrap_or(0));
+                let pci = pci_location(c).map(|v| v.unwrap_or(0));
                 (uuid_of(c), pci)
             })
             .collect();

@@ -1,5 +1,6 @@
-//! TMA descriptors (`cuTensorMapEncodeTiled`, `cuTensorMapReplaceAddress`). A `CUtensorMap` names a device address of the
-//! server's context, so the server encodes it; the 128 bytes come back into the program's.
+//! TMA descriptors (`cuTensorMapEncodeTiled`, `cuTensorMapReplaceAddress`). A `CUtensorMap`
+//! names a device address of the server's context, so the server encodes it; the 128 bytes come
+//! back into the program's.
 //! What is checked here is what the arrays' reading needs (non-null pointers, a rank of 1 to 5
 //! that sizes them) and the descriptor's alignment (64 bytes, as CUDA documents); the server
 //! checks the rest and answers CUDA's errors.
@@ -94,7 +95,6 @@ exports! {
     ) ["cuTensorMapReplaceAddress" 12000] =
         // SAFETY: the caller's guarantee is replace_address's precondition.
         unsafe { replace_address(tensor_map, address) };
-
 
     /// # Safety
     /// As `cuTensorMapEncodeTiled` documents: `tensorMap` writable for 128 bytes, the arrays

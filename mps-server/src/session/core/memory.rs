@@ -127,13 +127,29 @@ impl<B: Backend> SessionCore<B> {
         }
     }
 
+    /// Adds a mapping (of physical memory, of a host buffer, a module global) at `start` to the
+    /// client's ranges, in its own table and the one shared with the workers, or to neither.
+    pub(super) fn table_mapping(&mut self, start: u64, len: u64) -> Result<()> {
+        self.allocations.insert_mapped(start, len)?;
+        let shared = self.shared_allocations().insert_mapped(start, len);
+        if shared.is_err() {
+            let _ = self.allocations.remove_mapped(start);
+        }
+        shared
+    }
+
+    /// Takes the mapping at `start` out of both tables of the client's ranges.
+    pub(super) fn untable_mapping(&mut self, start: u64) {
+        let _ = self.allocations.remove_mapped(start);
+        let _ = self.shared_allocations().remove_mapped(start);
+    }
+
     /// Gives back a host buffer taken out of the table, which no work uses any more.
     fn forget_host_buffer(&mut self, b: HostBuffer) {
         let len = b.segment.len() as u64;
         self.host_bytes -= len;
         self.charges.free_host(len);
-        let _ = self.allocations.remove_mapped(b.device);
-        let _ = self.shared_allocations().remove_mapped(b.device);
+        self.untable_mapping(b.device);
         b.release(&*self.backend);
     }
 
@@ -189,14 +205,7 @@ impl<B: Backend> SessionCore<B> {
             device,
         };
         // Kernels and copies may name the buffer by its device address, as the client's.
-        let mut tabled = self.allocations.insert_mapped(device, bytes);
-        if tabled.is_ok() {
-            tabled = self.shared_allocations().insert_mapped(device, bytes);
-            if tabled.is_err() {
-                let _ = self.allocations.remove_mapped(device);
-            }
-        }
-        if let Err(e) = tabled {
+        if let Err(e) = self.table_mapping(device, bytes) {
             b.release(&*self.backend);
             self.charges.free_host(bytes);
             return Err(e);
@@ -204,8 +213,7 @@ impl<B: Backend> SessionCore<B> {
         let h = self.handles.next(HandleKind::HostBuffer);
         let segment = b.segment.clone();
         if let Err(e) = self.host.insert(h, b) {
-            let _ = self.allocations.remove_mapped(device);
-            let _ = self.shared_allocations().remove_mapped(device);
+            self.untable_mapping(device);
             HostBuffer { segment, device }.release(&*self.backend);
             self.charges.free_host(bytes);
             return Err(e);

@@ -92,8 +92,7 @@ impl<B: Backend> SessionCore<B> {
         self.modules.remove(module)?;
         self.function_names.remove(&module);
         for ptr in self.globals.remove(&module).unwrap_or_default() {
-            let _ = self.allocations.remove_mapped(ptr);
-            let _ = self.shared_allocations().remove_mapped(ptr);
+            self.untable_mapping(ptr);
         }
         let kernels: Vec<u64> = self
             .functions
@@ -154,12 +153,7 @@ impl<B: Backend> SessionCore<B> {
         if size == 0 || self.allocations.is_mapped(ptr) {
             return Ok(());
         }
-        self.allocations.insert_mapped(ptr, size)?;
-        let shared = self.shared_allocations().insert_mapped(ptr, size);
-        if let Err(e) = shared {
-            let _ = self.allocations.remove_mapped(ptr);
-            return Err(e);
-        }
+        self.table_mapping(ptr, size)?;
         self.globals.entry(module).or_default().push(ptr);
         Ok(())
     }

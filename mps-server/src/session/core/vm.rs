@@ -291,8 +291,7 @@ impl<B: Backend> SessionCore<B> {
             if !m.access {
                 m.access = true;
                 let len = m.size;
-                self.allocations.insert_mapped(s, len)?;
-                self.shared_allocations().insert_mapped(s, len)?;
+                self.table_mapping(s, len)?;
             }
         }
         DONE
@@ -305,8 +304,7 @@ impl<B: Backend> SessionCore<B> {
         for s in starts {
             let m = self.vm.mappings.remove(&s).expect("found a moment ago");
             if m.access {
-                let _ = self.allocations.remove_mapped(s);
-                let _ = self.shared_allocations().remove_mapped(s);
+                self.untable_mapping(s);
             }
             self.backend.vm_unmap(s, m.size);
             if let Ok(p) = self.vm.physical.get_mut(m.handle) {
