@@ -8,8 +8,9 @@
 //! A pointer this library does not know (pageable host memory, say) is
 //! CUDA_ERROR_INVALID_VALUE for `cuPointerGetAttribute`, as CUDA answers for it, and zeroes for
 //! `cuPointerGetAttributes`, as CUDA documents. A page-locked host buffer's `DEVICE_POINTER`
-//! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), not its address in this
-//! process; that device address is answered as the buffer too (its `HOST_POINTER` is the
+//! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), which is its address in this
+//! process too where the client could map it there (as unified addressing promises), and
+//! otherwise not; that device address is answered as the buffer too (its `HOST_POINTER` is the
 //! address here). Memory in a reservation has no context (CONTEXT is NULL); an address
 //! reserved but not mapped answers only `MAPPED` (0) and its range.
 
