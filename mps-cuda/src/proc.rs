@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    pointer, stream, tensor_map, vmm,
+    pointer, stream, tensor_map, unified, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -52,6 +52,7 @@ const MODULES: &[&[Export]] = &[
     pointer::EXPORTS,
     stream::EXPORTS,
     tensor_map::EXPORTS,
+    unified::EXPORTS,
     vmm::EXPORTS,
     EXPORTS,
 ];

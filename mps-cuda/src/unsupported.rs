@@ -241,12 +241,8 @@ unsupported! {
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
     cuMemSetMemPool
-    cuMemcpy
     cuMemcpy2DAsync
-    cuMemcpy2DAsync_v2
     cuMemcpy2DUnaligned
-    cuMemcpy2DUnaligned_v2
-    cuMemcpy2D_v2
     cuMemcpy3D
     cuMemcpy3DAsync
     cuMemcpy3DAsync_v2
@@ -254,7 +250,6 @@ unsupported! {
     cuMemcpy3DPeer
     cuMemcpy3DPeerAsync
     cuMemcpy3D_v2
-    cuMemcpyAsync
     cuMemcpyBatchAsync
     cuMemsetD16
     cuMemsetD16Async

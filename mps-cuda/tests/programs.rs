@@ -245,6 +245,11 @@ fn pointer_queries_on_device_host_pageable_and_mapped_memory() {
 }
 
 #[test]
+fn unified_copies_between_device_pinned_and_pageable_memory_and_2d_rows() {
+    passes("unified_copy", &[]);
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }

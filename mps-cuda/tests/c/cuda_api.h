@@ -361,6 +361,31 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, int *attributes, voi
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags);
 
+/* Copies whose direction comes from their addresses, and 2D copies. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+typedef struct CUarray_st *CUarray;
+#define CU_MEMORYTYPE_ARRAY 3
+#define CU_MEMORYTYPE_UNIFIED 4
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType; /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p);
+CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *p);
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream s);
+
 static int failures = 0;
 
 /* Checks that `call` returns `want`, naming both on a mismatch. */
