@@ -44,6 +44,7 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
         ctx: ctx.handle,
         size: size as u64,
         id: next_buffer_id(),
+        pool: 0,
     };
     lock(&driver()?.allocations).insert((ctx.device, p), a);
     // SAFETY: checked non-null; the caller guarantees it is writable.

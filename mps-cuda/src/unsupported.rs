@@ -54,11 +54,9 @@ unsupported! {
     cuDestroyExternalSemaphore
     cuDevResourceGenerateDesc
     cuDevSmResourceSplitByCount
-    cuDeviceGetDefaultMemPool
     cuDeviceGetDevResource
     cuDeviceGetGraphMemAttribute
     cuDeviceGetHostAtomicCapabilities
-    cuDeviceGetMemPool
     cuDeviceGetNvSciSyncAttributes
     cuDeviceGetP2PAtomicCapabilities
     cuDeviceGetP2PAttribute
@@ -66,7 +64,6 @@ unsupported! {
     cuDeviceGraphMemTrim
     cuDeviceRegisterAsyncNotification
     cuDeviceSetGraphMemAttribute
-    cuDeviceSetMemPool
     cuDeviceUnregisterAsyncNotification
     cuEGLStreamConsumerAcquireFrame
     cuEGLStreamConsumerConnect
@@ -206,41 +203,28 @@ unsupported! {
     cuLogsUnregisterCallback
     cuMemAdvise
     cuMemAdvise_v2
-    cuMemAllocAsync
-    cuMemAllocFromPoolAsync
     cuMemAllocManaged
     cuMemAllocPitch
     cuMemAllocPitch_v2
     cuMemDiscardAndPrefetchBatchAsync
     cuMemDiscardBatchAsync
     cuMemExportToShareableHandle
-    cuMemFreeAsync
     cuMemGetAddressRange
-    cuMemGetDefaultMemPool
-    cuMemGetMemPool
     cuMemHostGetDevicePointer
     cuMemHostGetFlags
     cuMemHostRegister
     cuMemHostRegister_v2
     cuMemHostUnregister
     cuMemImportFromShareableHandle
-    cuMemPoolCreate
-    cuMemPoolDestroy
     cuMemPoolExportPointer
     cuMemPoolExportToShareableHandle
-    cuMemPoolGetAccess
-    cuMemPoolGetAttribute
     cuMemPoolImportFromShareableHandle
     cuMemPoolImportPointer
-    cuMemPoolSetAccess
-    cuMemPoolSetAttribute
-    cuMemPoolTrimTo
     cuMemPrefetchAsync
     cuMemPrefetchAsync_v2
     cuMemPrefetchBatchAsync
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
-    cuMemSetMemPool
     cuMemcpy2DAsync
     cuMemcpy2DUnaligned
     cuMemcpy3D
