@@ -181,13 +181,13 @@ impl Pools {
 
     /// An idle block of `pool` for `size` bytes that work in `stream` may use now, and whether
     /// the stream must first wait for the block's free: the smallest that fits, of those freed
-    /// in the same stream or done first, then of those the stream can be made to wait for.
+    /// in the same stream or `done` first, then of those the stream can be made to wait for.
     fn reusable(
         &mut self,
         pool: usize,
         size: u64,
         stream: Stream,
-        conn: &Connection,
+        done: impl Fn(&Idle) -> bool,
     ) -> Option<(Idle, bool)> {
         let p = self.pools.get_mut(&pool)?;
         let fits = |b: &Idle| b.size >= size && b.size <= size.saturating_mul(FIT);
@@ -200,8 +200,8 @@ impl Pools {
                 .map(|(i, _)| i)
         };
         let opportunistic = p.opportunistic;
-        let now = best(&|b: &Idle| b.stream == stream || (opportunistic && b.done(conn)))
-            .map(|i| (i, false));
+        let now =
+            best(&|b: &Idle| b.stream == stream || (opportunistic && done(b))).map(|i| (i, false));
         let pick = now.or_else(|| {
             p.internal_dependencies
                 .then(|| best(&|_: &Idle| true))
@@ -345,7 +345,7 @@ fn alloc_async(
             }
             None => p.current_of(dev),
         };
-        Ok((handle, p.reusable(handle, size, stream, conn)))
+        Ok((handle, p.reusable(handle, size, stream, |b| b.done(conn))))
     })?;
     let (ptr, size) = match reuse {
         Some((b, wait)) => {
@@ -783,4 +783,107 @@ exports! {
     ) ["cuMemSetMemPool" 13000] =
         // SAFETY: the caller's guarantee is located's precondition.
         set_device_pool(unsafe { located(location, alloc_type) }?, pool);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idle(ptr: u64, size: u64, stream: u64, event: Option<u64>) -> Idle {
+        Idle {
+            ptr,
+            size,
+            ctx: 0x40,
+            stream: Stream(stream),
+            event: event.map(Event),
+        }
+    }
+
+    fn pools_with(blocks: Vec<Idle>) -> (Pools, usize) {
+        let mut p = Pools::default();
+        let h = p.create(Pool::new(0, 0));
+        p.pools.get_mut(&h).unwrap().idle = blocks;
+        (p, h)
+    }
+
+    #[test]
+    fn a_block_is_reused_where_its_free_is_ordered_before_the_new_user() {
+        let never = |_: &Idle| false;
+        // Freed in the same stream: used at once, its free still pending.
+        let (mut p, h) = pools_with(vec![idle(0x1000, 4096, 7, Some(1))]);
+        assert_eq!(
+            p.reusable(h, 4096, Stream(7), never)
+                .map(|(b, w)| (b.ptr, w)),
+            Some((0x1000, false))
+        );
+        // Another stream: at once if its free is done, else after a wait for its event.
+        let (mut p, h) = pools_with(vec![idle(0x1000, 4096, 7, Some(1))]);
+        assert_eq!(
+            p.reusable(h, 4096, Stream(8), |_| true).map(|(_, w)| w),
+            Some(false)
+        );
+        let (mut p, h) = pools_with(vec![idle(0x1000, 4096, 7, Some(1))]);
+        assert_eq!(
+            p.reusable(h, 4096, Stream(8), never).map(|(_, w)| w),
+            Some(true)
+        );
+        // Neither allowed: not reused in another stream before its free is seen done.
+        let (mut p, h) = pools_with(vec![idle(0x1000, 4096, 7, Some(1))]);
+        let pool = p.pools.get_mut(&h).unwrap();
+        pool.internal_dependencies = false;
+        assert!(p.reusable(h, 4096, Stream(8), never).is_none());
+        let pool = p.pools.get_mut(&h).unwrap();
+        pool.opportunistic = false;
+        assert!(p.reusable(h, 4096, Stream(8), |_| true).is_none());
+        assert!(p.reusable(h, 4096, Stream(7), never).is_some());
+    }
+
+    #[test]
+    fn the_smallest_block_that_fits_is_taken_and_none_twice_the_size() {
+        let blocks = vec![
+            idle(0x1000, 8192, 1, None),
+            idle(0x9000, 4096, 1, None),
+            idle(0x20000, 2048, 1, None),
+        ];
+        let (mut p, h) = pools_with(blocks);
+        let take =
+            |p: &mut Pools, size| p.reusable(h, size, Stream(1), |_| true).map(|(b, _)| b.ptr);
+        assert_eq!(take(&mut p, 3000), Some(0x9000));
+        // 8192 is more than twice 3000.
+        assert_eq!(take(&mut p, 3000), None);
+        assert_eq!(take(&mut p, 5000), Some(0x1000));
+        assert_eq!(take(&mut p, 1024), Some(0x20000));
+    }
+
+    #[test]
+    fn the_figures_count_blocks_out_and_idle_and_keep_their_highs() {
+        let (mut p, h) = pools_with(vec![idle(0x1000, 4096, 1, None)]);
+        let pool = p.pools.get_mut(&h).unwrap();
+        pool.hand_out(0x8000, 1024);
+        pool.hand_out(0x9000, 2048);
+        assert_eq!((pool.used(), pool.reserved()), (3072, 7168));
+        pool.used.remove(&0x8000);
+        assert_eq!(
+            (pool.used(), pool.used_high, pool.reserved_high),
+            (2048, 3072, 7168)
+        );
+    }
+
+    #[test]
+    fn taking_idle_blocks_takes_those_picked_and_ends_a_destroyed_pool_left_empty() {
+        let (mut p, h) = pools_with(vec![
+            idle(0x1000, 4096, 1, None),
+            idle(0x2000, 4096, 2, None),
+        ]);
+        let taken = p.take_idle(|x, _| x == h, |b| b.stream == Stream(2));
+        assert_eq!(
+            taken.iter().map(|(_, b)| b.ptr).collect::<Vec<_>>(),
+            [0x2000]
+        );
+        assert_eq!(p.pools[&h].idle.len(), 1);
+        p.pools.get_mut(&h).unwrap().destroyed = true;
+        let taken = p.take_idle(|_, _| true, |_| true);
+        assert_eq!(taken.len(), 1);
+        assert!(!p.pools.contains_key(&h));
+    }
 }
