@@ -211,6 +211,18 @@ impl Pools {
         pick.map(|(i, wait)| (p.idle.swap_remove(i), wait))
     }
 
+    /// Forgets the blocks handed out that are no allocation of their pool any more: freed by
+    /// `cuMemFree` (which CUDA allows for them too) or with their context.
+    fn forget_freed(&mut self) {
+        let Ok(d) = driver() else { return };
+        let allocations = lock(&d.allocations);
+        for (h, p) in self.pools.iter_mut() {
+            let dev = p.device;
+            p.used
+                .retain(|ptr, _| allocations.get(&(dev, *ptr)).is_some_and(|a| a.pool == *h));
+        }
+    }
+
     /// Takes the idle blocks that `block` picks out of the pools that `pool` picks: they are
     /// for the caller to give back (outside the lock, since a free waits for the device). A
     /// destroyed pool left with nothing goes.
@@ -359,18 +371,20 @@ fn alloc_async(
         }
         None => (fresh(handle, size, dev, conn)?, size),
     };
-    with_pools(|p| {
-        if let Some(pool) = p.pools.get_mut(&handle) {
-            pool.hand_out(ptr, size);
-        }
-    });
     let a = Allocation {
         ctx,
         size,
         id: next_buffer_id(),
         pool: handle,
     };
+    // An allocation before it is counted as out: `forget_freed` keeps only allocations.
     lock(&driver()?.allocations).insert((dev, ptr), a);
+    with_pools(|p| {
+        p.forget_freed();
+        if let Some(pool) = p.pools.get_mut(&handle) {
+            pool.hand_out(ptr, size);
+        }
+    });
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(dptr, ptr) }
 }
@@ -482,6 +496,7 @@ fn destroy(h: PoolHandle) -> Res<()> {
             p.current.remove(&dev);
         }
         p.get(h)?.destroyed = true;
+        p.forget_freed();
         Ok(p.take_idle(|x, _| x == handle, |_| true))
     })?;
     give_back(blocks)
@@ -537,6 +552,7 @@ unsafe fn get_attribute(h: PoolHandle, attr: u32, value: *mut c_void) -> Res<()>
         Word(u64),
     }
     let v = with_pools(|p| -> Res<V> {
+        p.forget_freed();
         let pool = p.get(h)?;
         Ok(match attr {
             A::REUSE_FOLLOW_EVENT_DEPENDENCIES => V::Flag(pool.follow_event_dependencies),

@@ -192,6 +192,13 @@ int main(int argc, char **argv) {
     CHECK(cuMemFreeAsync(p, s1));
     CHECK(cuStreamSynchronize(s1));
     CHECK(cuDeviceSetMemPool(dev, def));
+    /* cuMemFree takes stream-ordered allocations too, as CUDA documents. */
+    CHECK(cuMemAllocFromPoolAsync(&p, MIB, pool, s1));
+    CHECK(cuStreamSynchronize(s1));
+    CHECK(cuMemFree_v2(p));
+    if (mps_only())
+        ASSERT(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0, "used after cuMemFree: %llu",
+               (unsigned long long)attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
     CHECK(cuMemPoolDestroy(pool));
 
     /* More than any device has is CUDA_ERROR_OUT_OF_MEMORY from the call. */
