@@ -65,41 +65,26 @@ impl Place {
     }
 }
 
-/// Where `ptr` lies for the server of `conn` (see the module's documentation): the library's
-/// tables first (the copy's device's allocations, then other devices', reservations, host
-/// buffers by either address), then the server.
+/// Where `ptr` lies for the server of `conn` (see the module's documentation). The copy's
+/// device comes first, since two servers may hand out the same address: its allocations, its
+/// reservations, host buffers (by either address), then its server's ranges; only then another
+/// device's allocations and reservations.
 fn place(ptr: u64, conn: &Connection) -> Res<Place> {
     check(ptr != 0)?;
     let d = driver()?;
     let here = conn.ordinal();
     let at = |kind| Ok(Place { kind, at: ptr });
-    {
+    let holder = |dev: CUdevice| {
         let allocations = lock(&d.allocations);
-        let holder = |dev: CUdevice| {
-            let (&(_, base), a) = allocations.range((dev, 0)..=(dev, ptr)).next_back()?;
-            (ptr - base < a.size).then_some(a.ctx)
-        };
-        if holder(here).is_some() {
-            return at(Kind::Device);
-        }
-        let others = (0..d.devices.len() as CUdevice).filter(|dev| *dev != here);
-        if let Some(ctx) = others.filter_map(holder).next() {
-            return at(Kind::Elsewhere(ctx));
-        }
+        let (&(_, base), a) = allocations.range((dev, 0)..=(dev, ptr)).next_back()?;
+        (ptr - base < a.size).then_some(a.ctx)
+    };
+    if holder(here).is_some() {
+        return at(Kind::Device);
     }
-    if let Some(r) = vmm::reserved(ptr)? {
-        if r.device == here {
-            return at(Kind::Device);
-        }
-        log::once("unified copy of another device's reservation", || {
-            format!(
-                "a copy in a stream of device {here} names {ptr:#x}, in a reservation of device \
-                 {}: copies of another device's virtual memory are not supported through mps; \
-                 returning CUDA_ERROR_INVALID_VALUE (copy it with cuMemcpyPeer)",
-                r.device
-            )
-        });
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    let reserved = vmm::reserved(ptr)?;
+    if reserved.is_some_and(|r| r.device == here) {
+        return at(Kind::Device);
     }
     {
         let host = lock(&d.host);
@@ -128,11 +113,25 @@ fn place(ptr: u64, conn: &Connection) -> Res<Place> {
             });
         }
     }
-    at(if conn.owns(ptr)? {
-        Kind::Device
-    } else {
-        Kind::Pageable
-    })
+    if conn.owns(ptr)? {
+        return at(Kind::Device);
+    }
+    let others = (0..d.devices.len() as CUdevice).filter(|dev| *dev != here);
+    if let Some(ctx) = others.filter_map(holder).next() {
+        return at(Kind::Elsewhere(ctx));
+    }
+    if let Some(r) = reserved {
+        log::once("unified copy of another device's reservation", || {
+            format!(
+                "a copy in a stream of device {here} names {ptr:#x}, in a reservation of device \
+                 {}: copies of another device's virtual memory are not supported through mps; \
+                 returning CUDA_ERROR_INVALID_VALUE (copy it with cuMemcpyPeer)",
+                r.device
+            )
+        });
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    at(Kind::Pageable)
 }
 
 /// Copies `n` bytes from `src` to `dst` in `side`'s stream, by their direction; `sync` for the
