@@ -48,7 +48,7 @@ type PoolHandle = *mut c_void;
 /// Sizes are rounded up to this, so that freed blocks fit later requests of about their size.
 const GRAIN: u64 = 512;
 
-/// A freed block is reused for a request of at least this fraction of its size, so that a
+/// A freed block is reused for a request of at least 1/`FIT` of its size, so that a
 /// small request does not take (and hold) a large block.
 const FIT: u64 = 2;
 
@@ -279,10 +279,10 @@ fn event_for(dev: CUdevice, conn: &Connection) -> Res<Event> {
     }
 }
 
-/// Has a context's release give back what its pools hold of it (once, at the first pool use):
-/// its idle blocks go back to the server, and its blocks still out are forgotten, since the
-/// release frees them with the context's other allocations.
-fn hook_release() {
+/// Registers, once (at the first stream-ordered allocation), what the pools do at a context's
+/// release ([`release_context`]) and after a context synchronisation
+/// ([`release_above_threshold`]).
+fn register_hooks() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         driver::on_release(Stage::Late, release_context);
@@ -309,6 +309,8 @@ fn release_above_threshold(conn: &Connection) -> Res<()> {
     give_back(blocks)
 }
 
+/// A context's release: its idle blocks go back to the server, and its blocks still out are
+/// forgotten, since the release frees them with the context's other allocations.
 fn release_context(ctx: &Context) -> Res<()> {
     let (h, dev) = (ctx.handle, ctx.device);
     let out: Vec<u64> = lock(&driver()?.allocations)
@@ -346,7 +348,7 @@ fn alloc_async(
         stream,
         "a stream-ordered allocation (cuMemAllocAsync)",
     )?;
-    hook_release();
+    register_hooks();
     let dev = conn.ordinal();
     let size = (size as u64).div_ceil(GRAIN) * GRAIN;
     let (handle, reuse) = with_pools(|p| -> Res<_> {
@@ -362,7 +364,11 @@ fn alloc_async(
     let (ptr, size) = match reuse {
         Some((b, wait)) => {
             if let (true, Some(e)) = (wait, b.event) {
-                conn.stream_wait_event(stream, e)?;
+                if let Err(err) = conn.stream_wait_event(stream, e) {
+                    // Not handed out: the block stays the pool's.
+                    with_pools(|p| p.pools.get_mut(&handle).map(|pool| pool.idle.push(b)));
+                    return Err(err);
+                }
             }
             if let Some(e) = b.event {
                 with_pools(|p| p.spare_events.push((dev, e)));
@@ -503,11 +509,9 @@ fn destroy(h: PoolHandle) -> Res<()> {
 }
 
 fn trim_to(h: PoolHandle, keep: usize) -> Res<()> {
-    let handle = h as usize;
     let blocks = with_pools(|p| -> Res<_> {
-        p.get(h)?;
+        let pool = p.get(h)?;
         let mut out = Vec::new();
-        let pool = p.pools.get_mut(&handle).expect("looked up above");
         // The largest blocks first: the fewest frees to get under the figure.
         pool.idle.sort_by_key(|b| b.size);
         while pool.reserved() > keep as u64 {
