@@ -173,9 +173,13 @@ int main(int argc, char **argv) {
     ASSERT(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0, "reserved after a trim: %llu",
            (unsigned long long)attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
 
-    /* Access: the pool's device reads and writes it. */
-    CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CHECK(cuMemPoolSetAccess(pool, &desc, 1));
+    /* Access: the pool's device reads and writes it (setting so is mps's answer: CUDA's docs
+     * speak of access from other devices). */
+    if (mps_only()) {
+        CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev},
+                                CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CHECK(cuMemPoolSetAccess(pool, &desc, 1));
+    }
     int access = -1;
     CUmemLocation here = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
     CHECK(cuMemPoolGetAccess(&access, pool, &here));
