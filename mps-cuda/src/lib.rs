@@ -19,7 +19,8 @@
 //!   handles stand for); `driver` (the devices and the registries) and `capture` (CUDA's rules
 //!   of stream capture);
 //! - the areas of the API, each over those: `context`, `device`; `stream`, `module`, `export`;
-//!   `memory`, `vmm`, `graph`, `kernel_queries`; `pointer`, `launch`; then `proc` over them all, and
+//!   `memory`, `vmm`, `graph`, `kernel_queries`; `pointer`, `launch`, `mempool`; `unified`
+//!   (copies whose direction comes from their addresses); then `proc` over them all, and
 //!   `unsupported`. A context's release frees what an area above keeps for it (the runtime's
 //!   storage, modules) through the hooks that area registers (`driver::on_release`).
 
@@ -43,6 +44,7 @@ pub mod launch;
 mod log;
 mod memo;
 pub mod memory;
+pub mod mempool;
 pub mod module;
 mod objects;
 mod order;
@@ -50,6 +52,7 @@ pub mod pointer;
 pub mod proc;
 pub mod stream;
 pub mod tensor_map;
+pub mod unified;
 pub mod unsupported;
 pub mod vmm;
 

@@ -229,7 +229,11 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
         P::MAPPED => Bool(true),
         P::ALLOWED_HANDLE_TYPES => U64(0),
         P::ACCESS_FLAGS => U32(rw),
-        P::MEMPOOL_HANDLE => Word(0),
+        // A stream-ordered allocation's pool (`mempool`); none for other memory.
+        P::MEMPOOL_HANDLE => Word(match memory {
+            Memory::Device { a, .. } => a.pool as u64,
+            _ => 0,
+        }),
         _ => return Err(Unsupported),
     })
 }
@@ -388,6 +392,7 @@ mod tests {
             ctx: 0x40,
             size: 0x1000,
             id: 7,
+            pool: 0,
         };
         Some(Memory::Device {
             device: 1,

@@ -24,8 +24,8 @@ use crate::abi::{CUdriverProcAddressQueryResult, CUresult, PROC_PER_THREAD_DEFAU
 use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
-    context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, module,
-    pointer, stream, tensor_map, vmm,
+    context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, mempool,
+    module, pointer, stream, tensor_map, unified, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -48,10 +48,12 @@ const MODULES: &[&[Export]] = &[
     kernel_queries::EXPORTS,
     launch::EXPORTS,
     memory::EXPORTS,
+    mempool::EXPORTS,
     module::EXPORTS,
     pointer::EXPORTS,
     stream::EXPORTS,
     tensor_map::EXPORTS,
+    unified::EXPORTS,
     vmm::EXPORTS,
     EXPORTS,
 ];
