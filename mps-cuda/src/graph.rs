@@ -1,19 +1,33 @@
-//! Stream capture and graphs, as exported functions: work given to a capturing stream is
-//! recorded by the server instead of run, made into an executable graph, and launched again and
-//! again (each launch one command for the server), as `cuStreamBeginCapture`,
+//! Stream capture and executable graphs, as exported functions: work given to a capturing
+//! stream is recorded by the server instead of run, made into an executable graph, and launched
+//! again and again (each launch one command for the server), as `cuStreamBeginCapture`,
 //! `cuStreamEndCapture` and `cuGraphLaunch` document. CUDA's rules of capture, which the rest of
-//! the library asks too, are `capture`'s.
+//! the library asks too, are `capture`'s; graphs built node by node, and the registry of both
+//! kinds, `graph_build`'s.
+//!
+//! An executable graph made from a built graph keeps the plan it was made from: an update of
+//! its nodes (`cuGraphExecKernelNodeSetParams`, ..., `cuGraphExecUpdate`) edits that plan and
+//! makes the server's executable graph anew from it, which later launches run; a launch already
+//! posted runs what it was posted with. Updating the nodes of one made from a captured graph is
+//! refused (its nodes exist only on the server); `cuGraphExecUpdate` with another captured
+//! graph makes it anew from that graph.
 //!
 //! Every ABI of each function (its versions, its per-thread-default-stream variant) is an
 //! exported function of its own.
 
 use std::ffi::c_void;
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 
+use crate::abi::graph::{
+    ExecUpdateResultInfo, KernelNodeParams, Memcpy3D, MemsetNodeParams, NodeParams,
+    UPDATE_NOT_SUPPORTED, UPDATE_SUCCESS,
+};
 use crate::abi::{CUresult, CUstream};
 use crate::capture::{self, MODE_GLOBAL, MODE_RELAXED, STATUS_ACTIVE, refuse_in_capture};
-use crate::connection::{Connection, Graph, GraphExec, Res};
-use crate::ffi::{check, exports, put};
+use crate::connection::{Connection, GraphExec, Res};
+use crate::ffi::{check, exports, lock, put};
+use crate::graph_build::{self, Captured, GraphObj, Parsed, Plan, Work};
 use crate::handles::Registry;
 use crate::log;
 use crate::memo::{Memo, through};
@@ -45,25 +59,24 @@ thread_local! {
     static LAUNCHED: Memo<usize, Arc<ExecObj>> = Memo::default();
 }
 
-/// priority of the stream it was captured in.
-#[derive(Debug)]
-struct GraphObj {
-    conn: &'static Connection,
-    graph: Graph,
-    nodes: u64,
-    priority: i32,
-}
-
-/// An executable graph; with `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`, the priority its
-/// kernel nodes ask for.
+/// An executable graph: the server's (replaced by an update), the flags it was instantiated
+/// with, the plan of the built graph it was made from (`None` for a captured one) and, with
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`, the priority its kernel nodes ask for.
 #[derive(Debug)]
 struct ExecObj {
     conn: &'static Connection,
-    exec: GraphExec,
+    exec: AtomicU64,
+    flags: u64,
+    plan: Option<Mutex<Plan>>,
     node_priority: Option<i32>,
 }
 
-static GRAPHS: LazyLock<Registry<GraphObj>> = LazyLock::new(Registry::default);
+impl ExecObj {
+    fn server(&self) -> GraphExec {
+        GraphExec(self.exec.load(Ordering::Acquire))
+    }
+}
+
 /// Memoised: a launch finds its executable graph in the thread's memo (see [`crate::memo`]).
 static EXECS: LazyLock<Registry<ExecObj>> = LazyLock::new(Registry::memoised);
 
@@ -108,7 +121,7 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
             CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         });
     }
-    let (handle, _) = GRAPHS.insert_with(|_| GraphObj {
+    let handle = graph_build::insert_captured(Captured {
         conn: t.conn,
         graph,
         nodes,
@@ -162,7 +175,7 @@ fn capture_info(
     if s == STATUS_ACTIVE && nodes.asked() {
         log::once("cuStreamGetCaptureInfo nodes", || {
             "cuStreamGetCaptureInfo: the graph being captured and its dependency nodes do not \
-             exist outside the mps server (graphs are built only by capture); returning \
+             exist outside the mps server (a capture is recorded there); returning \
              CUDA_ERROR_NOT_SUPPORTED (ask for the status and ID only)"
                 .to_string()
         });
@@ -184,7 +197,7 @@ fn capture_info(
 /// uploads it, for the form that has one.
 fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, bool)>) -> Res<()> {
     check(!ph.is_null())?;
-    let graph = GRAPHS.get(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let graph = graph_build::graph(g)?;
     let known = INSTANTIATE_AUTO_FREE_ON_LAUNCH
         | INSTANTIATE_DEVICE_LAUNCH
         | INSTANTIATE_USE_NODE_PRIORITY
@@ -203,16 +216,41 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
     if let Some((h, per_thread)) = upload.filter(|_| flags & INSTANTIATE_UPLOAD != 0) {
         resolve(h, per_thread)?;
     }
-    // Allocation nodes, which AUTO_FREE_ON_LAUNCH is about, are never captured here.
-    let exec = graph.conn.graph_instantiate(graph.graph)?;
-    let node_priority = (flags & INSTANTIATE_USE_NODE_PRIORITY != 0).then_some(graph.priority);
+    // Allocation nodes, which AUTO_FREE_ON_LAUNCH is about, are never made here.
+    let (conn, exec, plan, node_priority) = match &*graph {
+        GraphObj::Captured(c) => {
+            let priority = (flags & INSTANTIATE_USE_NODE_PRIORITY != 0).then_some(c.priority);
+            (c.conn, c.conn.graph_instantiate(c.graph)?, None, priority)
+        }
+        // Kernel nodes ask for no priority of their own here: a launch runs with its stream's.
+        GraphObj::Built(_) => {
+            let plan = graph_build::plan(g, "instantiating")?;
+            let (conn, exec) = instantiate_plan(&plan)?;
+            (conn, exec, Some(Mutex::new(plan)), None)
+        }
+    };
     let (handle, _) = EXECS.insert_with(|_| ExecObj {
-        conn: graph.conn,
-        exec,
+        conn,
+        exec: AtomicU64::new(exec.0),
+        flags,
+        plan,
         node_priority,
     });
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, handle) }
+}
+
+/// The server's executable graph of `plan`, on the connection of its device.
+fn instantiate_plan(plan: &Plan) -> Res<(&'static Connection, GraphExec)> {
+    let (conn, graph) = plan.materialise()?;
+    let exec = conn.graph_instantiate(graph);
+    let destroyed = conn.graph_destroy(graph);
+    let exec = exec?;
+    if let Err(e) = destroyed {
+        conn.graph_exec_destroy(exec)?;
+        return Err(e);
+    }
+    Ok((conn, exec))
 }
 
 /// The form before CUDA 11.4, with an error node and a log. A failure leaves no node (mps has
@@ -304,9 +342,103 @@ fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
                 // only.
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
-            conn.graph_launch(exec.exec, stream)
+            conn.graph_launch(exec.server(), stream)
         },
     )
+}
+
+// ----- updates -----
+
+/// Refuses to edit the nodes of an executable graph made from a captured graph (`what`).
+fn refuse_captured_exec(what: &str) -> CUresult {
+    log::once(&format!("captured exec: {what}"), || {
+        format!(
+            "{what} of an executable graph made from a captured graph is not supported through \
+             mps (its nodes exist only on the server; cuGraphExecUpdate with a new capture \
+             works); returning CUDA_ERROR_NOT_SUPPORTED"
+        )
+    });
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// Puts `new`, made on `conn`, in the place of `exec`'s server graph, which goes (a launch
+/// already posted keeps it until it has run).
+fn replace(exec: &ExecObj, conn: &Connection, new: GraphExec) -> Res<()> {
+    if conn.ordinal() != exec.conn.ordinal() {
+        // An executable graph stays on its device.
+        conn.graph_exec_destroy(new)?;
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let old = exec.exec.swap(new.0, Ordering::AcqRel);
+    exec.conn.graph_exec_destroy(GraphExec(old))
+}
+
+/// Edits executable graph `e`'s plan with `edit` (`what` names it) and makes it anew from the
+/// edited plan. On a failure the executable graph is as it was.
+fn update(e: usize, what: &str, edit: impl FnOnce(&mut Plan) -> Res<()>) -> Res<()> {
+    let exec = exec(e)?;
+    let plan = exec
+        .plan
+        .as_ref()
+        .ok_or_else(|| refuse_captured_exec(what))?;
+    let mut plan = lock(plan);
+    let mut edited = plan.clone();
+    edit(&mut edited)?;
+    let (conn, new) = instantiate_plan(&edited)?;
+    replace(&exec, conn, new)?;
+    *plan = edited;
+    Ok(())
+}
+
+/// Node `node` of executable graph `e` takes `work`.
+fn update_node(e: usize, node: usize, work: Res<Work>, what: &str) -> Res<()> {
+    let work = work?;
+    update(e, what, |plan| plan.set(node, work))
+}
+
+/// Child-graph node `node` of `e` takes the work of built graph `child`, of the same shape.
+fn update_child(e: usize, node: usize, child: usize) -> Res<()> {
+    let child = graph_build::plan(child, "a child graph's update")?;
+    update(e, "cuGraphExecChildGraphNodeSetParams", |plan| {
+        plan.set_child(node, child)
+    })
+}
+
+/// `cuGraphExecUpdate`: `e` takes the work of graph `g`, which must have the same shape (for a
+/// built graph: its nodes' types in the same order; a captured graph's shape is the server's,
+/// and not compared). A failure of that kind is `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, with its
+/// `CUgraphExecUpdateResult` and the node it is about (0: none).
+fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
+    let plain = |r: CUresult| (r, UPDATE_SUCCESS, 0);
+    let exec = exec(e).map_err(plain)?;
+    let graph = graph_build::graph(g).map_err(plain)?;
+    let failed = |result, node| (CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, result, node);
+    match (&exec.plan, &*graph) {
+        (Some(plan), GraphObj::Built(_)) => {
+            let new = graph_build::plan(g, "cuGraphExecUpdate").map_err(plain)?;
+            let mut plan = lock(plan);
+            let mut edited = plan.clone();
+            edited
+                .update_from(new)
+                .map_err(|(result, node)| failed(result, node))?;
+            let (conn, new) = instantiate_plan(&edited).map_err(plain)?;
+            replace(&exec, conn, new).map_err(plain)?;
+            *plan = edited;
+            Ok(())
+        }
+        (None, GraphObj::Captured(c)) => {
+            let new = c.conn.graph_instantiate(c.graph).map_err(plain)?;
+            replace(&exec, c.conn, new).map_err(plain)
+        }
+        _ => {
+            log::once("cuGraphExecUpdate kinds", || {
+                "cuGraphExecUpdate between a captured graph and one built node by node is not \
+                 supported through mps; it fails with CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED"
+                    .into()
+            });
+            Err(failed(UPDATE_NOT_SUPPORTED, 0))
+        }
+    }
 }
 
 // ----- the exports -----
@@ -441,41 +573,129 @@ exports! {
     pub fn cuGraphLaunch(e: usize, h: CUstream) ["cuGraphLaunch" 10000]
         per_thread cuGraphLaunch_ptsz = |per_thread| launch(e, h, per_thread);
 
-    /// The number of nodes of a graph (`nodes` NULL): what programs ask to see that a capture
-    /// recorded something (PyTorch's `CUDAGraph` does). The nodes themselves exist only on the
-    /// server: asking for them is `CUDA_ERROR_NOT_SUPPORTED`.
-    ///
-    /// # Safety
-    /// `count` must be NULL or writable.
-    pub unsafe fn cuGraphGetNodes(
-        g: usize,
-        nodes: *mut usize,
-        count: *mut usize,
-    ) ["cuGraphGetNodes" 10000] = {
-        check(!count.is_null())?;
-        let graph = GRAPHS.get(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        if !nodes.is_null() {
-            log::once("cuGraphGetNodes nodes", || {
-                "cuGraphGetNodes: a graph's node handles exist only on the mps server (graphs are \
-                 built only by capture); returning CUDA_ERROR_NOT_SUPPORTED (ask for the count \
-                 only, with nodes NULL)"
-                    .to_string()
-            });
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { put(count, graph.nodes as usize) }
-    };
-
-    /// Executable graphs made from it live on.
-    pub fn cuGraphDestroy(g: usize) ["cuGraphDestroy" 10000] = {
-        let graph = GRAPHS.remove(g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        graph.conn.graph_destroy(graph.graph)
-    };
-
     /// Launches already posted still run.
     pub fn cuGraphExecDestroy(e: usize) ["cuGraphExecDestroy" 10000] = {
         let exec = EXECS.remove(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        exec.conn.graph_exec_destroy(exec.exec)
+        exec.conn.graph_exec_destroy(exec.server())
+    };
+
+    /// # Safety
+    /// `flags` must be NULL or writable.
+    pub unsafe fn cuGraphExecGetFlags(e: usize, flags: *mut u64) ["cuGraphExecGetFlags" 12000] = {
+        check(!flags.is_null())?;
+        let f = exec(e)?.flags;
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(flags, f) }
+    };
+
+    /// The CUDA 11.1 form, with `CUDA_KERNEL_NODE_PARAMS_v1`: in the current context.
+    ///
+    /// # Safety
+    /// As `graph_build::kernel`.
+    pub unsafe fn cuGraphExecKernelNodeSetParams(
+        e: usize,
+        node: usize,
+        p: *const KernelNodeParams,
+    ) ["cuGraphExecKernelNodeSetParams" 10010] =
+        // SAFETY: the caller's guarantee is kernel's.
+        update_node(e, node, unsafe { graph_build::kernel(p, false) }, "a kernel node's update");
+
+    /// # Safety
+    /// As `graph_build::kernel`, with `CUDA_KERNEL_NODE_PARAMS_v2`.
+    pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
+        e: usize,
+        node: usize,
+        p: *const KernelNodeParams,
+    ) ["cuGraphExecKernelNodeSetParams" 12000] =
+        // SAFETY: the caller's guarantee is kernel's.
+        update_node(e, node, unsafe { graph_build::kernel(p, true) }, "a kernel node's update");
+
+    /// # Safety
+    /// As `graph_build::memset`.
+    pub unsafe fn cuGraphExecMemsetNodeSetParams(
+        e: usize,
+        node: usize,
+        p: *const MemsetNodeParams,
+        ctx: usize,
+    ) ["cuGraphExecMemsetNodeSetParams" 10020] =
+        // SAFETY: the caller's guarantee is memset's.
+        update_node(e, node, unsafe { graph_build::memset(p, ctx) }, "a memset node's update");
+
+    /// # Safety
+    /// As `graph_build::memcpy`.
+    pub unsafe fn cuGraphExecMemcpyNodeSetParams(
+        e: usize,
+        node: usize,
+        p: *const Memcpy3D,
+        ctx: usize,
+    ) ["cuGraphExecMemcpyNodeSetParams" 10020] =
+        // SAFETY: the caller's guarantee is memcpy's.
+        update_node(e, node, unsafe { graph_build::memcpy(p, ctx) }, "a memcpy node's update");
+
+    pub fn cuGraphExecChildGraphNodeSetParams(
+        e: usize,
+        node: usize,
+        child: usize,
+    ) ["cuGraphExecChildGraphNodeSetParams" 11010] = update_child(e, node, child);
+
+    /// Kernel, memset, memcpy and child-graph nodes.
+    ///
+    /// # Safety
+    /// As `graph_build::node_params`.
+    pub unsafe fn cuGraphExecNodeSetParams(
+        e: usize,
+        node: usize,
+        p: *const NodeParams,
+    ) ["cuGraphExecNodeSetParams" 12020] = {
+        // SAFETY: the caller's guarantee is node_params's.
+        match unsafe { graph_build::node_params(p) }? {
+            Parsed::Work(w) => update_node(e, node, Ok(w), "a node's update"),
+            Parsed::Child { graph, .. } => update_child(e, node, graph),
+        }
+    };
+
+    /// The CUDA 10.2 form, with an error node and a result.
+    ///
+    /// # Safety
+    /// `err_node` and `result` must be NULL or writable.
+    pub unsafe fn cuGraphExecUpdate(
+        e: usize,
+        g: usize,
+        err_node: *mut usize,
+        result: *mut u32,
+    ) ["cuGraphExecUpdate" 10020] = {
+        check(!err_node.is_null() && !result.is_null())?;
+        let (r, res, node) = match exec_update(e, g) {
+            Ok(()) => (Ok(()), UPDATE_SUCCESS, 0),
+            Err((r, res, node)) => (Err(r), res, node),
+        };
+        // SAFETY: checked non-null; the caller guarantees they are writable.
+        unsafe {
+            put(err_node, node)?;
+            put(result, res)?;
+        }
+        r
+    };
+
+    /// # Safety
+    /// `info` must be NULL or writable.
+    pub unsafe fn cuGraphExecUpdate_v2(
+        e: usize,
+        g: usize,
+        info: *mut ExecUpdateResultInfo,
+    ) ["cuGraphExecUpdate" 12000] = {
+        check(!info.is_null())?;
+        let (r, result, node) = match exec_update(e, g) {
+            Ok(()) => (Ok(()), UPDATE_SUCCESS, 0),
+            Err((r, res, node)) => (Err(r), res, node),
+        };
+        let out = ExecUpdateResultInfo {
+            result,
+            error_node: node,
+            error_from_node: 0,
+        };
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(info, out) }?;
+        r
     };
 }

@@ -32,7 +32,7 @@ thread_local! {
 /// # Safety
 /// `extra` must be a `CU_LAUNCH_PARAM_END`-terminated array of key/value pairs, and the size
 /// value must point at a `size_t`.
-unsafe fn extra_buffer(extra: *const *const c_void) -> Res<(*const u8, usize)> {
+pub(crate) unsafe fn extra_buffer(extra: *const *const c_void) -> Res<(*const u8, usize)> {
     let (mut buf, mut size) = (None, None);
     let mut i = 0;
     loop {
