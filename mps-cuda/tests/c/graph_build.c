@@ -16,7 +16,10 @@
 #define BYTES (N * sizeof(float))
 #define ROWS 8
 #define PITCH 256
-#define ROW_ELEMS 33 /* 16-bit elements a row: 66 bytes, an odd number of 32-bit words */
+/* 16-bit elements a row, from byte 2 of the row: one before the first whole 32-bit word, 16
+ * words, and one after them. */
+#define ROW_OFFSET 2
+#define ROW_ELEMS 34
 
 static CUfunction saxpy, add;
 static CUdeviceptr dx, dy, dz, dw, dv, dp;
@@ -66,7 +69,8 @@ static int run(CUgraphExec exec, CUstream s, int round, float factor) {
     int pad_wrong = 0;
     for (int r = 0; r < ROWS; r++) {
         for (int b = 0; b < PITCH; b++) {
-            unsigned char want = b < 2 * ROW_ELEMS ? (b % 2 ? 0x12 : 0x34) : 0xee;
+            int set = b >= ROW_OFFSET && b < ROW_OFFSET + 2 * ROW_ELEMS;
+            unsigned char want = set ? (b % 2 ? 0x12 : 0x34) : 0xee;
             pad_wrong += hpad[r * PITCH + b] != want;
         }
     }
@@ -156,7 +160,7 @@ int main(int argc, char **argv) {
                                 BYTES);
     CHECK(cuGraphAddMemcpyNode(&out, graph, &sub, 1, &d2h, ctx));
     /* 2D: ROW_ELEMS 16-bit elements of 0x1234 in each row, the rest of each row untouched. */
-    CUDA_MEMSET_NODE_PARAMS ms2 = {dp, PITCH, 0x1234, 2, ROW_ELEMS, ROWS};
+    CUDA_MEMSET_NODE_PARAMS ms2 = {dp + ROW_OFFSET, PITCH, 0x1234, 2, ROW_ELEMS, ROWS};
     CHECK(cuGraphAddMemsetNode(&pad, graph, NULL, 0, &ms2, ctx));
     CUDA_MEMCPY3D pad_copy = copy_1d(CU_MEMORYTYPE_DEVICE, NULL, dp, CU_MEMORYTYPE_HOST, hpad, 0,
                                      ROWS * PITCH);
