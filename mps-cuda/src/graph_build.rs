@@ -33,17 +33,19 @@ use crate::abi::graph::{
     NODE_GRAPH, NODE_HOST, NODE_KERNEL, NODE_MEM_ALLOC, NODE_MEM_FREE, NODE_MEMCPY, NODE_MEMSET,
     NODE_WAIT_EVENT, NodeParams, OWNERSHIP_CLONE, OWNERSHIP_MOVE,
 };
-use crate::abi::{CUdevice, CUresult};
+use crate::abi::{CUdevice, CUresult, launch_attribute};
 use crate::connection::{Connection, Graph, Res, Stream};
 use crate::context::{current, given_or_current, to_cucontext};
 use crate::driver::connection;
 use crate::ffi::{check, exports, lock, put};
 use crate::handles::Registry;
-use crate::launch::extra_buffer;
+use crate::kernel_queries::allows_non_portable_clusters;
+use crate::launch::{AttributeAsks, asks, extra_buffer};
 use crate::log;
 use crate::module::function_obj;
 use crate::objects::FunctionObj;
 use crate::pointer::pinned_device_address;
+use mps_core::protocol::{Cluster, Dim3};
 
 /// A graph the program holds.
 #[derive(Debug)]
@@ -153,7 +155,14 @@ pub(crate) struct Kernel {
     /// The address of each parameter in `args`: the `kernelParams` that
     /// `cuGraphKernelNodeGetParams` hands out.
     ptrs: Vec<usize>,
+    /// The node's attributes (`cuGraphKernelNodeSetAttribute`), by id, each its 64-byte value,
+    /// and the cluster dimension among them; kept across new parameters, as CUDA keeps them.
+    attrs: Vec<(u32, [u8; ATTRIBUTE_BYTES])>,
+    cluster: Option<Dim3>,
 }
+
+/// The size of a `CUlaunchAttributeValue` (`CUkernelNodeAttrValue`).
+const ATTRIBUTE_BYTES: usize = 64;
 
 impl Kernel {
     fn with_args(mut self, args: Vec<u64>) -> Kernel {
@@ -169,12 +178,27 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// The handle it was given by: its function, or its kernel.
+    fn handle(&self) -> usize {
+        if self.func != 0 { self.func } else { self.kern }
+    }
+
+    /// Keeps `old`'s attributes: new parameters leave a node's attributes as they were.
+    fn keeping_attributes_of(mut self, old: &Kernel) -> Kernel {
+        self.attrs = old.attrs.clone();
+        self.cluster = old.cluster;
+        self
+    }
+}
+
 impl Clone for Kernel {
     fn clone(&self) -> Kernel {
         Kernel {
             obj: self.obj.clone(),
             args: Vec::new(),
             ptrs: Vec::new(),
+            attrs: self.attrs.clone(),
             ..*self
         }
         .with_args(self.args.clone())
@@ -223,6 +247,14 @@ struct Side {
     start: u64,
     pitch: u64,
     height: u64,
+}
+
+/// `new` in the place of `old`, of the same kind: a kernel keeps `old`'s attributes.
+fn kept(old: &Work, new: Work) -> Work {
+    match (old, new) {
+        (Work::Kernel(o), Work::Kernel(n)) => Work::Kernel(n.keeping_attributes_of(o)),
+        (_, new) => new,
+    }
 }
 
 fn same_kind(a: &Work, b: &Work) -> bool {
@@ -588,6 +620,8 @@ pub(crate) unsafe fn kernel(p: *const KernelNodeParams, v2: bool) -> Res<Work> {
         shared: q.shared_mem_bytes,
         args: Vec::new(),
         ptrs: Vec::new(),
+        attrs: Vec::new(),
+        cluster: None,
     };
     Ok(Work::Kernel(k.with_args(args)))
 }
@@ -929,7 +963,7 @@ impl Plan {
         let step = find(&mut self.steps, node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         match &mut step.what {
             Planned::Work(old) if same_kind(old, &work) && old.device() == work.device() => {
-                *old = work;
+                *old = kept(old, work);
                 Ok(())
             }
             _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
@@ -998,6 +1032,13 @@ fn submit(work: &Work, conn: &Connection, stream: Stream) -> Res<()> {
     match work {
         Work::Kernel(k) => {
             let (_, layout) = k.obj.fetched(conn)?;
+            let cluster = match k.cluster {
+                Some(dims) => Some(Cluster {
+                    dims,
+                    non_portable: allows_non_portable_clusters(k.handle(), dev)?,
+                }),
+                None => None,
+            };
             let values: Vec<*const u8> = k.ptrs.iter().map(|p| *p as *const u8).collect();
             // SAFETY: one pointer per parameter, each into `k.args`, alive through the call.
             unsafe {
@@ -1006,7 +1047,7 @@ fn submit(work: &Work, conn: &Connection, stream: Stream) -> Res<()> {
                     k.grid,
                     k.block,
                     k.shared,
-                    None,
+                    cluster,
                     stream,
                     values.as_ptr(),
                 )
@@ -1231,7 +1272,7 @@ fn set_work(node: usize, work: Work) -> Res<()> {
     with_node(node, |dag, i| {
         let old = &mut dag.nodes[i].work;
         check(same_kind(old, &work) && !matches!(work, Work::Child(_)))?;
-        *old = work;
+        *old = kept(old, work);
         Ok(())
     })
 }
@@ -1269,6 +1310,58 @@ unsafe fn kernel_params(node: usize, out: *mut KernelNodeParams, v2: bool) -> Re
     // SAFETY: the caller guarantees `n` writable bytes.
     unsafe { std::ptr::copy_nonoverlapping((&raw const p).cast::<u8>(), out.cast::<u8>(), n) };
     Ok(())
+}
+
+/// Sets attribute `id` of kernel node `node` to the 64 bytes at `value`: what a plain launch
+/// does (no cluster, cooperation off), a hint or permission (priority, access-policy window,
+/// ...: kept and read back, as `cuLaunchKernelEx` drops them), or a cluster dimension, with which
+/// the node's kernel is launched; any other is refused, named once.
+///
+/// # Safety
+/// `value` must be NULL or readable for a `CUlaunchAttributeValue`.
+unsafe fn set_attribute(node: usize, id: u32, value: *const u8) -> Res<()> {
+    check(!value.is_null())?;
+    // As a `CUlaunchAttribute`: the id, padding, the value.
+    let mut a = [0u32; 2 + ATTRIBUTE_BYTES / 4];
+    a[0] = id;
+    // SAFETY: the caller guarantees 64 readable bytes; `a` has room for them after two words.
+    unsafe { std::ptr::copy_nonoverlapping(value, a.as_mut_ptr().add(2).cast(), ATTRIBUTE_BYTES) };
+    // SAFETY: a whole attribute.
+    let cluster = match unsafe { asks(a.as_ptr()) } {
+        AttributeAsks::Nothing | AttributeAsks::Hint => None,
+        AttributeAsks::Clusters(dims) => Some(dims),
+        AttributeAsks::Unsupported => {
+            log::once(&format!("kernel node attribute {id}"), || {
+                format!(
+                    "cuGraphKernelNodeSetAttribute: launch attribute {id} is not supported \
+                     through mps; returning CUDA_ERROR_NOT_SUPPORTED"
+                )
+            });
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+    };
+    let mut bytes = [0u8; ATTRIBUTE_BYTES];
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(value, bytes.as_mut_ptr(), ATTRIBUTE_BYTES) };
+    with_node(node, |dag, i| {
+        let Work::Kernel(k) = &mut dag.nodes[i].work else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        if id == launch_attribute::CLUSTER_DIMENSION {
+            k.cluster = cluster;
+        }
+        k.attrs.retain(|(a, _)| *a != id);
+        k.attrs.push((id, bytes));
+        Ok(())
+    })
+}
+
+/// Runs `f` on kernel node `node`.
+fn with_kernel<R>(node: usize, f: impl FnOnce(&Kernel) -> Res<R>) -> Res<R> {
+    with_work(node, |w| match w {
+        Work::Kernel(k) => f(k),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    })
 }
 
 // ----- the exports -----
@@ -1745,6 +1838,52 @@ exports! {
         })?;
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(out, found) }
+    };
+
+    /// # Safety
+    /// `value` must be NULL or readable for a `CUkernelNodeAttrValue`.
+    pub unsafe fn cuGraphKernelNodeSetAttribute(
+        node: usize,
+        id: u32,
+        value: *const u8,
+    ) ["cuGraphKernelNodeSetAttribute" 11000] =
+        // SAFETY: the caller's guarantee is set_attribute's.
+        unsafe { set_attribute(node, id, value) };
+
+    /// The value set, or zeros where none was.
+    ///
+    /// # Safety
+    /// `out` must be NULL or writable for a `CUkernelNodeAttrValue`.
+    pub unsafe fn cuGraphKernelNodeGetAttribute(
+        node: usize,
+        id: u32,
+        out: *mut u8,
+    ) ["cuGraphKernelNodeGetAttribute" 11000] = {
+        check(!out.is_null())?;
+        let v = with_kernel(node, |k| {
+            Ok(k.attrs
+                .iter()
+                .find(|(a, _)| *a == id)
+                .map_or([0; ATTRIBUTE_BYTES], |(_, v)| *v))
+        })?;
+        // SAFETY: the caller guarantees 64 writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, ATTRIBUTE_BYTES) };
+        Ok(())
+    };
+
+    pub fn cuGraphKernelNodeCopyAttributes(
+        dst: usize,
+        src: usize,
+    ) ["cuGraphKernelNodeCopyAttributes" 11000] = {
+        let (attrs, cluster) = with_kernel(src, |k| Ok((k.attrs.clone(), k.cluster)))?;
+        with_node(dst, |dag, i| match &mut dag.nodes[i].work {
+            Work::Kernel(k) => {
+                k.attrs = attrs;
+                k.cluster = cluster;
+                Ok(())
+            }
+            _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        })
     };
 }
 

@@ -114,9 +114,6 @@ unsupported! {
     cuGraphExternalSemaphoresWaitNodeSetParams
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams
-    cuGraphKernelNodeCopyAttributes
-    cuGraphKernelNodeGetAttribute
-    cuGraphKernelNodeSetAttribute
     cuGraphMemAllocNodeGetParams
     cuGraphMemFreeNodeGetParams
     cuGraphNodeGetEnabled

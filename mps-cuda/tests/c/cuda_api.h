@@ -402,6 +402,9 @@ CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                         const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx);
 CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
                               CUgraphExecUpdateResultInfo *info);
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr, const void *value);
+CUresult cuGraphKernelNodeGetAttribute(CUgraphNode node, int attr, void *value);
+#define CU_LAUNCH_ATTRIBUTE_PRIORITY 8
 CUresult cuGraphDestroyNode(CUgraphNode node);
 CUresult cuGraphClone(CUgraph *clone, CUgraph graph);
 CUresult cuGraphNodeFindInClone(CUgraphNode *node, CUgraphNode original, CUgraph clone);

@@ -197,6 +197,14 @@ int main(int argc, char **argv) {
     ASSERT(got.func == saxpy && got.gridDimX == 16 && got.blockDimX == 256 &&
                got.kernelParams && *(float *)got.kernelParams[0] == 2.0f,
            "k1's parameters as handed back");
+    /* An attribute that only hints (a priority) is kept and read back. */
+    unsigned char attr[64] = {0}, attr_back[64] = {0};
+    int priority = -1;
+    memcpy(attr, &priority, sizeof priority);
+    CHECK(cuGraphKernelNodeSetAttribute(k1, CU_LAUNCH_ATTRIBUTE_PRIORITY, attr));
+    CHECK(cuGraphKernelNodeGetAttribute(k1, CU_LAUNCH_ATTRIBUTE_PRIORITY, attr_back));
+    memcpy(&priority, attr_back, sizeof priority);
+    ASSERT(priority == -1, "k1's priority read back as %d", priority);
     /* A node added and destroyed leaves nothing behind. */
     CUgraphNode extra_node;
     CHECK(cuGraphAddEmptyNode(&extra_node, graph, &out, 1));
