@@ -6,9 +6,11 @@
 //! kinds, `graph_build`'s.
 //!
 //! An executable graph made from a built graph keeps the plan it was made from: an update of
-//! its nodes (`cuGraphExecKernelNodeSetParams`, ..., `cuGraphExecUpdate`) edits that plan and
-//! makes the server's executable graph anew from it, which later launches run; a launch already
-//! posted runs what it was posted with. Updating the nodes of one made from a captured graph is
+//! its nodes (`cuGraphExecKernelNodeSetParams`, ..., `cuGraphExecUpdate`) edits that plan, and
+//! the next launch (or upload) makes the server's executable graph anew from it, once however
+//! many nodes were updated (XLA updates its command buffers node by node before a launch); a
+//! launch already posted runs what it was posted with. What the update asks is checked at once;
+//! what only the server checks fails the launch that makes it. Updating the nodes of one made from a captured graph is
 //! refused (its nodes exist only on the server); `cuGraphExecUpdate` with another captured
 //! graph makes it anew from that graph.
 //!
@@ -16,7 +18,7 @@
 //! exported function of its own.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::abi::graph::{
@@ -68,12 +70,49 @@ struct ExecObj {
     exec: AtomicU64,
     flags: u64,
     plan: Option<Mutex<Plan>>,
+    /// The plan was edited since the server's graph was made from it.
+    stale: AtomicBool,
     node_priority: Option<i32>,
 }
 
 impl ExecObj {
     fn server(&self) -> GraphExec {
         GraphExec(self.exec.load(Ordering::Acquire))
+    }
+
+    /// The server's executable graph, made anew first where the plan was edited since.
+    #[inline]
+    fn current(&self) -> Res<GraphExec> {
+        if self.stale.load(Ordering::Acquire) {
+            self.refresh()?;
+        }
+        Ok(self.server())
+    }
+
+    #[inline(never)]
+    fn refresh(&self) -> Res<()> {
+        let Some(plan) = &self.plan else {
+            return Ok(());
+        };
+        let plan = lock(plan);
+        if !self.stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (conn, new) = instantiate_plan(&plan)?;
+        if conn.ordinal() != self.conn.ordinal() {
+            // An executable graph stays on its device (an update keeps each node's).
+            conn.graph_exec_destroy(new)?;
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        self.stale.store(false, Ordering::Release);
+        self.replace(new)
+    }
+
+    /// Puts `new` in the place of the server's graph, which goes (a launch already posted keeps
+    /// it until it has run).
+    fn replace(&self, new: GraphExec) -> Res<()> {
+        let old = self.exec.swap(new.0, Ordering::AcqRel);
+        self.conn.graph_exec_destroy(GraphExec(old))
     }
 }
 
@@ -234,6 +273,7 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
         exec: AtomicU64::new(exec.0),
         flags,
         plan,
+        stale: AtomicBool::new(false),
         node_priority,
     });
     // SAFETY: checked non-null; the caller guarantees it is writable.
@@ -309,10 +349,12 @@ fn exec(e: usize) -> Res<Arc<ExecObj>> {
     EXECS.get(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
-/// An upload has nothing to do: the server's executable graph is ready once instantiated.
+/// The server's executable graph is ready once instantiated: an upload makes it anew where an
+/// update left it stale, and otherwise has nothing to do.
 fn upload(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
-    exec(e)?;
-    resolve(h, per_thread).map(drop)
+    let exec = exec(e)?;
+    resolve(h, per_thread)?;
+    exec.current().map(drop)
 }
 
 /// Posted without waiting, as kernel launches are. The graph's work runs with the priority of
@@ -342,7 +384,7 @@ fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
                 // only.
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
-            conn.graph_launch(exec.server(), stream)
+            conn.graph_launch(exec.current()?, stream)
         },
     )
 }
@@ -361,20 +403,8 @@ fn refuse_captured_exec(what: &str) -> CUresult {
     CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
 
-/// Puts `new`, made on `conn`, in the place of `exec`'s server graph, which goes (a launch
-/// already posted keeps it until it has run).
-fn replace(exec: &ExecObj, conn: &Connection, new: GraphExec) -> Res<()> {
-    if conn.ordinal() != exec.conn.ordinal() {
-        // An executable graph stays on its device.
-        conn.graph_exec_destroy(new)?;
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    let old = exec.exec.swap(new.0, Ordering::AcqRel);
-    exec.conn.graph_exec_destroy(GraphExec(old))
-}
-
-/// Edits executable graph `e`'s plan with `edit` (`what` names it) and makes it anew from the
-/// edited plan. On a failure the executable graph is as it was.
+/// Edits executable graph `e`'s plan with `edit` (`what` names it), for the next launch to make
+/// the server's graph anew from. On a failure the plan is as it was.
 fn update(e: usize, what: &str, edit: impl FnOnce(&mut Plan) -> Res<()>) -> Res<()> {
     let exec = exec(e)?;
     let plan = exec
@@ -384,9 +414,8 @@ fn update(e: usize, what: &str, edit: impl FnOnce(&mut Plan) -> Res<()>) -> Res<
     let mut plan = lock(plan);
     let mut edited = plan.clone();
     edit(&mut edited)?;
-    let (conn, new) = instantiate_plan(&edited)?;
-    replace(&exec, conn, new)?;
     *plan = edited;
+    exec.stale.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -421,14 +450,16 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
             edited
                 .update_from(new)
                 .map_err(|(result, node)| failed(result, node))?;
-            let (conn, new) = instantiate_plan(&edited).map_err(plain)?;
-            replace(&exec, conn, new).map_err(plain)?;
             *plan = edited;
+            exec.stale.store(true, Ordering::Release);
             Ok(())
         }
         (None, GraphObj::Captured(c)) => {
+            if c.conn.ordinal() != exec.conn.ordinal() {
+                return Err(plain(CUresult::CUDA_ERROR_INVALID_VALUE));
+            }
             let new = c.conn.graph_instantiate(c.graph).map_err(plain)?;
-            replace(&exec, c.conn, new).map_err(plain)
+            exec.replace(new).map_err(plain)
         }
         _ => {
             log::once("cuGraphExecUpdate kinds", || {
