@@ -17,19 +17,20 @@
 //! Every ABI of each function (its versions, its per-thread-default-stream variant) is an
 //! exported function of its own.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use crate::abi::graph::{
-    ExecUpdateResultInfo, KernelNodeParams, Memcpy3D, MemsetNodeParams, NodeParams,
+    EdgeData, ExecUpdateResultInfo, KernelNodeParams, Memcpy3D, MemsetNodeParams, NodeParams,
     UPDATE_NOT_SUPPORTED, UPDATE_SUCCESS,
 };
 use crate::abi::{CUresult, CUstream};
 use crate::capture::{self, MODE_GLOBAL, MODE_RELAXED, STATUS_ACTIVE, refuse_in_capture};
-use crate::connection::{Connection, GraphExec, Res};
+use crate::connection::{Connection, GraphExec, Res, Stream};
 use crate::ffi::{check, exports, lock, put};
-use crate::graph_build::{self, Captured, GraphObj, Parsed, Plan, Work};
+use crate::graph_build::{self, GraphKind, Parsed, Plan, Work};
 use crate::handles::Registry;
 use crate::log;
 use crate::memo::{Memo, through};
@@ -61,32 +62,37 @@ thread_local! {
     static LAUNCHED: Memo<usize, Arc<ExecObj>> = Memo::default();
 }
 
-/// An executable graph: the server's (replaced by an update), the flags it was instantiated
-/// with, the plan of the built graph it was made from (`None` for a captured one) and, with
+/// An executable graph: the server's executable graphs, launched one after another (one for a
+/// captured graph; replaced by an update), the flags it was instantiated with, the plan of the
+/// built graph it was made from (`None` for a captured one) and, with
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`, the priority its kernel nodes ask for.
 #[derive(Debug)]
 struct ExecObj {
     conn: &'static Connection,
-    exec: AtomicU64,
+    execs: RwLock<Vec<GraphExec>>,
     flags: u64,
     plan: Option<Mutex<Plan>>,
-    /// The plan was edited since the server's graph was made from it.
+    /// The plan was edited since the server's graphs were made from it.
     stale: AtomicBool,
     node_priority: Option<i32>,
 }
 
 impl ExecObj {
-    fn server(&self) -> GraphExec {
-        GraphExec(self.exec.load(Ordering::Acquire))
+    /// Posts its launch into `stream` of `conn`, made anew first where the plan was edited
+    /// since.
+    #[inline]
+    fn launch(&self, conn: &Connection, stream: Stream) -> Res<()> {
+        self.refresh_if_stale()?;
+        let execs = self.execs.read().unwrap_or_else(|p| p.into_inner());
+        execs.iter().try_for_each(|x| conn.graph_launch(*x, stream))
     }
 
-    /// The server's executable graph, made anew first where the plan was edited since.
     #[inline]
-    fn current(&self) -> Res<GraphExec> {
+    fn refresh_if_stale(&self) -> Res<()> {
         if self.stale.load(Ordering::Acquire) {
             self.refresh()?;
         }
-        Ok(self.server())
+        Ok(())
     }
 
     #[inline(never)]
@@ -98,32 +104,54 @@ impl ExecObj {
         if !self.stale.load(Ordering::Acquire) {
             return Ok(());
         }
-        let (conn, new) = instantiate_plan(&plan)?;
+        let (conn, new) = plan.instantiate()?;
         if conn.ordinal() != self.conn.ordinal() {
             // An executable graph stays on its device (an update keeps each node's).
-            conn.graph_exec_destroy(new)?;
+            new.into_iter()
+                .try_for_each(|x| conn.graph_exec_destroy(x))?;
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         self.stale.store(false, Ordering::Release);
         self.replace(new)
     }
 
-    /// Puts `new` in the place of the server's graph, which goes (a launch already posted keeps
-    /// it until it has run).
-    fn replace(&self, new: GraphExec) -> Res<()> {
-        let old = self.exec.swap(new.0, Ordering::AcqRel);
-        self.conn.graph_exec_destroy(GraphExec(old))
+    /// Puts `new` in the place of the server's graphs, which go (a launch already posted keeps
+    /// them until it has run); the first failure is returned once each has been tried.
+    fn replace(&self, new: Vec<GraphExec>) -> Res<()> {
+        let old = std::mem::replace(
+            &mut *self.execs.write().unwrap_or_else(|p| p.into_inner()),
+            new,
+        );
+        let mut first = Ok(());
+        for x in old {
+            let r = self.conn.graph_exec_destroy(x);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 }
 
-/// Memoised: a launch finds its executable graph in the thread's memo (see [`crate::memo`]).
 static EXECS: LazyLock<Registry<ExecObj>> = LazyLock::new(Registry::memoised);
 
 // ----- capture -----
 
-fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {
+/// A built graph a capture goes into, and the nodes the captured work follows there.
+type CaptureInto = (usize, Vec<usize>);
+
+/// Streams capturing into a built graph (`cuStreamBeginCaptureToGraph`), by (device, stream).
+static TO_GRAPH: LazyLock<Mutex<HashMap<(i32, Stream), CaptureInto>>> =
+    LazyLock::new(Mutex::default);
+
+/// Begins capturing stream `h`; `to` is the built graph the capture goes into and the nodes it
+/// follows there, for `cuStreamBeginCaptureToGraph`.
+fn begin(h: CUstream, mode: u32, per_thread: bool, to: Option<CaptureInto>) -> Res<()> {
     check(mode <= MODE_RELAXED)?;
     let t = resolve(h, per_thread)?;
+    if let Some((g, deps)) = &to {
+        graph_build::check_nodes(*g, deps)?;
+    }
     let blocking = match t.kind {
         Kind::Legacy => return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
         Kind::Blocking(_) => true,
@@ -131,7 +159,33 @@ fn begin(h: CUstream, mode: u32, per_thread: bool) -> Res<()> {
     };
     capture::refuse_second(&t)?;
     let (_, priority) = properties(h, per_thread)?;
-    capture::begin(&t, blocking, mode, priority)
+    capture::begin(&t, blocking, mode, priority)?;
+    let key = (t.conn.ordinal(), t.stream);
+    let mut to_graph = lock(&TO_GRAPH);
+    match to {
+        Some(to) => to_graph.insert(key, to),
+        None => to_graph.remove(&key),
+    };
+    Ok(())
+}
+
+/// `cuStreamBeginCaptureToGraph`: the captured work goes into built graph `g` after the
+/// `n` nodes at `deps`, as one child-graph node holding the server's graph of it.
+///
+/// # Safety
+/// `deps` must be NULL or readable for `n` nodes, `edges` NULL or readable for `n` edges.
+unsafe fn begin_to_graph(
+    h: CUstream,
+    g: usize,
+    deps: *const usize,
+    edges: *const EdgeData,
+    n: usize,
+    mode: u32,
+    per_thread: bool,
+) -> Res<()> {
+    // SAFETY: the caller's guarantees are read_deps's.
+    let deps = unsafe { graph_build::read_deps(deps, edges, n) }?;
+    begin(h, mode, per_thread, Some((g, deps)))
 }
 
 fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
@@ -144,6 +198,7 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
     } = capture::end(&t)?;
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, 0) }?;
+    let to = lock(&TO_GRAPH).remove(&(t.conn.ordinal(), t.stream));
     let (graph, nodes) = match t.conn.stream_end_capture(t.stream) {
         Ok(g) => g,
         // The server spoilt the capture: a command in it failed (its message is logged).
@@ -160,12 +215,18 @@ fn end(h: CUstream, ph: *mut usize, per_thread: bool) -> Res<()> {
             CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         });
     }
-    let handle = graph_build::insert_captured(Captured {
-        conn: t.conn,
-        graph,
-        nodes,
-        priority,
-    });
+    let handle = match to {
+        // CUDA adds no node for a capture of nothing.
+        Some((g, _)) if nodes == 0 => {
+            t.conn.graph_destroy(graph)?;
+            g
+        }
+        Some((g, deps)) => {
+            graph_build::add_captured(g, deps, (t.conn, graph, nodes, priority))?;
+            g
+        }
+        None => graph_build::insert_captured(t.conn, graph, nodes, priority),
+    };
     // SAFETY: as above.
     unsafe { put(ph, handle) }
 }
@@ -256,21 +317,27 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
         resolve(h, per_thread)?;
     }
     // Allocation nodes, which AUTO_FREE_ON_LAUNCH is about, are never made here.
-    let (conn, exec, plan, node_priority) = match &*graph {
-        GraphObj::Captured(c) => {
+    let (conn, execs, plan, node_priority) = match &graph.kind {
+        GraphKind::Captured(c) => {
             let priority = (flags & INSTANTIATE_USE_NODE_PRIORITY != 0).then_some(c.priority);
-            (c.conn, c.conn.graph_instantiate(c.graph)?, None, priority)
+            let s = &c.server;
+            (
+                s.conn,
+                vec![s.conn.graph_instantiate(s.graph)?],
+                None,
+                priority,
+            )
         }
         // Kernel nodes ask for no priority of their own here: a launch runs with its stream's.
-        GraphObj::Built(_) => {
+        GraphKind::Built(_) => {
             let plan = graph_build::plan(g, "instantiating")?;
-            let (conn, exec) = instantiate_plan(&plan)?;
-            (conn, exec, Some(Mutex::new(plan)), None)
+            let (conn, execs) = plan.instantiate()?;
+            (conn, execs, Some(Mutex::new(plan)), None)
         }
     };
     let (handle, _) = EXECS.insert_with(|_| ExecObj {
         conn,
-        exec: AtomicU64::new(exec.0),
+        execs: RwLock::new(execs),
         flags,
         plan,
         stale: AtomicBool::new(false),
@@ -278,19 +345,6 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
     });
     // SAFETY: checked non-null; the caller guarantees it is writable.
     unsafe { put(ph, handle) }
-}
-
-/// The server's executable graph of `plan`, on the connection of its device.
-fn instantiate_plan(plan: &Plan) -> Res<(&'static Connection, GraphExec)> {
-    let (conn, graph) = plan.materialise()?;
-    let exec = conn.graph_instantiate(graph);
-    let destroyed = conn.graph_destroy(graph);
-    let exec = exec?;
-    if let Err(e) = destroyed {
-        conn.graph_exec_destroy(exec)?;
-        return Err(e);
-    }
-    Ok((conn, exec))
 }
 
 /// The form before CUDA 11.4, with an error node and a log. A failure leaves no node (mps has
@@ -354,7 +408,7 @@ fn exec(e: usize) -> Res<Arc<ExecObj>> {
 fn upload(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
     let exec = exec(e)?;
     resolve(h, per_thread)?;
-    exec.current().map(drop)
+    exec.refresh_if_stale()
 }
 
 /// Posted without waiting, as kernel launches are. The graph's work runs with the priority of
@@ -384,7 +438,7 @@ fn launch(e: usize, h: CUstream, per_thread: bool) -> Res<()> {
                 // only.
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
-            conn.graph_launch(exec.current()?, stream)
+            exec.launch(conn, stream)
         },
     )
 }
@@ -425,9 +479,9 @@ fn update_node(e: usize, node: usize, work: Res<Work>, what: &str) -> Res<()> {
     update(e, what, |plan| plan.set(node, work))
 }
 
-/// Child-graph node `node` of `e` takes the work of built graph `child`, of the same shape.
+/// Child-graph node `node` of `e` takes the work of graph `child`, of the same kind and, built,
+/// of the same shape.
 fn update_child(e: usize, node: usize, child: usize) -> Res<()> {
-    let child = graph_build::plan(child, "a child graph's update")?;
     update(e, "cuGraphExecChildGraphNodeSetParams", |plan| {
         plan.set_child(node, child)
     })
@@ -442,8 +496,8 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
     let exec = exec(e).map_err(plain)?;
     let graph = graph_build::graph(g).map_err(plain)?;
     let failed = |result, node| (CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, result, node);
-    match (&exec.plan, &*graph) {
-        (Some(plan), GraphObj::Built(_)) => {
+    match (&exec.plan, &graph.kind) {
+        (Some(plan), GraphKind::Built(_)) => {
             let new = graph_build::plan(g, "cuGraphExecUpdate").map_err(plain)?;
             let mut plan = lock(plan);
             let mut edited = plan.clone();
@@ -454,12 +508,13 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
             exec.stale.store(true, Ordering::Release);
             Ok(())
         }
-        (None, GraphObj::Captured(c)) => {
-            if c.conn.ordinal() != exec.conn.ordinal() {
+        (None, GraphKind::Captured(c)) => {
+            let s = &c.server;
+            if s.conn.ordinal() != exec.conn.ordinal() {
                 return Err(plain(CUresult::CUDA_ERROR_INVALID_VALUE));
             }
-            let new = c.conn.graph_instantiate(c.graph).map_err(plain)?;
-            exec.replace(new).map_err(plain)
+            let new = s.conn.graph_instantiate(s.graph).map_err(plain)?;
+            exec.replace(vec![new]).map_err(plain)
         }
         _ => {
             log::once("cuGraphExecUpdate kinds", || {
@@ -477,10 +532,29 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
 exports! {
     /// The CUDA 10.0 form, without a mode: global, CUDA's default.
     pub fn cuStreamBeginCapture(h: CUstream) ["cuStreamBeginCapture" 10000]
-        per_thread cuStreamBeginCapture_ptsz = |per_thread| begin(h, MODE_GLOBAL, per_thread);
+        per_thread cuStreamBeginCapture_ptsz = |per_thread|
+            begin(h, MODE_GLOBAL, per_thread, None);
 
     pub fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) ["cuStreamBeginCapture" 10010]
-        per_thread cuStreamBeginCapture_v2_ptsz = |per_thread| begin(h, mode, per_thread);
+        per_thread cuStreamBeginCapture_v2_ptsz = |per_thread| begin(h, mode, per_thread, None);
+
+    /// The capture goes into built graph `g`, after the nodes `deps` there, as one child-graph
+    /// node holding the server's graph of it (none for a capture of nothing); ending it gives
+    /// `g`.
+    ///
+    /// # Safety
+    /// `deps` must be NULL or readable for `n` nodes, `edges` NULL or readable for `n` edges.
+    pub unsafe fn cuStreamBeginCaptureToGraph(
+        h: CUstream,
+        g: usize,
+        deps: *const usize,
+        edges: *const EdgeData,
+        n: usize,
+        mode: u32,
+    ) ["cuStreamBeginCaptureToGraph" 12030]
+        per_thread cuStreamBeginCaptureToGraph_ptsz = |per_thread|
+            // SAFETY: the caller's guarantees are begin_to_graph's.
+            unsafe { begin_to_graph(h, g, deps, edges, n, mode, per_thread) };
 
     /// # Safety
     /// `ph` must be NULL or writable.
@@ -607,7 +681,7 @@ exports! {
     /// Launches already posted still run.
     pub fn cuGraphExecDestroy(e: usize) ["cuGraphExecDestroy" 10000] = {
         let exec = EXECS.remove(e).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        exec.conn.graph_exec_destroy(exec.server())
+        exec.replace(Vec::new())
     };
 
     /// # Safety

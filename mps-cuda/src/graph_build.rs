@@ -7,23 +7,27 @@
 //! parameters are), a memset's or copy's description. Served nodes: kernels, memsets (1-, 2- and
 //! 4-byte elements, 1D or 2D), copies (device to device, and between the host and the device
 //! through page-locked memory, which each launch reads or writes again, as a capture allows),
-//! empty nodes and child graphs (cloned into the node, or moved there). Every other node type
-//! (host functions, events, conditional nodes, memory nodes, ...) is refused with
+//! empty nodes and child graphs, built or captured (cloned into the node, or moved there; a
+//! capture into a built graph, `cuStreamBeginCaptureToGraph`, is one such node). Every other node
+//! type (host functions, events, conditional nodes, memory nodes, ...) is refused with
 //! `CUDA_ERROR_NOT_SUPPORTED`, naming it once, never made into a graph that lacks it; so is
-//! editing a captured graph node by node, which exists only on the server.
+//! editing a captured graph node by node, whose nodes exist only on the server.
 //!
 //! An instantiation takes a [`Plan`] of the graph: its nodes in a topological order (the order
-//! they were added where the edges allow), child graphs inlined. Materialising a plan captures
-//! its nodes one after another in an internal stream of its device, through the launches,
-//! memsets and copies other work takes, and the server's graph of that capture is what is
-//! instantiated and launched. Each node so runs after every node before it in the order, its
-//! dependencies among them, and a launch is ordered in its stream as a whole: CUDA's ordering
-//! holds, but independent branches of a graph are serialised instead of running side by side.
-//! Edge data (programmatic dependencies) is taken as a full dependency, which satisfies it.
-//! While a materialisation's capture is open (two round trips to the server), another thread's
-//! synchronisation of the whole device or free of memory is refused as during any capture.
+//! they were added where the edges allow), built child graphs inlined. Each run of the plan's
+//! work between captured child graphs is captured, one node after another, in an internal
+//! stream of its device, through the launches, memsets and copies other work takes, and the
+//! server's graph of that capture is instantiated; each captured child graph is instantiated as
+//! it is; a launch runs them one after another in its stream. Each node so runs after every
+//! node before it in the order, its dependencies among them, and a launch is ordered in its
+//! stream as a whole: CUDA's ordering holds, but independent branches of a graph are serialised
+//! instead of running side by side. Edge data (programmatic dependencies) is taken as a full
+//! dependency, which satisfies it. While an instantiation's capture is open (two round trips to
+//! the server), another thread's synchronisation of the whole device or free of memory is
+//! refused as during any capture.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::abi::graph::{
@@ -34,7 +38,7 @@ use crate::abi::graph::{
     NODE_WAIT_EVENT, NodeParams, OWNERSHIP_CLONE, OWNERSHIP_MOVE,
 };
 use crate::abi::{CUdevice, CUresult, launch_attribute};
-use crate::connection::{Connection, Graph, Res, Stream};
+use crate::connection::{Connection, Graph, GraphExec, Res, Stream};
 use crate::context::{current, given_or_current, to_cucontext};
 use crate::driver::connection;
 use crate::ffi::{check, exports, lock, put};
@@ -47,23 +51,54 @@ use crate::objects::FunctionObj;
 use crate::pointer::pinned_device_address;
 use mps_core::protocol::{Cluster, Dim3};
 
-/// A graph the program holds.
+/// A graph the program holds, and the child-graph node that holds it, if one does (0: none;
+/// the graph then goes with that node).
 #[derive(Debug)]
-pub(crate) enum GraphObj {
+pub(crate) struct GraphObj {
+    pub(crate) kind: GraphKind,
+    owner: AtomicUsize,
+}
+
+#[derive(Debug)]
+pub(crate) enum GraphKind {
     /// Captured from a stream: the server's graph.
     Captured(Captured),
     /// Built node by node, here.
     Built(Mutex<Dag>),
 }
 
-/// A captured graph: the server's, with the number of nodes (commands) the server reported and
-/// the priority of the stream it was captured in.
+/// A captured graph: the server's, and the priority of the stream it was captured in.
 #[derive(Debug)]
 pub(crate) struct Captured {
+    pub(crate) server: Arc<ServerGraph>,
+    pub(crate) priority: i32,
+}
+
+/// A graph the server holds, captured from a stream, with the number of nodes (commands) the
+/// server reported. It goes from the server when its last holder lets it go: its graph handles
+/// (a captured graph's copy is the same graph), and the plans of executable graphs made from
+/// graphs that hold it as a child.
+#[derive(Debug)]
+pub(crate) struct ServerGraph {
     pub(crate) conn: &'static Connection,
     pub(crate) graph: Graph,
     pub(crate) nodes: u64,
-    pub(crate) priority: i32,
+}
+
+impl Drop for ServerGraph {
+    fn drop(&mut self) {
+        // A failure is logged by the connection; nothing holds the graph any longer.
+        let _ = self.conn.graph_destroy(self.graph);
+    }
+}
+
+impl GraphObj {
+    fn new(kind: GraphKind) -> GraphObj {
+        GraphObj {
+            kind,
+            owner: AtomicUsize::new(0),
+        }
+    }
 }
 
 static GRAPHS: LazyLock<Registry<GraphObj>> = LazyLock::new(Registry::default);
@@ -72,9 +107,37 @@ static NODES: LazyLock<Registry<usize>> = LazyLock::new(Registry::default);
 /// Each device's internal stream, where plans are captured (one at a time).
 static STAGES: LazyLock<Mutex<HashMap<CUdevice, Stream>>> = LazyLock::new(Mutex::default);
 
-/// Registers a captured graph; its handle.
-pub(crate) fn insert_captured(c: Captured) -> usize {
-    GRAPHS.insert_with(|_| GraphObj::Captured(c)).0
+/// Registers the server's graph `graph`, of `nodes` nodes, captured on `conn` at `priority`;
+/// its handle.
+pub(crate) fn insert_captured(
+    conn: &'static Connection,
+    graph: Graph,
+    nodes: u64,
+    priority: i32,
+) -> usize {
+    let server = Arc::new(ServerGraph { conn, graph, nodes });
+    let c = Captured { server, priority };
+    GRAPHS
+        .insert_with(|_| GraphObj::new(GraphKind::Captured(c)))
+        .0
+}
+
+/// Adds to built graph `g`, after `deps`, the work the server captured from a stream into
+/// `graph` (`cuStreamBeginCaptureToGraph`), as a child-graph node holding it; its node.
+pub(crate) fn add_captured(
+    g: usize,
+    deps: Vec<usize>,
+    (conn, graph, nodes, priority): (&'static Connection, Graph, u64, i32),
+) -> Res<usize> {
+    let child = insert_captured(conn, graph, nodes, priority);
+    hold(g, deps, child, true)
+}
+
+/// Checks that `deps` are nodes of built graph `g`.
+pub(crate) fn check_nodes(g: usize, deps: &[usize]) -> Res<()> {
+    with_dag(g, "capturing into", |dag| {
+        deps.iter().try_for_each(|d| dag.index(*d).map(drop))
+    })
 }
 
 /// The graph `g` names.
@@ -89,8 +152,6 @@ pub(crate) fn graph(g: usize) -> Res<Arc<GraphObj>> {
 pub(crate) struct Dag {
     /// In the order they were added.
     nodes: Vec<Node>,
-    /// The child-graph node that holds this graph, if one does (it goes with that node).
-    owner: Option<usize>,
     /// A clone's nodes by the handles of the original's (`cuGraphNodeFindInClone`).
     cloned_from: HashMap<usize, usize>,
 }
@@ -111,7 +172,7 @@ pub(crate) enum Work {
     /// Boxed: a copy's description is most of a node's size.
     Copy(Box<Copy>),
     Empty,
-    /// A built graph that the node holds.
+    /// A graph that the node holds, built or captured.
     Child(usize),
 }
 
@@ -366,9 +427,9 @@ impl Dag {
 
 /// Runs `f` on built graph `g`'s DAG; `what` names the use, for a captured graph's refusal.
 fn with_dag<R>(g: usize, what: &str, f: impl FnOnce(&mut Dag) -> Res<R>) -> Res<R> {
-    match &*graph(g)? {
-        GraphObj::Built(d) => f(&mut lock(d)),
-        GraphObj::Captured(_) => Err(refuse_captured(what)),
+    match &graph(g)?.kind {
+        GraphKind::Built(d) => f(&mut lock(d)),
+        GraphKind::Captured(_) => Err(refuse_captured(what)),
     }
 }
 
@@ -385,7 +446,11 @@ fn with_node<R>(node: usize, f: impl FnOnce(&mut Dag, usize) -> Res<R>) -> Res<R
 ///
 /// # Safety
 /// `deps` must be NULL or readable for `n` handles; `edges` NULL or readable for `n` edges.
-unsafe fn read_deps(deps: *const usize, edges: *const EdgeData, n: usize) -> Res<Vec<usize>> {
+pub(crate) unsafe fn read_deps(
+    deps: *const usize,
+    edges: *const EdgeData,
+    n: usize,
+) -> Res<Vec<usize>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -419,51 +484,84 @@ fn add(g: usize, deps: Vec<usize>, work: Work) -> Res<usize> {
 
 /// Adds node `work` (a child graph given as `Child`, taken as `ownership`) to `g`.
 fn add_work(g: usize, deps: Vec<usize>, work: Parsed) -> Res<usize> {
-    let work = match work {
-        Parsed::Work(w) => w,
+    match work {
+        Parsed::Work(w) => add(g, deps, w),
         Parsed::Child {
             graph: child,
             ownership,
         } => {
-            check(child != g)?;
-            if let GraphObj::Captured(_) = &*graph(child)? {
-                return Err(refuse_captured("a child graph node"));
-            }
-            let graph = child;
-            let child = match ownership {
-                OWNERSHIP_CLONE => clone(graph)?,
+            let held = match ownership {
+                OWNERSHIP_CLONE => clone_child(child)?,
                 OWNERSHIP_MOVE => {
-                    with_dag(graph, "a child graph", |d| check(d.owner.is_none()))?;
-                    graph
+                    let obj = graph(child)?;
+                    // Not held already, nor holding `g` (a graph cannot contain itself).
+                    check(obj.owner.load(Ordering::Acquire) == 0 && !within(g, child))?;
+                    child
                 }
                 _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
             };
-            let added = add(g, deps, Work::Child(child));
-            match added {
-                Ok(node) => {
-                    with_dag(child, "a child graph", |d| {
-                        d.owner = Some(node);
-                        Ok(())
-                    })?;
-                    return Ok(node);
-                }
-                Err(e) => {
-                    if ownership == OWNERSHIP_CLONE {
-                        destroy_built(child);
-                    }
-                    return Err(e);
-                }
-            }
+            hold(g, deps, held, ownership == OWNERSHIP_CLONE)
         }
-    };
-    add(g, deps, work)
+    }
+}
+
+/// Adds to `g` a child-graph node holding graph `child`; where that fails, `child` goes too if
+/// it was made for the node (`made`).
+fn hold(g: usize, deps: Vec<usize>, child: usize, made: bool) -> Res<usize> {
+    match add(g, deps, Work::Child(child)) {
+        Ok(node) => {
+            graph(child)?.owner.store(node, Ordering::Release);
+            Ok(node)
+        }
+        Err(e) => {
+            if made {
+                destroy_owned(child);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Whether graph `g` is `target` or lies within it (held by a node of it, however deep).
+fn within(g: usize, target: usize) -> bool {
+    let mut at = g;
+    loop {
+        if at == target {
+            return true;
+        }
+        let Some(owner) = GRAPHS.get(at).map(|o| o.owner.load(Ordering::Acquire)) else {
+            return false;
+        };
+        match NODES.get(owner) {
+            Some(home) if owner != 0 => at = *home,
+            _ => return false,
+        }
+    }
+}
+
+/// A copy of graph `g` for a child-graph node to hold: a built graph's deep copy; a captured
+/// graph, which never changes, shared.
+fn clone_child(g: usize) -> Res<usize> {
+    match &graph(g)?.kind {
+        GraphKind::Captured(c) => {
+            let copy = Captured {
+                server: c.server.clone(),
+                priority: c.priority,
+            };
+            Ok(GRAPHS
+                .insert_with(|_| GraphObj::new(GraphKind::Captured(copy)))
+                .0)
+        }
+        GraphKind::Built(_) => clone(g),
+    }
 }
 
 /// A deep copy of built graph `g`, its child graphs copied too; its handle.
 fn clone(g: usize) -> Res<usize> {
     // The copy's node handles are made while the original is locked: a child graph's copy locks
     // only the child.
-    let (copy, _) = GRAPHS.insert_with(|_| GraphObj::Built(Mutex::new(Dag::default())));
+    let (copy, _) =
+        GRAPHS.insert_with(|_| GraphObj::new(GraphKind::Built(Mutex::new(Dag::default()))));
     let filled = with_dag(g, "cloning", |orig| {
         let mut renamed = HashMap::new();
         let mut nodes = Vec::with_capacity(orig.nodes.len());
@@ -479,11 +577,8 @@ fn clone(g: usize) -> Res<usize> {
         for (handle, work, deps) in nodes {
             let work = match work {
                 Work::Child(c) => {
-                    let c = clone(c)?;
-                    with_dag(c, "a child graph", |d| {
-                        d.owner = Some(handle);
-                        Ok(())
-                    })?;
+                    let c = clone_child(c)?;
+                    graph(c)?.owner.store(handle, Ordering::Release);
                     Work::Child(c)
                 }
                 w => w,
@@ -500,41 +595,35 @@ fn clone(g: usize) -> Res<usize> {
     match result {
         Ok(()) => Ok(copy),
         Err(e) => {
-            destroy_built(copy);
+            destroy_owned(copy);
             NODES.remove_where(|home| *home == copy);
             Err(e)
         }
     }
 }
 
-/// Forgets built graph `g`, its nodes and the child graphs they hold.
-fn destroy_built(g: usize) {
+/// Forgets graph `g`: a built one with its nodes and the child graphs they hold; a captured one
+/// goes from its server once nothing else holds it.
+fn destroy_owned(g: usize) {
     let Some(obj) = GRAPHS.remove(g) else { return };
-    let GraphObj::Built(dag) = &*obj else { return };
+    let GraphKind::Built(dag) = &obj.kind else {
+        return;
+    };
     let nodes = std::mem::take(&mut lock(dag).nodes);
     for n in nodes {
         NODES.remove(n.handle);
         if let Work::Child(c) = n.work {
-            destroy_built(c);
+            destroy_owned(c);
         }
     }
 }
 
-/// `cuGraphDestroy`: a captured graph goes from its server (executable graphs made from it live
-/// on); a built one from here, with its nodes. A child graph that a node holds goes with that
-/// node, not by itself.
+/// `cuGraphDestroy`: executable graphs made from it live on. A child graph that a node holds
+/// goes with that node, not by itself.
 fn destroy(g: usize) -> Res<()> {
-    match &*graph(g)? {
-        GraphObj::Captured(c) => {
-            GRAPHS.remove(g);
-            c.conn.graph_destroy(c.graph)
-        }
-        GraphObj::Built(d) => {
-            check(lock(d).owner.is_none())?;
-            destroy_built(g);
-            Ok(())
-        }
-    }
+    check(graph(g)?.owner.load(Ordering::Acquire) == 0)?;
+    destroy_owned(g);
+    Ok(())
 }
 
 // ----- reading the program's parameters -----
@@ -848,7 +937,16 @@ struct Step {
 #[derive(Clone, Debug)]
 enum Planned {
     Work(Work),
+    /// A built child graph, inlined.
     Child(Vec<Step>),
+    /// A captured child graph: the server's, run as it is.
+    Server(Arc<ServerGraph>),
+}
+
+/// One thing a plan runs, in order: work of this library's, or a graph of the server's.
+enum Item<'a> {
+    Work(&'a Work),
+    Server(&'a Arc<ServerGraph>),
 }
 
 /// The plan of built graph `g` (a captured one is refused with `what`).
@@ -870,7 +968,10 @@ fn steps_of(g: usize, what: &str) -> Res<Vec<Step>> {
         .into_iter()
         .map(|(node, work)| {
             let what = match work {
-                Work::Child(c) => Planned::Child(steps_of(c, what)?),
+                Work::Child(c) => match &graph(c)?.kind {
+                    GraphKind::Captured(cap) => Planned::Server(cap.server.clone()),
+                    GraphKind::Built(_) => Planned::Child(steps_of(c, what)?),
+                },
                 w => Planned::Work(w),
             };
             Ok(Step { node, what })
@@ -878,12 +979,13 @@ fn steps_of(g: usize, what: &str) -> Res<Vec<Step>> {
         .collect()
 }
 
-/// Every step's work, child graphs' inlined, in order.
-fn each_work(steps: &[Step], f: &mut impl FnMut(&Work) -> Res<()>) -> Res<()> {
+/// Every step's work and server graphs, child graphs' inlined, in order.
+fn each_item<'a>(steps: &'a [Step], f: &mut impl FnMut(Item<'a>) -> Res<()>) -> Res<()> {
     for s in steps {
         match &s.what {
-            Planned::Work(w) => f(w)?,
-            Planned::Child(c) => each_work(c, f)?,
+            Planned::Work(w) => f(Item::Work(w))?,
+            Planned::Child(c) => each_item(c, f)?,
+            Planned::Server(g) => f(Item::Server(g))?,
         }
     }
     Ok(())
@@ -905,7 +1007,8 @@ fn find(steps: &mut [Step], node: usize) -> Option<&mut Step> {
 }
 
 /// Where two plans' steps differ in shape (a node of another type, or another number of
-/// nodes): the `CUgraphExecUpdateResult` and the node of `old` it is about (0: none).
+/// nodes): the `CUgraphExecUpdateResult` and the node of `old` it is about (0: none). A captured
+/// child graph's shape is the server's, and not compared.
 fn shape_differs(old: &[Step], new: &[Step]) -> Option<(u32, usize)> {
     use crate::abi::graph::{UPDATE_NODE_TYPE_CHANGED, UPDATE_TOPOLOGY_CHANGED};
     if old.len() != new.len() {
@@ -914,6 +1017,7 @@ fn shape_differs(old: &[Step], new: &[Step]) -> Option<(u32, usize)> {
     for (o, n) in old.iter().zip(new) {
         match (&o.what, &n.what) {
             (Planned::Work(a), Planned::Work(b)) if same_kind(a, b) => {}
+            (Planned::Server(_), Planned::Server(_)) => {}
             (Planned::Child(a), Planned::Child(b)) => {
                 if let Some(d) = shape_differs(a, b) {
                     return Some(d);
@@ -939,8 +1043,12 @@ impl Plan {
     /// The device its work runs on; `CUDA_ERROR_NOT_SUPPORTED` for work on several.
     fn device(&self) -> Res<Option<CUdevice>> {
         let mut device = None;
-        each_work(&self.steps, &mut |w| {
-            match (device, w.device()) {
+        each_item(&self.steps, &mut |item| {
+            let here = match item {
+                Item::Work(w) => w.device(),
+                Item::Server(g) => Some(g.conn.ordinal()),
+            };
+            match (device, here) {
                 (_, None) => {}
                 (None, d) => device = d,
                 (Some(a), Some(b)) if a != b => {
@@ -970,18 +1078,25 @@ impl Plan {
         }
     }
 
-    /// Replaces the work of child-graph node `node` with that of `child`, which must have the
-    /// same shape.
-    pub(crate) fn set_child(&mut self, node: usize, child: Plan) -> Res<()> {
+    /// Replaces the work of child-graph node `node` with that of graph `child`, which must be
+    /// of the same kind and, built, of the same shape.
+    pub(crate) fn set_child(&mut self, node: usize, child: usize) -> Res<()> {
         let step = find(&mut self.steps, node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let Planned::Child(steps) = &mut step.what else {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        };
-        if shape_differs(steps, &child.steps).is_some() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        match (&mut step.what, &graph(child)?.kind) {
+            (Planned::Server(old), GraphKind::Captured(c)) => {
+                *old = c.server.clone();
+                Ok(())
+            }
+            (Planned::Child(steps), GraphKind::Built(_)) => {
+                let new = steps_of(child, "a child graph's update")?;
+                if shape_differs(steps, &new).is_some() {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                take_work(steps, new);
+                Ok(())
+            }
+            _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
-        take_work(steps, child.steps);
-        Ok(())
     }
 
     /// Takes the work of `new`, a plan of the same shape, keeping this plan's node handles;
@@ -994,35 +1109,76 @@ impl Plan {
         Ok(())
     }
 
-    /// Makes the server's graph of this plan, on its device (the current context's where it
-    /// has no work): its work captured in order in the device's internal stream.
-    pub(crate) fn materialise(&self) -> Res<(&'static Connection, Graph)> {
+    /// The server's executable graphs of this plan, on its device (the current context's where
+    /// it has no work), which a launch runs one after another in its stream: each run of this
+    /// library's work captured in order in the device's internal stream, and each captured child
+    /// graph instantiated as it is.
+    pub(crate) fn instantiate(&self) -> Res<(&'static Connection, Vec<GraphExec>)> {
         let device = match self.device()? {
             Some(d) => d,
             None => current()?.device,
         };
         let conn = connection(device)?;
+        let mut execs = Vec::new();
+        let mut run: Vec<&Work> = Vec::new();
+        let mut made = each_item(&self.steps, &mut |item| match item {
+            Item::Work(w) => {
+                run.push(w);
+                Ok(())
+            }
+            Item::Server(g) => {
+                if !run.is_empty() {
+                    execs.push(instantiate_run(conn, &std::mem::take(&mut run))?);
+                }
+                execs.push(conn.graph_instantiate(g.graph)?);
+                Ok(())
+            }
+        });
+        // The last run; an empty graph is one empty capture, so that a launch is one.
+        if made.is_ok() && (!run.is_empty() || execs.is_empty()) {
+            made = instantiate_run(conn, &run).map(|x| execs.push(x));
+        }
+        if let Err(e) = made {
+            for x in execs {
+                conn.graph_exec_destroy(x)?;
+            }
+            return Err(e);
+        }
+        Ok((conn, execs))
+    }
+}
+
+/// The server's executable graph of `run`, captured in order in the internal stream of `conn`'s
+/// device.
+fn instantiate_run(conn: &'static Connection, run: &[&Work]) -> Res<GraphExec> {
+    let graph = {
         let mut stages = lock(&STAGES);
+        let device = conn.ordinal();
         let stream = match stages.get(&device) {
             Some(s) => *s,
             None => *stages.entry(device).or_insert(conn.stream_create(0)?),
         };
         conn.stream_begin_capture(stream)?;
-        let submitted = each_work(&self.steps, &mut |w| submit(w, conn, stream));
+        let submitted = run.iter().try_for_each(|w| submit(w, conn, stream));
         let ended = conn.stream_end_capture(stream);
         match (submitted, ended) {
-            (Ok(()), Ok((g, _))) => Ok((conn, g)),
+            (Ok(()), Ok((g, _))) => g,
             (Err(e), Ok((g, _))) => {
                 conn.graph_destroy(g)?;
-                Err(e)
+                return Err(e);
             }
-            (Ok(()), Err(CUresult::CUDA_ERROR_INVALID_VALUE)) => {
-                // The server refused a node's command (its message is logged).
-                Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-            }
-            (Err(e), Err(_)) | (Ok(()), Err(e)) => Err(e),
+            // The server refused a node's command (its message is logged), or failed.
+            (Err(e), Err(_)) | (Ok(()), Err(e)) => return Err(e),
         }
+    };
+    let exec = conn.graph_instantiate(graph);
+    let destroyed = conn.graph_destroy(graph);
+    let exec = exec?;
+    if let Err(e) = destroyed {
+        conn.graph_exec_destroy(exec)?;
+        return Err(e);
     }
+    Ok(exec)
 }
 
 /// Gives `work` to `stream` of `conn` (capturing).
@@ -1179,19 +1335,19 @@ unsafe fn hand_out_edges(
 /// As [`hand_out`].
 unsafe fn get_nodes(g: usize, out: *mut usize, count: *mut usize, roots: bool) -> Res<()> {
     check(!count.is_null())?;
-    let nodes = match &*graph(g)? {
-        GraphObj::Captured(c) if out.is_null() && !roots => {
+    let nodes = match &graph(g)?.kind {
+        GraphKind::Captured(c) if out.is_null() && !roots => {
             // SAFETY: checked non-null; the caller guarantees it is writable.
-            return unsafe { put(count, c.nodes as usize) };
+            return unsafe { put(count, c.server.nodes as usize) };
         }
-        GraphObj::Captured(_) => {
+        GraphKind::Captured(_) => {
             return Err(refuse_captured(if roots {
                 "cuGraphGetRootNodes"
             } else {
                 "asking for the node handles (not only their count)"
             }));
         }
-        GraphObj::Built(d) => {
+        GraphKind::Built(d) => {
             let dag = lock(d);
             dag.nodes
                 .iter()
@@ -1262,7 +1418,7 @@ fn destroy_node(node: usize) -> Res<()> {
     })?;
     NODES.remove(node);
     if let Work::Child(c) = work {
-        destroy_built(c);
+        destroy_owned(c);
     }
     Ok(())
 }
@@ -1371,7 +1527,8 @@ exports! {
     /// `ph` must be NULL or writable.
     pub unsafe fn cuGraphCreate(ph: *mut usize, flags: u32) ["cuGraphCreate" 10000] = {
         check(!ph.is_null() && flags == 0)?;
-        let (g, _) = GRAPHS.insert_with(|_| GraphObj::Built(Mutex::new(Dag::default())));
+        let (g, _) =
+            GRAPHS.insert_with(|_| GraphObj::new(GraphKind::Built(Mutex::new(Dag::default()))));
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(ph, g) }
     };
@@ -1810,13 +1967,13 @@ exports! {
         unsafe { put(out, g) }
     };
 
-    /// A copy of a built graph, child graphs too; a captured graph is refused.
+    /// A copy of a built graph, child graphs too; of a captured graph, the same server graph.
     ///
     /// # Safety
     /// `out` must be NULL or writable.
     pub unsafe fn cuGraphClone(out: *mut usize, g: usize) ["cuGraphClone" 10000] = {
         check(!out.is_null())?;
-        let copy = clone(g)?;
+        let copy = clone_child(g)?;
         // SAFETY: checked non-null; the caller guarantees it is writable.
         unsafe { put(out, copy) }
     };

@@ -250,7 +250,6 @@ unsupported! {
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2
-    cuStreamBeginCaptureToGraph
     cuStreamCopyAttributes
     cuStreamGetAttribute
     cuStreamGetCtx

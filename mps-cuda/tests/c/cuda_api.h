@@ -412,6 +412,8 @@ CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child);
 CUresult cuGraphConditionalHandleCreate(unsigned long long *handle, CUgraph graph,
                                         CUcontext ctx, unsigned int defaultValue,
                                         unsigned int flags);
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edgeData, size_t n, CUstreamCaptureMode mode);
 CUresult cuGraphDebugDotPrint(CUgraph graph, const char *path, unsigned int flags);
 
 /* Virtual memory management (CUDA 10.2 on). */

@@ -5,8 +5,9 @@
  * cuGraphAddDependencies. The graph is checked node by node (types, roots, edges, a kernel
  * node's parameters, copied when it was added), instantiated, launched twice with new input,
  * then updated in the executable graph (a kernel node's parameters, a memset's) and through
- * cuGraphExecUpdate from a clone, each result checked. With MPS_ONLY=1, what mps refuses: a
- * conditional handle, a host node, a captured graph used as a child.
+ * cuGraphExecUpdate from a clone, each result checked; then captured work in built graphs (a
+ * captured graph as a child node, a capture into a built graph). With MPS_ONLY=1, what mps
+ * refuses: a conditional handle, a host node, editing a captured graph node by node.
  * Usage: graph_build <test_kernels.ptx> */
 #include <string.h>
 
@@ -263,6 +264,46 @@ int main(int argc, char **argv) {
     printf("built graph: %d wrong results over 6 launches, v[%d] = %.1f\n", wrong, N - 1,
            hout[N - 1]);
 
+    /* Captured work in a built graph: a captured graph as a child node, and a capture into a
+     * built graph (cuStreamBeginCaptureToGraph), each followed by a copy out. */
+    for (int into = 0; into < 2; into++) {
+        float value = into ? 2.0f : 3.0f;
+        unsigned int bits;
+        memcpy(&bits, &value, sizeof bits);
+        CUgraph g2, captured;
+        CUgraphNode first = NULL, copy_out;
+        CHECK(cuGraphCreate(&g2, 0));
+        if (into) {
+            CHECK(cuStreamBeginCaptureToGraph(s, g2, NULL, NULL, 0,
+                                              CU_STREAM_CAPTURE_MODE_GLOBAL));
+            CHECK(cuMemsetD32Async(dv, bits, N, s));
+            CHECK(cuStreamEndCapture(s, &captured));
+            ASSERT(captured == g2, "the capture into a graph ended with another graph");
+            size_t n_roots = 1;
+            CHECK(cuGraphGetRootNodes(g2, &first, &n_roots));
+            ASSERT(n_roots == 1, "%zu roots after the capture into the graph", n_roots);
+        } else {
+            CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+            CHECK(cuMemsetD32Async(dv, bits, N, s));
+            CHECK(cuStreamEndCapture(s, &captured));
+            CHECK(cuGraphAddChildGraphNode(&first, g2, NULL, 0, captured));
+            CHECK(cuGraphDestroy(captured));
+        }
+        CHECK(cuGraphAddMemcpyNode(&copy_out, g2, &first, 1, &d2h, ctx));
+        CUgraphExec e2;
+        CHECK(cuGraphInstantiateWithFlags(&e2, g2, 0));
+        for (int i = 0; i < N; i++) hout[i] = -1.0f;
+        CHECK(cuGraphLaunch(e2, s));
+        CHECK(cuStreamSynchronize(s));
+        int bad = 0;
+        for (int i = 0; i < N; i++) bad += hout[i] != value;
+        ASSERT(bad == 0, "%s: %d of %d values wrong (%f)",
+               into ? "captured into the graph" : "a captured child graph", bad, N, hout[0]);
+        CHECK(cuGraphExecDestroy(e2));
+        CHECK(cuGraphDestroy(g2));
+    }
+    printf("captured work in built graphs: v[0] = %.1f\n", hout[0]);
+
     if (mps_only()) {
         /* Conditional nodes and host nodes are refused, never made into a graph without them. */
         unsigned long long cond = 0;
@@ -272,13 +313,11 @@ int main(int argc, char **argv) {
         host.type = CU_GRAPH_NODE_TYPE_HOST;
         CUgraphNode refused;
         EXPECT(cuGraphAddNode_v2(&refused, copy, NULL, NULL, 0, &host), CUDA_ERROR_NOT_SUPPORTED);
-        /* A captured graph exists only on the server: not a child, nor edited node by node. */
+        /* A captured graph exists only on the server: it is not edited node by node. */
         CUgraph captured;
         CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
         CHECK(cuMemsetD32Async(dy, 0, N, s));
         CHECK(cuStreamEndCapture(s, &captured));
-        EXPECT(cuGraphAddChildGraphNode(&refused, copy, NULL, 0, captured),
-               CUDA_ERROR_NOT_SUPPORTED);
         EXPECT(cuGraphAddEmptyNode(&refused, captured, NULL, 0), CUDA_ERROR_NOT_SUPPORTED);
         EXPECT(cuGraphExecUpdate_v2(exec, captured, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
         CHECK(cuGraphDestroy(captured));
