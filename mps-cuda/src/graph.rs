@@ -3,7 +3,7 @@
 //! again and again (each launch one command for the server), as `cuStreamBeginCapture`,
 //! `cuStreamEndCapture` and `cuGraphLaunch` document. CUDA's rules of capture, which the rest of
 //! the library asks too, are `capture`'s; graphs built node by node, and the registry of both
-//! kinds, `graph_build`'s.
+//! kinds, `graph_build`'s; what an instantiation of a built graph runs, `graph_plan`'s.
 //!
 //! An executable graph made from a built graph keeps the plan it was made from: an update of
 //! its nodes (`cuGraphExecKernelNodeSetParams`, ..., `cuGraphExecUpdate`) edits that plan, and
@@ -30,7 +30,9 @@ use crate::abi::{CUresult, CUstream};
 use crate::capture::{self, MODE_GLOBAL, MODE_RELAXED, STATUS_ACTIVE, refuse_in_capture};
 use crate::connection::{Connection, GraphExec, Res, Stream};
 use crate::ffi::{check, exports, lock, put};
-use crate::graph_build::{self, GraphKind, Parsed, Plan, Work};
+use crate::graph_build::{self, GraphKind};
+use crate::graph_node::{self, Parsed, Work};
+use crate::graph_plan::{self, Plan};
 use crate::handles::Registry;
 use crate::log;
 use crate::memo::{Memo, through};
@@ -330,7 +332,7 @@ fn instantiate(ph: *mut usize, g: usize, flags: u64, upload: Option<(CUstream, b
         }
         // Kernel nodes ask for no priority of their own here: a launch runs with its stream's.
         GraphKind::Built(_) => {
-            let plan = graph_build::plan(g, "instantiating")?;
+            let plan = graph_plan::plan(g, "instantiating")?;
             let (conn, execs) = plan.instantiate()?;
             (conn, execs, Some(Mutex::new(plan)), None)
         }
@@ -498,7 +500,7 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
     let failed = |result, node| (CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, result, node);
     match (&exec.plan, &graph.kind) {
         (Some(plan), GraphKind::Built(_)) => {
-            let new = graph_build::plan(g, "cuGraphExecUpdate").map_err(plain)?;
+            let new = graph_plan::plan(g, "cuGraphExecUpdate").map_err(plain)?;
             let mut plan = lock(plan);
             let mut edited = plan.clone();
             edited
@@ -696,27 +698,27 @@ exports! {
     /// The CUDA 11.1 form, with `CUDA_KERNEL_NODE_PARAMS_v1`: in the current context.
     ///
     /// # Safety
-    /// As `graph_build::kernel`.
+    /// As `graph_node::kernel`.
     pub unsafe fn cuGraphExecKernelNodeSetParams(
         e: usize,
         node: usize,
         p: *const KernelNodeParams,
     ) ["cuGraphExecKernelNodeSetParams" 10010] =
         // SAFETY: the caller's guarantee is kernel's.
-        update_node(e, node, unsafe { graph_build::kernel(p, false) }, "a kernel node's update");
+        update_node(e, node, unsafe { graph_node::kernel(p, false) }, "a kernel node's update");
 
     /// # Safety
-    /// As `graph_build::kernel`, with `CUDA_KERNEL_NODE_PARAMS_v2`.
+    /// As `graph_node::kernel`, with `CUDA_KERNEL_NODE_PARAMS_v2`.
     pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
         e: usize,
         node: usize,
         p: *const KernelNodeParams,
     ) ["cuGraphExecKernelNodeSetParams" 12000] =
         // SAFETY: the caller's guarantee is kernel's.
-        update_node(e, node, unsafe { graph_build::kernel(p, true) }, "a kernel node's update");
+        update_node(e, node, unsafe { graph_node::kernel(p, true) }, "a kernel node's update");
 
     /// # Safety
-    /// As `graph_build::memset`.
+    /// As `graph_node::memset`.
     pub unsafe fn cuGraphExecMemsetNodeSetParams(
         e: usize,
         node: usize,
@@ -724,10 +726,10 @@ exports! {
         ctx: usize,
     ) ["cuGraphExecMemsetNodeSetParams" 10020] =
         // SAFETY: the caller's guarantee is memset's.
-        update_node(e, node, unsafe { graph_build::memset(p, ctx) }, "a memset node's update");
+        update_node(e, node, unsafe { graph_node::memset(p, ctx) }, "a memset node's update");
 
     /// # Safety
-    /// As `graph_build::memcpy`.
+    /// As `graph_node::memcpy`.
     pub unsafe fn cuGraphExecMemcpyNodeSetParams(
         e: usize,
         node: usize,
@@ -735,7 +737,7 @@ exports! {
         ctx: usize,
     ) ["cuGraphExecMemcpyNodeSetParams" 10020] =
         // SAFETY: the caller's guarantee is memcpy's.
-        update_node(e, node, unsafe { graph_build::memcpy(p, ctx) }, "a memcpy node's update");
+        update_node(e, node, unsafe { graph_node::memcpy(p, ctx) }, "a memcpy node's update");
 
     pub fn cuGraphExecChildGraphNodeSetParams(
         e: usize,
@@ -746,14 +748,14 @@ exports! {
     /// Kernel, memset, memcpy and child-graph nodes.
     ///
     /// # Safety
-    /// As `graph_build::node_params`.
+    /// As `graph_node::node_params`.
     pub unsafe fn cuGraphExecNodeSetParams(
         e: usize,
         node: usize,
         p: *const NodeParams,
     ) ["cuGraphExecNodeSetParams" 12020] = {
         // SAFETY: the caller's guarantee is node_params's.
-        match unsafe { graph_build::node_params(p) }? {
+        match unsafe { graph_node::node_params(p) }? {
             Parsed::Work(w) => update_node(e, node, Ok(w), "a node's update"),
             Parsed::Child { graph, .. } => update_child(e, node, graph),
         }
