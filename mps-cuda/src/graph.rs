@@ -467,10 +467,8 @@ fn update(e: usize, what: &str, edit: impl FnOnce(&mut Plan) -> Res<()>) -> Res<
         .plan
         .as_ref()
         .ok_or_else(|| refuse_captured_exec(what))?;
-    let mut plan = lock(plan);
-    let mut edited = plan.clone();
-    edit(&mut edited)?;
-    *plan = edited;
+    // Each edit checks everything before it changes anything: the plan is edited in place.
+    edit(&mut lock(plan))?;
     exec.stale.store(true, Ordering::Release);
     Ok(())
 }
@@ -501,12 +499,9 @@ fn exec_update(e: usize, g: usize) -> Result<(), (CUresult, u32, usize)> {
     match (&exec.plan, &graph.kind) {
         (Some(plan), GraphKind::Built(_)) => {
             let new = graph_plan::plan(g, "cuGraphExecUpdate").map_err(plain)?;
-            let mut plan = lock(plan);
-            let mut edited = plan.clone();
-            edited
+            lock(plan)
                 .update_from(new)
                 .map_err(|(result, node)| failed(result, node))?;
-            *plan = edited;
             exec.stale.store(true, Ordering::Release);
             Ok(())
         }

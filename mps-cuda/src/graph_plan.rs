@@ -166,7 +166,8 @@ impl Plan {
         Ok(device)
     }
 
-    /// Replaces the work of node `node` with `work`, of the same kind and device.
+    /// Replaces the work of node `node` with `work`, of the same kind and device. Like every
+    /// edit of a plan, it checks all it needs before it changes anything.
     pub(crate) fn set(&mut self, node: usize, work: Work) -> Res<()> {
         let step = find(&mut self.steps, node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         match &mut step.what {

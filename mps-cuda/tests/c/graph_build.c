@@ -304,6 +304,16 @@ int main(int argc, char **argv) {
     }
     printf("captured work in built graphs: v[0] = %.1f\n", hout[0]);
 
+    /* An empty graph instantiates and launches, doing nothing. */
+    CUgraph none;
+    CUgraphExec none_exec;
+    CHECK(cuGraphCreate(&none, 0));
+    CHECK(cuGraphInstantiateWithFlags(&none_exec, none, 0));
+    CHECK(cuGraphLaunch(none_exec, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuGraphExecDestroy(none_exec));
+    CHECK(cuGraphDestroy(none));
+
     if (mps_only()) {
         /* Conditional nodes and host nodes are refused, never made into a graph without them. */
         unsigned long long cond = 0;
