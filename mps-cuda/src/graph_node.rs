@@ -583,38 +583,53 @@ pub(crate) fn submit(work: &Work, conn: &Connection, stream: Stream) -> Res<()> 
     }
 }
 
-/// A memset of `count` elements of `size` bytes at `dst`. The server sets bytes and 32-bit
-/// words: 16-bit elements are set as words, with an element at either end that is not in a
-/// whole aligned word set as its two bytes.
-fn fill(conn: &Connection, stream: Stream, dst: u64, value: u32, size: u32, count: u64) -> Res<()> {
+/// One memset the server does: bytes or 32-bit words, each (address, value, count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fill {
+    D8(u64, u8, u64),
+    D32(u64, u32, u64),
+}
+
+/// The memsets that set `count` elements of `size` bytes at `dst` to `value`. The server sets
+/// bytes and 32-bit words: 16-bit elements are set as words, with an element at either end that
+/// is not in a whole aligned word set as its two bytes.
+fn fills(dst: u64, value: u32, size: u32, count: u64) -> Vec<Fill> {
     match size {
-        1 => conn.memset_d8(dst, value as u8, count, stream),
-        4 => conn.memset_d32(dst, value, count, stream),
+        1 => vec![Fill::D8(dst, value as u8, count)],
+        4 => vec![Fill::D32(dst, value, count)],
         _ => {
             let [lo, hi] = (value as u16).to_le_bytes();
             if lo == hi {
-                return conn.memset_d8(dst, lo, count * 2, stream);
+                return vec![Fill::D8(dst, lo, count * 2)];
             }
-            let one = |at: u64| {
-                conn.memset_d8(at, lo, 1, stream)?;
-                conn.memset_d8(at + 1, hi, 1, stream)
-            };
+            let one = |at: u64| [Fill::D8(at, lo, 1), Fill::D8(at + 1, hi, 1)];
+            let mut out = Vec::new();
             let (mut at, mut left) = (dst, count);
             if at % 4 != 0 {
-                one(at)?;
+                out.extend(one(at));
                 at += 2;
                 left -= 1;
             }
             if left >= 2 {
                 let word = value & 0xffff;
-                conn.memset_d32(at, word | word << 16, left / 2, stream)?;
+                out.push(Fill::D32(at, word | word << 16, left / 2));
             }
             if left % 2 == 1 {
-                one(at + (left - 1) * 2)?;
+                out.extend(one(at + (left - 1) * 2));
             }
-            Ok(())
+            out
         }
     }
+}
+
+/// Sets `count` elements of `size` bytes at `dst` to `value` in `stream` (see [`fills`]).
+fn fill(conn: &Connection, stream: Stream, dst: u64, value: u32, size: u32, count: u64) -> Res<()> {
+    fills(dst, value, size, count)
+        .into_iter()
+        .try_for_each(|f| match f {
+            Fill::D8(at, v, n) => conn.memset_d8(at, v, n, stream),
+            Fill::D32(at, v, n) => conn.memset_d32(at, v, n, stream),
+        })
 }
 
 // ----- what the node functions hand back -----
@@ -740,6 +755,37 @@ impl Copy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sixteen_bit_memsets_are_words_with_the_odd_ends_set_as_bytes() {
+        use Fill::{D8, D32};
+        assert_eq!(fills(0x100, 0xab, 1, 7), [D8(0x100, 0xab, 7)]);
+        assert_eq!(fills(0x100, 7, 4, 3), [D32(0x100, 7, 3)]);
+        // Both bytes alike: bytes.
+        assert_eq!(fills(0x102, 0x5555, 2, 3), [D8(0x102, 0x55, 6)]);
+        // Aligned, an even count: words only.
+        assert_eq!(fills(0x100, 0x1234, 2, 4), [D32(0x100, 0x1234_1234, 2)]);
+        // Off a word, then an odd count left: an element at each end.
+        assert_eq!(
+            fills(0x102, 0x1234, 2, 4),
+            [
+                D8(0x102, 0x34, 1),
+                D8(0x103, 0x12, 1),
+                D32(0x104, 0x1234_1234, 1),
+                D8(0x108, 0x34, 1),
+                D8(0x109, 0x12, 1),
+            ]
+        );
+        // One element off a word; one on it.
+        assert_eq!(
+            fills(0x102, 0x1234, 2, 1),
+            [D8(0x102, 0x34, 1), D8(0x103, 0x12, 1)]
+        );
+        assert_eq!(
+            fills(0x100, 0x1234, 2, 1),
+            [D8(0x100, 0x34, 1), D8(0x101, 0x12, 1)]
+        );
+    }
 
     fn copy(src: Side, dst: Side, w: usize, h: usize, d: usize) -> Copy {
         // SAFETY: all-zero is a valid CUDA_MEMCPY3D (NULL pointers, zero sizes).
