@@ -10,7 +10,8 @@
 //! dependencies among them, and a launch is ordered in its stream as a whole: CUDA's ordering
 //! holds, but independent branches of a graph are serialised instead of running side by side.
 //! While an instantiation's capture is open (two round trips to the server), another thread's
-//! synchronisation of the whole device or free of memory is refused as during any capture.
+//! synchronisation of the whole device, or free or mapping of memory, waits for it to end
+//! (`Connection::internal_capture`), since during a capture the server would refuse it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -259,9 +260,11 @@ fn instantiate_run(conn: &'static Connection, run: &[&Work]) -> Res<GraphExec> {
             Some(s) => *s,
             None => *stages.entry(device).or_insert(conn.stream_create(0)?),
         };
-        conn.stream_begin_capture(stream)?;
-        let submitted = run.iter().try_for_each(|w| submit(w, conn, stream));
-        let ended = conn.stream_end_capture(stream);
+        let (submitted, ended) = conn.internal_capture(|| {
+            conn.stream_begin_capture(stream)?;
+            let submitted = run.iter().try_for_each(|w| submit(w, conn, stream));
+            Ok((submitted, conn.stream_end_capture(stream)))
+        })?;
         match (submitted, ended) {
             (Ok(()), Ok((g, _))) => g,
             (Err(e), Ok((g, _))) => {
