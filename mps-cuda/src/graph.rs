@@ -10,9 +10,11 @@
 //! the next launch (or upload) makes the server's executable graph anew from it, once however
 //! many nodes were updated (XLA updates its command buffers node by node before a launch); a
 //! launch already posted runs what it was posted with. What the update asks is checked at once;
-//! what only the server checks fails the launch that makes it. Updating the nodes of one made from a captured graph is
-//! refused (its nodes exist only on the server); `cuGraphExecUpdate` with another captured
-//! graph makes it anew from that graph.
+//! what only the server checks fails the launch that makes it. Updating the nodes of one made
+//! from a captured graph is refused (its nodes exist only on the server); `cuGraphExecUpdate`
+//! with another captured graph makes it anew from that graph. A capture into a built graph
+//! (`cuStreamBeginCaptureToGraph`) is a capture as any other until it ends, when its work is
+//! added to that graph.
 //!
 //! Every ABI of each function (its versions, its per-thread-default-stream variant) is an
 //! exported function of its own.
