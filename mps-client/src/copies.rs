@@ -17,7 +17,9 @@ use crate::transport::{lock, lost};
 
 impl Client {
     /// Allocates a host buffer shared with the server: copies from and to it are fully
-    /// asynchronous and need no staging. Returns its address in this process.
+    /// asynchronous and need no staging. Returns its address in this process: its device
+    /// address too ([`Client::host_device_address`]) unless this process already mapped
+    /// something there.
     pub fn host_alloc(&self, size: usize) -> Result<*mut u8> {
         if size == 0 {
             return Err(Error::invalid_value("cannot allocate a 0-byte host buffer"));
@@ -42,7 +44,10 @@ impl Client {
                 return Err(self.transport.lose(e.message));
             }
         };
-        let segment = Segment::open(fd, len as usize, true)?;
+        // At the device address where there is room, so that one address names the buffer on
+        // host and device, as CUDA's unified addressing does: kernels given the host pointer
+        // (XLA's semaphores, zero-copy programs) then reach the buffer.
+        let segment = Segment::open_at(fd, len as usize, device as usize)?;
         let addr = segment.as_ptr();
         self.host
             .buffers

@@ -199,6 +199,85 @@ pub(crate) mod pointer_attribute {
     pub(crate) const MEMORYTYPE_DEVICE: u32 = 2;
 }
 
+/// `CUDA_MEMCPY2D` (the `_v2` ABI), with its memory types plain integers, laid out as `cuda.h`
+/// lays it out (checked against cudarc's declaration below).
+pub(crate) mod memcpy2d {
+    use std::ffi::c_void;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct Memcpy2D {
+        pub(crate) src_x_in_bytes: usize,
+        pub(crate) src_y: usize,
+        pub(crate) src_memory_type: u32,
+        pub(crate) src_host: *const c_void,
+        pub(crate) src_device: u64,
+        pub(crate) src_array: *mut c_void,
+        pub(crate) src_pitch: usize,
+        pub(crate) dst_x_in_bytes: usize,
+        pub(crate) dst_y: usize,
+        pub(crate) dst_memory_type: u32,
+        pub(crate) dst_host: *mut c_void,
+        pub(crate) dst_device: u64,
+        pub(crate) dst_array: *mut c_void,
+        pub(crate) dst_pitch: usize,
+        pub(crate) width_in_bytes: usize,
+        pub(crate) height: usize,
+    }
+
+    const _: () = {
+        use cudarc::driver::sys as s;
+        assert!(size_of::<Memcpy2D>() == size_of::<s::CUDA_MEMCPY2D>());
+        assert!(align_of::<Memcpy2D>() == align_of::<s::CUDA_MEMCPY2D>());
+        assert!(std::mem::offset_of!(Memcpy2D, dst_x_in_bytes) == 56);
+        assert!(std::mem::offset_of!(Memcpy2D, height) == 120);
+    };
+
+    /// `CUmemorytype`.
+    pub(crate) const HOST: u32 = 1;
+    pub(crate) const DEVICE: u32 = 2;
+    pub(crate) const ARRAY: u32 = 3;
+    pub(crate) const UNIFIED: u32 = 4;
+}
+
+/// The stream-ordered allocator's types (`CUmemPoolProps`) and `CUmemPool_attribute`, as
+/// plain integers, laid out as `cuda.h` lays them out (checked against cudarc's declarations).
+pub(crate) mod mempool {
+    use super::vmm::Location;
+
+    /// `CUmemPoolProps`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct PoolProps {
+        pub(crate) alloc_type: u32,
+        pub(crate) handle_types: u32,
+        pub(crate) location: Location,
+        pub(crate) win32_security_attributes: *mut std::ffi::c_void,
+        pub(crate) max_size: usize,
+        pub(crate) usage: u16,
+        pub(crate) reserved: [u8; 54],
+    }
+
+    const _: () = {
+        use cudarc::driver::sys as s;
+        assert!(size_of::<PoolProps>() == size_of::<s::CUmemPoolProps>());
+        assert!(align_of::<PoolProps>() == align_of::<s::CUmemPoolProps>());
+        assert!(std::mem::offset_of!(PoolProps, max_size) == 24);
+    };
+
+    /// `CUmemPool_attribute`.
+    pub(crate) const REUSE_FOLLOW_EVENT_DEPENDENCIES: u32 = 1;
+    pub(crate) const REUSE_ALLOW_OPPORTUNISTIC: u32 = 2;
+    pub(crate) const REUSE_ALLOW_INTERNAL_DEPENDENCIES: u32 = 3;
+    pub(crate) const RELEASE_THRESHOLD: u32 = 4;
+    pub(crate) const RESERVED_MEM_CURRENT: u32 = 5;
+    pub(crate) const RESERVED_MEM_HIGH: u32 = 6;
+    pub(crate) const USED_MEM_CURRENT: u32 = 7;
+    pub(crate) const USED_MEM_HIGH: u32 = 8;
+}
+
 /// The graph API's parameter structures, with every enumeration a plain integer (a program may
 /// pass a node type or memory type cudarc's enums lack), laid out as `cuda.h` 13.0 lays them
 /// out (checked against cudarc's declarations below).

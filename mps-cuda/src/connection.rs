@@ -124,6 +124,19 @@ impl Connection {
         self.client.mem_get_info().map_err(fail)
     }
 
+    /// Whether `ptr` lies in one of this client's ranges on the server: an allocation, a
+    /// mapping, a module global or a host buffer's device address.
+    pub(crate) fn owns(&self, ptr: u64) -> Res<bool> {
+        match self
+            .client
+            .mem_get_address_range(mps_client::DevicePtr(ptr))
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.status == mps_core::Status::NotFound => Ok(false),
+            Err(e) => Err(fail(e)),
+        }
+    }
+
     pub(crate) fn host_alloc(&self, size: usize) -> Res<*mut u8> {
         self.client.host_alloc(size).map_err(fail)
     }

@@ -391,7 +391,8 @@ exports! {
         let ctx = current()?;
         let conn = ctx.conn()?;
         capture::refuse_context_wait(ctx.handle, conn)?;
-        conn.synchronize()
+        conn.synchronize()?;
+        driver::run_synchronized_hooks(conn)
     };
 
     /// CUDA 13's form, naming the context (NULL: the current one).
@@ -399,7 +400,8 @@ exports! {
         let ctx = given_or_current(ctx)?;
         let conn = ctx.conn()?;
         capture::refuse_context_wait(ctx.handle, conn)?;
-        conn.synchronize()
+        conn.synchronize()?;
+        driver::run_synchronized_hooks(conn)
     };
 
     /// Refused as CUDA refuses it where `cuDeviceCanAccessPeer` says 0, which it always does

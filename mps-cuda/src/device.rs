@@ -65,7 +65,7 @@ fn get_uuid(out: *mut CUuuid, dev: CUdevice) -> Res<()> {
 
 /// What a client of mps has, whatever the GPU: one context shared by many processes (compute
 /// mode default, MPS enabled), concurrent kernels, and none of what the library does not offer
-/// (managed memory, registering host memory, memory pools, cooperative launches, shareable
+/// (managed memory, registering host memory, shareable memory pools, cooperative launches, shareable
 /// handles of physical memory, compressed or GPUDirect RDMA physical memory). Virtual memory
 /// management is the server's to say ([`attribute_of`]).
 const MPS: &[(A, i32)] = &[
@@ -81,7 +81,9 @@ const MPS: &[(A, i32)] = &[
         A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
         0,
     ),
-    (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0),
+    // Stream-ordered allocation is the library's (`mempool`), without shareable pools.
+    (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1),
+    (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0),
     (
         A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
         0,

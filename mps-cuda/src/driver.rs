@@ -83,6 +83,9 @@ pub(crate) struct Allocation {
     pub(crate) size: u64,
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`'s.
     pub(crate) id: u64,
+    /// The memory pool it came from (`CUmemoryPool`, `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`'s);
+    /// 0 for `cuMemAlloc`'s.
+    pub(crate) pool: usize,
 }
 
 /// A page-locked host buffer (`cuMemHostAlloc`'s).
@@ -205,6 +208,24 @@ static HOOKS: Mutex<Vec<(Stage, ReleaseHook)>> = Mutex::new(Vec::new());
 /// needs to know no area above it.
 pub(crate) fn on_release(stage: Stage, hook: ReleaseHook) {
     lock(&HOOKS).push((stage, hook));
+}
+
+/// What an area that keeps device memory idle (the memory pools) gives back once all of the
+/// process's work on the device of a connection is done (`cuCtxSynchronize`).
+pub(crate) type SynchronizedHook = fn(&Connection) -> Res<()>;
+
+static SYNCHRONIZED: Mutex<Vec<SynchronizedHook>> = Mutex::new(Vec::new());
+
+/// Has `hook` run after every later context synchronisation; registered once, as
+/// [`on_release`]'s hooks are.
+pub(crate) fn on_synchronized(hook: SynchronizedHook) {
+    lock(&SYNCHRONIZED).push(hook);
+}
+
+/// Runs the synchronisation hooks for `conn`'s device, outside the lock; the first failure.
+pub(crate) fn run_synchronized_hooks(conn: &Connection) -> Res<()> {
+    let hooks: Vec<SynchronizedHook> = lock(&SYNCHRONIZED).clone();
+    hooks.into_iter().try_for_each(|h| h(conn))
 }
 
 /// Runs the hooks of `stage` for `ctx`, in the order they were registered, each result to

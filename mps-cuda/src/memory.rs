@@ -44,6 +44,7 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Res<()> {
         ctx: ctx.handle,
         size: size as u64,
         id: next_buffer_id(),
+        pool: 0,
     };
     lock(&driver()?.allocations).insert((ctx.device, p), a);
     // SAFETY: checked non-null; the caller guarantees it is writable.
@@ -116,7 +117,7 @@ fn pinned(p: usize, len: usize, conn: &Connection) -> Res<bool> {
 
 /// # Safety
 /// `src` must be readable for `n` bytes.
-unsafe fn htod(
+pub(crate) unsafe fn htod(
     dst: u64,
     src: *const c_void,
     n: usize,
@@ -143,7 +144,7 @@ unsafe fn htod(
 
 /// # Safety
 /// `dst` must be writable for `n` bytes.
-unsafe fn dtoh(
+pub(crate) unsafe fn dtoh(
     dst: *mut c_void,
     src: u64,
     n: usize,
@@ -180,7 +181,7 @@ fn finish_into(dst: u64, (stream, conn): (Stream, &Connection), sync: bool) -> R
     Ok(())
 }
 
-fn dtod(
+pub(crate) fn dtod(
     dst: u64,
     src: u64,
     n: usize,
@@ -222,14 +223,14 @@ fn d32(dst: u64, value: u32, n: usize, stream: Res<(Stream, &Connection)>, sync:
 const PEER_CHUNK: usize = 64 << 20;
 
 /// A side of a copy: the stream it runs in and its device's connection.
-type Side<'a> = (Stream, &'a Connection);
+pub(crate) type Side<'a> = (Stream, &'a Connection);
 
 /// Copies `n` bytes from `src` (on `from`'s device) to `dst` (on `to`'s). On one device this is
 /// a device-to-device copy in `to`'s stream. Between two, no server can reach the other's
 /// memory, so it goes through host memory, a piece at a time: the piece is read (a copy to
 /// pageable memory, which returns once the data has arrived) and then written (a copy from
 /// pageable memory, which returns once it has been taken).
-fn peer(dst: u64, to: Side<'_>, src: u64, from: Side<'_>, n: usize) -> Res<()> {
+pub(crate) fn peer(dst: u64, to: Side<'_>, src: u64, from: Side<'_>, n: usize) -> Res<()> {
     if to.1.ordinal() == from.1.ordinal() {
         return dtod(dst, src, n, to, false);
     }

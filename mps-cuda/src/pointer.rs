@@ -8,8 +8,9 @@
 //! A pointer this library does not know (pageable host memory, say) is
 //! CUDA_ERROR_INVALID_VALUE for `cuPointerGetAttribute`, as CUDA answers for it, and zeroes for
 //! `cuPointerGetAttributes`, as CUDA documents. A page-locked host buffer's `DEVICE_POINTER`
-//! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), not its address in this
-//! process; that device address is answered as the buffer too (its `HOST_POINTER` is the
+//! is the server's mapping of it (`cuMemHostGetDevicePointer`'s), which is its address in this
+//! process too where the client could map it there (as unified addressing promises), and
+//! otherwise not; that device address is answered as the buffer too (its `HOST_POINTER` is the
 //! address here). Memory in a reservation has no context (CONTEXT is NULL); an address
 //! reserved but not mapped answers only `MAPPED` (0) and its range.
 
@@ -228,7 +229,11 @@ fn value(memory: Option<Memory>, ptr: u64, attr: u32) -> Result<Value, Missing> 
         P::MAPPED => Bool(true),
         P::ALLOWED_HANDLE_TYPES => U64(0),
         P::ACCESS_FLAGS => U32(rw),
-        P::MEMPOOL_HANDLE => Word(0),
+        // A stream-ordered allocation's pool (`mempool`); none for other memory.
+        P::MEMPOOL_HANDLE => Word(match memory {
+            Memory::Device { a, .. } => a.pool as u64,
+            _ => 0,
+        }),
         _ => return Err(Unsupported),
     })
 }
@@ -387,6 +392,7 @@ mod tests {
             ctx: 0x40,
             size: 0x1000,
             id: 7,
+            pool: 0,
         };
         Some(Memory::Device {
             device: 1,

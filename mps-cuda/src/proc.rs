@@ -25,7 +25,7 @@ use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
     context, context_wide, device, errors, export, graph, graph_build, kernel_queries, launch,
-    memory, module, pointer, stream, tensor_map, vmm,
+    memory, mempool, module, pointer, stream, tensor_map, unified, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -49,10 +49,12 @@ const MODULES: &[&[Export]] = &[
     kernel_queries::EXPORTS,
     launch::EXPORTS,
     memory::EXPORTS,
+    mempool::EXPORTS,
     module::EXPORTS,
     pointer::EXPORTS,
     stream::EXPORTS,
     tensor_map::EXPORTS,
+    unified::EXPORTS,
     vmm::EXPORTS,
     EXPORTS,
 ];

@@ -54,11 +54,9 @@ unsupported! {
     cuDestroyExternalSemaphore
     cuDevResourceGenerateDesc
     cuDevSmResourceSplitByCount
-    cuDeviceGetDefaultMemPool
     cuDeviceGetDevResource
     cuDeviceGetGraphMemAttribute
     cuDeviceGetHostAtomicCapabilities
-    cuDeviceGetMemPool
     cuDeviceGetNvSciSyncAttributes
     cuDeviceGetP2PAtomicCapabilities
     cuDeviceGetP2PAttribute
@@ -66,7 +64,6 @@ unsupported! {
     cuDeviceGraphMemTrim
     cuDeviceRegisterAsyncNotification
     cuDeviceSetGraphMemAttribute
-    cuDeviceSetMemPool
     cuDeviceUnregisterAsyncNotification
     cuEGLStreamConsumerAcquireFrame
     cuEGLStreamConsumerConnect
@@ -166,47 +163,30 @@ unsupported! {
     cuLogsUnregisterCallback
     cuMemAdvise
     cuMemAdvise_v2
-    cuMemAllocAsync
-    cuMemAllocFromPoolAsync
     cuMemAllocManaged
     cuMemAllocPitch
     cuMemAllocPitch_v2
     cuMemDiscardAndPrefetchBatchAsync
     cuMemDiscardBatchAsync
     cuMemExportToShareableHandle
-    cuMemFreeAsync
     cuMemGetAddressRange
-    cuMemGetDefaultMemPool
-    cuMemGetMemPool
     cuMemHostGetDevicePointer
     cuMemHostGetFlags
     cuMemHostRegister
     cuMemHostRegister_v2
     cuMemHostUnregister
     cuMemImportFromShareableHandle
-    cuMemPoolCreate
-    cuMemPoolDestroy
     cuMemPoolExportPointer
     cuMemPoolExportToShareableHandle
-    cuMemPoolGetAccess
-    cuMemPoolGetAttribute
     cuMemPoolImportFromShareableHandle
     cuMemPoolImportPointer
-    cuMemPoolSetAccess
-    cuMemPoolSetAttribute
-    cuMemPoolTrimTo
     cuMemPrefetchAsync
     cuMemPrefetchAsync_v2
     cuMemPrefetchBatchAsync
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
-    cuMemSetMemPool
-    cuMemcpy
     cuMemcpy2DAsync
-    cuMemcpy2DAsync_v2
     cuMemcpy2DUnaligned
-    cuMemcpy2DUnaligned_v2
-    cuMemcpy2D_v2
     cuMemcpy3D
     cuMemcpy3DAsync
     cuMemcpy3DAsync_v2
@@ -214,7 +194,6 @@ unsupported! {
     cuMemcpy3DPeer
     cuMemcpy3DPeerAsync
     cuMemcpy3D_v2
-    cuMemcpyAsync
     cuMemcpyBatchAsync
     cuMemsetD16
     cuMemsetD16Async

@@ -245,6 +245,24 @@ fn pointer_queries_on_device_host_pageable_and_mapped_memory() {
 }
 
 #[test]
+fn unified_copies_between_device_pinned_and_pageable_memory_and_2d_rows() {
+    passes("unified_copy", &[]);
+}
+
+#[test]
+fn stream_ordered_allocation_reuses_blocks_in_stream_order_within_the_limit() {
+    passes("mem_pool", &[]);
+    // Pool memory counts against the client's limit; past it, out of memory from the call.
+    passes(
+        "mem_pool",
+        &[
+            ("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M"),
+            ("EXPECT_LIMIT_MB", "64"),
+        ],
+    );
+}
+
+#[test]
 fn mem_get_info_reports_the_client_memory_limit() {
     passes("mem_limit", &[("MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M")]);
 }

@@ -207,6 +207,20 @@ fn device_to_device_copies() {
 }
 
 #[test]
+fn stream_ordered_allocation_and_copies_by_address() {
+    passes(
+        "async_alloc",
+        &[],
+        &[
+            "async allocation rounds right: 8 of 8",
+            "default pool in use after the frees: 0",
+            "cudaMemcpyDefault round trip: same",
+            "2D rows right: 16 of 16, gap byte ee",
+        ],
+    );
+}
+
+#[test]
 fn device_properties() {
     let mut expected = vec![
         "devices 1, current 0",

@@ -12,19 +12,31 @@
 //! turn the server's next access into SIGBUS). Segments that only the server writes are also
 //! sealed against future writable mappings, so a client can map them read-only and nothing else.
 
+use std::ffi::c_void;
 use std::fs::File;
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use mps_core::{Error, Result, Status};
 use nix::fcntl::{FallocateFlags, fallocate};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
 enum Map {
     Rw(MmapMut),
     Ro(Mmap),
+    /// Read-write at an address the peer chose ([`Segment::open_at`]); unmapped on drop.
+    At(NonNull<c_void>),
 }
+
+// SAFETY: the mapping is shared memory owned by the segment, like memmap2's maps (which are
+// Send and Sync): nothing about it is tied to the thread that made it.
+unsafe impl Send for Map {}
+// SAFETY: as above; the segment hands out only its address, never a reference into it.
+unsafe impl Sync for Map {}
 
 /// A mapped memfd.
 pub struct Segment {
@@ -33,11 +45,20 @@ pub struct Segment {
     len: usize,
 }
 
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Map::At(p) = self.map {
+            // SAFETY: the mapping open_at made, `len` bytes; the segment owned it and is going.
+            let _ = unsafe { munmap(p, self.len) };
+        }
+    }
+}
+
 impl std::fmt::Debug for Segment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Segment")
             .field("len", &self.len)
-            .field("writable", &matches!(self.map, Map::Rw(_)))
+            .field("writable", &self.is_writable())
             .finish()
     }
 }
@@ -96,35 +117,59 @@ impl Segment {
         Ok(())
     }
 
+    /// Maps a segment received from the server read-write at address `at`, where the server
+    /// maps it too, so that one address names the bytes in both processes (as CUDA's unified
+    /// addressing names page-locked memory by one address on host and device). Where this
+    /// process already maps something there, the segment is mapped at an address of the
+    /// kernel's choosing instead: [`Segment::as_ptr`] says which. Checks as [`Segment::open`].
+    pub fn open_at(fd: OwnedFd, len: usize, at: usize) -> Result<Segment> {
+        let file = checked(fd, len)?;
+        let (Some(addr), Some(length)) = (NonZeroUsize::new(at), NonZeroUsize::new(len)) else {
+            return Segment::map(file, len, true);
+        };
+        // MAP_FIXED_NOREPLACE never replaces a mapping (EEXIST instead); a kernel older than
+        // 4.17 takes it as a hint, hence the check of the address it gave.
+        // SAFETY: a new shared mapping of a sealed file of at least `len` bytes (checked), at an
+        // address nothing in this process maps; it stays backed for its whole life.
+        let mapped = unsafe {
+            mmap(
+                Some(addr),
+                length,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_FIXED_NOREPLACE,
+                &file,
+                0,
+            )
+        };
+        match mapped {
+            Ok(p) if p.as_ptr() as usize == at => Ok(Segment {
+                file,
+                map: Map::At(p),
+                len,
+            }),
+            Ok(p) => {
+                // SAFETY: the mapping just made, at the address the kernel chose; nothing uses it.
+                let _ = unsafe { munmap(p, len) };
+                Segment::map(file, len, true)
+            }
+            Err(_) => Segment::map(file, len, true),
+        }
+    }
+
     /// Maps a segment received from the server, checking that it is at least `len` bytes and
     /// that its size is sealed.
     pub fn open(fd: OwnedFd, len: usize, writable: bool) -> Result<Segment> {
-        let file = File::from(fd);
-        let size = file
-            .metadata()
-            .map_err(|e| os_error("fstat of a received segment failed", e))?
-            .len();
-        if size < len as u64 {
-            return Err(Error::new(
-                Status::ProtocolMismatch,
-                format!("received segment has {size} bytes, the handshake promised {len}"),
-            ));
-        }
-        let seals = fcntl(&file, FcntlArg::F_GET_SEALS)
-            .map_err(|e| os_error("reading a received segment's seals failed", e))?;
-        let needed = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW).bits();
-        if seals & needed != needed {
-            return Err(Error::new(
-                Status::ProtocolMismatch,
-                "received segment's size is not sealed",
-            ));
-        }
+        Segment::map(checked(fd, len)?, len, writable)
+    }
+
+    /// Maps `len` bytes of `file`, checked by [`checked`], where the kernel chooses.
+    fn map(file: File, len: usize, writable: bool) -> Result<Segment> {
         let opts = {
             let mut o = MmapOptions::new();
             o.len(len);
             o
         };
-        // SAFETY: the segment's size is sealed (checked above) and at least `len` bytes, so the
+        // SAFETY: the segment's size is sealed (checked) and at least `len` bytes, so the
         // mapping stays backed for its whole life.
         let map = unsafe {
             if writable {
@@ -142,12 +187,13 @@ impl Segment {
         match &self.map {
             Map::Rw(m) => m.as_ptr() as *mut u8,
             Map::Ro(m) => m.as_ptr() as *mut u8,
+            Map::At(p) => p.as_ptr().cast(),
         }
     }
 
     /// Whether this process may write the mapping.
     pub fn is_writable(&self) -> bool {
-        matches!(self.map, Map::Rw(_))
+        matches!(self.map, Map::Rw(_) | Map::At(_))
     }
 
     /// Bytes mapped.
@@ -164,6 +210,32 @@ impl Segment {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
+}
+
+/// The received segment `fd` as a file, once it is found at least `len` bytes with its size
+/// sealed (a peer cannot then shrink it under a mapping).
+fn checked(fd: OwnedFd, len: usize) -> Result<File> {
+    let file = File::from(fd);
+    let size = file
+        .metadata()
+        .map_err(|e| os_error("fstat of a received segment failed", e))?
+        .len();
+    if size < len as u64 {
+        return Err(Error::new(
+            Status::ProtocolMismatch,
+            format!("received segment has {size} bytes, the handshake promised {len}"),
+        ));
+    }
+    let seals = fcntl(&file, FcntlArg::F_GET_SEALS)
+        .map_err(|e| os_error("reading a received segment's seals failed", e))?;
+    let needed = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW).bits();
+    if seals & needed != needed {
+        return Err(Error::new(
+            Status::ProtocolMismatch,
+            "received segment's size is not sealed",
+        ));
+    }
+    Ok(file)
 }
 
 /// The bytes of memory this process may still take: the system's `MemAvailable`, lowered by the
@@ -233,6 +305,37 @@ unsafe impl Send for Segment {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_opens_at_the_address_asked_where_it_is_free_and_elsewhere_if_not() {
+        let seg = Segment::create("test", 8192).unwrap();
+        // SAFETY: the mapping is 8192 bytes long and writable.
+        unsafe { seg.as_ptr().write(7) };
+        // An address free in this process: one just given back.
+        let free = {
+            let probe = Segment::create("probe", 8192).unwrap();
+            probe.as_ptr() as usize
+        };
+        let fd = || seg.fd().try_clone_to_owned().unwrap();
+        let at = Segment::open_at(fd(), 8192, free).unwrap();
+        assert_eq!(at.as_ptr() as usize, free);
+        // SAFETY: both map the same 8192 bytes.
+        unsafe {
+            assert_eq!(at.as_ptr().read(), 7);
+            at.as_ptr().add(1).write(9);
+            assert_eq!(seg.as_ptr().add(1).read(), 9);
+        }
+        assert!(at.is_writable());
+        // Taken (by `seg` itself): mapped elsewhere, never over it.
+        let elsewhere = Segment::open_at(fd(), 8192, seg.as_ptr() as usize).unwrap();
+        assert_ne!(elsewhere.as_ptr(), seg.as_ptr());
+        // SAFETY: as above.
+        assert_eq!(unsafe { elsewhere.as_ptr().read() }, 7);
+        drop(at);
+        // Unmapped on drop: the address can be taken again.
+        let again = Segment::open_at(fd(), 8192, free).unwrap();
+        assert_eq!(again.as_ptr() as usize, free);
+    }
 
     #[test]
     fn a_created_segment_is_shared_through_its_fd() {

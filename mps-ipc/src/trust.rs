@@ -273,6 +273,46 @@ impl TrustedDir {
             .map_err(|e| os(&format!("cannot rename to {to}:"), &path, e))
     }
 
+    /// The regular files of this directory whose names `wanted` accepts, with when each was
+    /// last written, from at most `most` entries read (links and other kinds are left out, and
+    /// never followed); the `bool` says whether entries were left unread. The entries are read
+    /// through this directory's descriptor, each file is looked at with `fstatat` without
+    /// following a link, and a name that is not UTF-8 is left out.
+    pub fn files(
+        &self,
+        wanted: impl Fn(&str) -> bool,
+        most: usize,
+    ) -> Result<(Vec<(String, std::time::SystemTime)>, bool)> {
+        let via_fd = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
+        let entries = std::fs::read_dir(&via_fd)
+            .map_err(|e| refused(format!("cannot list {}: {e}", self.path.display())))?;
+        let mut found = Vec::new();
+        for (read, entry) in entries.enumerate() {
+            if read == most {
+                return Ok((found, true));
+            }
+            let Ok(entry) = entry else { continue };
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if !wanted(&name) {
+                continue;
+            }
+            let Ok(st) = fstatat(&self.fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            if file_type(&st) != SFlag::S_IFREG {
+                continue;
+            }
+            let since_epoch = std::time::Duration::new(
+                u64::try_from(st.st_mtime).unwrap_or(0),
+                u32::try_from(st.st_mtime_nsec).unwrap_or(0),
+            );
+            found.push((name, std::time::UNIX_EPOCH + since_epoch));
+        }
+        Ok((found, false))
+    }
+
     /// Removes entry `name` (a file or a socket; a link itself, never what it points to).
     pub fn remove(&self, name: &str) -> std::io::Result<()> {
         unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir).map_err(std::io::Error::from)

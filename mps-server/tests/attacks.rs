@@ -552,6 +552,58 @@ fn logs_are_rotated_at_their_bound() {
     }
 }
 
+/// The server logs (without their older generations) in directory `dir`.
+fn server_logs(dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.starts_with("server-") && f.ends_with(".log"))
+        .collect()
+}
+
+#[test]
+fn the_logs_of_past_servers_are_bounded_per_user() {
+    const TEST: &str = "the_logs_of_past_servers_are_bounded_per_user";
+    match role().as_deref() {
+        Some("served") => return touch(&mpsclient::Client::connect(None).unwrap()),
+        Some(other) => panic!("no role {other}"),
+        None => {}
+    }
+    // Before: every group a user made up left its server's log in the log directory, without
+    // end.
+    let d = TestDaemon::start("attacks", &["--max-server-logs", "4"]);
+    let uid = nix::unistd::geteuid().as_raw();
+    let log = |g: &str| format!("server-{uid}-{g}.log");
+    // This server runs throughout: its log, the least recently written, must stay.
+    d.run_role(TEST, "served", &[("MPS_GROUP", "live")]);
+    let live = d.server_pids();
+    assert_eq!(live.len(), 1);
+    for i in 0..10 {
+        d.run_role(TEST, "served", &[("MPS_GROUP", &format!("g{i}"))]);
+        for pid in d.server_pids().into_iter().filter(|p| !live.contains(p)) {
+            d.ctl_ok(&["shutdown_server", &pid.to_string(), "-f"]);
+        }
+    }
+    let left = server_logs(&d.logs);
+    let expected = ["live", "g7", "g8", "g9"].map(log);
+    assert_eq!(
+        left,
+        expected.into_iter().collect(),
+        "{}",
+        d.log("control.log")
+    );
+    let said = d.wait_for_log("control.log", &log("g0"));
+    assert!(
+        said.contains("the log of a server no longer running")
+            && said.contains("--max-server-logs"),
+        "{said}"
+    );
+    // A fresh server of a removed log's group logs afresh.
+    d.run_role(TEST, "served", &[("MPS_GROUP", "g0")]);
+    assert!(server_logs(&d.logs).contains(&log("g0")));
+    assert!(server_logs(&d.logs).contains(&log("live")));
+}
+
 /// The message of the refusal a server or daemon sent on `s` before closing it.
 fn refusal(s: &std::os::unix::net::UnixStream) -> String {
     use std::io::Read;

@@ -979,42 +979,6 @@ fn sm_shares_and_reservations_hold() {
     assert_eq!(sms_of(&c), "4/16", "running servers keep their own share");
 }
 
-/// The SMs a kernel of `blocks` blocks ran on, from a kernel (tests/kernels/sm_ids.ptx) whose
-/// blocks each stay resident for 100 us and write down `%smid`: which SMs a partition lets a
-/// client's kernels use, counted rather than timed. GPU only (the simulator has no such kernel).
-fn sms_used(c: &Client, blocks: u32) -> std::collections::BTreeSet<u32> {
-    let image = std::fs::read(root().join("mps-server/tests/kernels/sm_ids.ptx")).unwrap();
-    let m = c.module_load(&image).unwrap();
-    let f = c.module_get_function(m, "sm_ids").unwrap();
-    let out = c.mem_alloc(u64::from(blocks) * 4).unwrap();
-    c.memset_d32(out, u32::MAX, u64::from(blocks), Stream::DEFAULT)
-        .unwrap();
-    let dim = |x| mpsclient::Dim3 { x, y: 1, z: 1 };
-    let ns: u64 = 100_000;
-    c.launch(
-        f,
-        dim(blocks),
-        dim(256),
-        0,
-        Stream::DEFAULT,
-        &[&out.0.to_le_bytes(), &ns.to_le_bytes()],
-    )
-    .unwrap();
-    let mut ids = vec![0u8; blocks as usize * 4];
-    c.memcpy_dtoh(&mut ids, out, Stream::DEFAULT).unwrap();
-    c.mem_free(out).unwrap();
-    c.module_unload(m).unwrap();
-    let ids: Vec<u32> = ids
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    assert!(
-        !ids.contains(&u32::MAX),
-        "a block of sm_ids wrote nothing: {ids:?}"
-    );
-    ids.into_iter().collect()
-}
-
 #[test]
 fn sm_partitions_hold_on_the_gpu() {
     const TEST: &str = "sm_partitions_hold_on_the_gpu";
@@ -1023,7 +987,7 @@ fn sm_partitions_hold_on_the_gpu() {
         // holds them until told to go.
         let c = Client::connect(None).unwrap();
         let device = c.sm_info().unwrap().device_sms;
-        let used: Vec<String> = sms_used(&c, 4 * device)
+        let used: Vec<String> = sms_used(&c, 4 * device, 100_000)
             .iter()
             .map(u32::to_string)
             .collect();
@@ -1044,7 +1008,7 @@ fn sm_partitions_hold_on_the_gpu() {
     // Four blocks per SM, each resident for a while: the device spreads them over every SM a
     // client's partition holds.
     let blocks = 4 * device;
-    let whole = sms_used(&c, blocks);
+    let whole = sms_used(&c, blocks, 100_000);
     assert!(
         whole.len() as u32 > device / 2,
         "on the whole device {blocks} blocks ran on {} of {device} SMs",
@@ -1063,7 +1027,7 @@ fn sm_partitions_hold_on_the_gpu() {
         quarter_sms >= device / 4 && quarter_sms < device / 2,
         "25% of {device} SMs gave {quarter_sms}"
     );
-    let quarter = sms_used(&c, blocks);
+    let quarter = sms_used(&c, blocks, 100_000);
     println!(
         "share 25%: {quarter_sms} SMs; {blocks} blocks ran on {} SMs (whole device: {})",
         quarter.len(),
@@ -1099,7 +1063,7 @@ fn sm_partitions_hold_on_the_gpu() {
     assert!(reserved >= device / 4 && reserved < device / 2, "{said}");
     assert!(reserved_used.len() as u32 <= reserved, "{said}");
     assert_eq!(c.sm_info().unwrap().sms, device - reserved);
-    let rest = sms_used(&c, blocks);
+    let rest = sms_used(&c, blocks, 100_000);
     println!(
         "reserved {reserved} SMs for another client (its kernel ran on {}); this client's \
          {blocks} blocks ran on {} of the other {}",
@@ -1119,7 +1083,7 @@ fn sm_partitions_hold_on_the_gpu() {
         || sms_of(&c),
         format!("{device}/{device}"),
     );
-    let again = sms_used(&c, blocks);
+    let again = sms_used(&c, blocks, 100_000);
     assert!(
         again.len() as u32 > device - reserved,
         "back on the whole device, {blocks} blocks ran on only {} SMs",

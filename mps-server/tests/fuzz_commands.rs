@@ -50,6 +50,7 @@ fn daemon() -> (Daemon, std::path::PathBuf) {
         standby: false,
         hellos: Default::default(),
         max_servers_per_user: 16,
+        max_server_logs: 32,
         config: Default::default(),
         config_path: dir.join("mps.toml"),
         proc_root: "/proc".into(),

@@ -174,6 +174,159 @@ fn a_groups_sm_share_and_another_groups_reservation_hold_for_all_their_clients()
     );
 }
 
+/// Starts `cmd` with its standard input and output piped; returns it and the first line it
+/// writes that `said` accepts (its later lines are read and dropped).
+fn spawn_until(
+    mut cmd: std::process::Command,
+    said: impl Fn(&str) -> bool,
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
+) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines
+        .find_map(|l| l.ok().filter(|l| said(l)))
+        .expect("the client ended without saying what was expected");
+    (child, lines, line)
+}
+
+/// Microseconds since the epoch, to compare when two processes' kernels ran.
+fn now_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// How long each block of the kernels of `reservations_of_two_groups_*` stays resident: with
+/// four blocks per SM of the device on a quarter of its SMs, each kernel runs for several
+/// times this, long enough for the two groups' kernels to overlap.
+const RESIDENT_NS: u64 = 300_000_000;
+
+#[test]
+fn reservations_of_two_groups_keep_their_sms_apart_on_the_gpu() {
+    const TEST: &str = "reservations_of_two_groups_keep_their_sms_apart_on_the_gpu";
+    if let Some(role) = role() {
+        // A client of a reserving group: it says its SMs, waits for its go, then runs a long
+        // kernel and says which SMs its blocks ran on, and when.
+        assert_eq!(role, "reserver");
+        let c = Client::connect(None).unwrap();
+        let sm = c.sm_info().unwrap();
+        println!("ready sms={}", sm.sms);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line).unwrap();
+        let start = now_us();
+        let used = sms_used(&c, 4 * sm.device_sms, RESIDENT_NS);
+        let end = now_us();
+        let used: Vec<String> = used.iter().map(u32::to_string).collect();
+        println!(
+            "sms={} used={} from={start} to={end}",
+            sm.sms,
+            used.join(",")
+        );
+        return;
+    }
+    if !on_gpu() {
+        return skip(TEST, "needs a GPU (MPS_TEST_BACKEND=cuda)");
+    }
+    // Two groups, each reserving a quarter of the SMs, served by two server processes (each
+    // with its green context over its part); the default group runs on what they leave.
+    let path =
+        config_file("[groups.rsv-a]\nsm_reservation = 25\n[groups.rsv-b]\nsm_reservation = 25\n");
+    let d = daemon(&path, None);
+    let start = |group: &str| {
+        spawn_until(d.role(TEST, "reserver", &[("MPS_GROUP", group)]), |l| {
+            l.starts_with("ready ")
+        })
+    };
+    let mut reservers = [start("rsv-a"), start("rsv-b")];
+    let c = d.client();
+    let device = c.sm_info().unwrap().device_sms;
+    for (child, _, _) in &mut reservers {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+    // This process's client, of the default group, runs a kernel meanwhile too.
+    let rest = sms_used(&c, 4 * device, RESIDENT_NS / 4);
+    let mut said = Vec::new();
+    for (mut child, mut lines, _) in reservers {
+        let line = lines
+            .find_map(|l| l.ok().filter(|l| l.starts_with("sms=")))
+            .expect("a reserving client ended without saying which SMs it ran on");
+        assert!(child.wait().unwrap().success(), "a reserving client failed");
+        said.push(line);
+    }
+    // (SMs of its reservation, SMs its blocks ran on, when its kernel ran.)
+    let read = |line: &str| {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        let sms: u32 = field("sms=").parse().unwrap();
+        let used: std::collections::BTreeSet<u32> = field("used=")
+            .split(',')
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let when: (u128, u128) = (
+            field("from=").parse().unwrap(),
+            field("to=").parse().unwrap(),
+        );
+        (sms, used, when)
+    };
+    let (a, b) = (read(&said[0]), read(&said[1]));
+    println!(
+        "device {device} SMs: rsv-a reserved {} and ran on {}, rsv-b reserved {} and ran on {}, \
+         the default group ran on {}; {}",
+        a.0,
+        a.1.len(),
+        b.0,
+        b.1.len(),
+        rest.len(),
+        d.ctl_line("get_server_list").replace('\n', "; ")
+    );
+    for (group, (sms, used, _)) in [("rsv-a", &a), ("rsv-b", &b)] {
+        // Whole green-context units from its part's first SM, about a quarter.
+        assert!(
+            *sms >= device / 5 && *sms < device / 2,
+            "{group}: 25% of {device} SMs gave {sms}"
+        );
+        assert!(
+            used.len() as u32 <= *sms && used.len() as u32 > sms / 2,
+            "{group}: with {sms} SMs reserved, {} blocks ran on {} SMs: {used:?}",
+            4 * device,
+            used.len()
+        );
+    }
+    // The two kernels ran at once, each on SMs the other never touched.
+    assert!(
+        a.2.0.max(b.2.0) < a.2.1.min(b.2.1),
+        "the two groups' kernels did not overlap: {said:?}"
+    );
+    let shared: Vec<&u32> = a.1.intersection(&b.1).collect();
+    assert!(
+        shared.is_empty(),
+        "the two reservations' kernels shared SMs {shared:?}: {said:?}"
+    );
+    // And the default group, running meanwhile, stayed off both reservations.
+    let trespassed: Vec<&u32> = rest
+        .iter()
+        .filter(|s| a.1.contains(s) || b.1.contains(s))
+        .collect();
+    assert!(
+        trespassed.is_empty(),
+        "the default group's kernel ran on reserved SMs {trespassed:?} ({} SMs in all)",
+        rest.len()
+    );
+}
+
 #[test]
 fn rules_refuse_and_admit_by_uid_gid_and_cgroup() {
     let me = nix::unistd::geteuid().as_raw();

@@ -488,6 +488,67 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, int *attributes, voi
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags);
 
+/* Copies whose direction comes from their addresses, and 2D copies. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+typedef struct CUarray_st *CUarray;
+#define CU_MEMORYTYPE_ARRAY 3
+#define CU_MEMORYTYPE_UNIFIED 4
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType; /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p);
+CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *p);
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream s);
+
+/* The stream-ordered allocator (CUDA 11.2 on). */
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct {
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+#define CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
+#define CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES 1
+#define CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC 2
+#define CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES 3
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
+#define CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE 17
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream s);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value);
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count);
+CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, CUmemLocation *location);
+
 static int failures = 0;
 
 /* Checks that `call` returns `want`, naming both on a mismatch. */

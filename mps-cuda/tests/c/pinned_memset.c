@@ -55,6 +55,9 @@ int main(int argc, char **argv) {
     CHECK(cuMemHostGetDevicePointer_v2(&dm, hm, 0));
     CHECK(cuMemHostGetDevicePointer_v2(&dm_at, hm + 16, 0));
     ASSERT(dm != 0 && dm_at == dm + 64, "device addresses %#llx, %#llx", dm, dm_at);
+    /* Under unified addressing the device address of such memory is its host address. */
+    ASSERT(dm == (CUdeviceptr)(uintptr_t)hm, "device address %#llx of host memory at %p", dm,
+           (void *)hm);
     EXPECT(cuMemHostGetDevicePointer_v2(&dm_at, hm, 1), CUDA_ERROR_INVALID_VALUE);
     uint32_t pageable_word = 0;
     EXPECT(cuMemHostGetDevicePointer_v2(&dm_at, &pageable_word, 0), CUDA_ERROR_INVALID_VALUE);
@@ -127,6 +130,14 @@ int main(int argc, char **argv) {
            back[63]);
     CHECK(cuMemsetD8_v2(ux + 4095, 0x42, 1));
     ASSERT(((unsigned char *)hx)[4095] == 0x42, "synchronous memset of the host pointer");
+    /* A kernel given the host pointer itself writes the buffer (as XLA's delay kernel reads
+     * its semaphore): the bytes the program sees are the bytes the kernel wrote. */
+    memset(hx, 0, 4096);
+    void *fill_host[] = {&ux, &mark, &count};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, s, fill_host, NULL));
+    CHECK(cuStreamSynchronize(s));
+    ASSERT(hx[0] == mark && hx[63] == mark && hx[64] == 0,
+           "a kernel given the host pointer wrote %#x %#x %#x", hx[0], hx[63], hx[64]);
     CHECK(cuMemFreeHost(hx));
 
     if (mps_only()) {

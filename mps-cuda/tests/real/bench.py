@@ -5,6 +5,8 @@ side by side in rounds (each round runs the modes in a rotated order).
     bench.py BIN_DIR OUT_DIR [--models mlp,resnet18,bert] [--clients 1,8,16,32,64]
         [--modes native,nvidia-mps,mps] [--rounds 3] [--seconds 5] [--devices 1]
 
+A mode `mps:ARG,ARG` is mps with those arguments added to every server's (e.g.
+`mps:--yield-us=0`), to compare the server's settings side by side.
 BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. With --devices D
 the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_VISIBLE_DEVICES),
 as programs choose theirs; one daemon of each kind serves all of them. For each model,
@@ -36,7 +38,7 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     os.makedirs(work)
     procs = []
     for i in range(n):
-        cmd, env = command_env(mode, bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
+        cmd, env = command_env(mode.split(":")[0], bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
                                                "infer", model, work, str(i), str(seconds)],
                                {"CUDA_VISIBLE_DEVICES": str(i % devices)})
         err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
@@ -117,7 +119,10 @@ def main():
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
         results = {}
         for mode in order:
-            service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs")) if mode == "mps" else
+            base, _, extra = mode.partition(":")
+            server_args = [a for a in extra.split(",") if a]
+            service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs"), server_args)
+                       if base == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
             try:
                 for model in models:

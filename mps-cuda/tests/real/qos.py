@@ -3,7 +3,9 @@ and beside two ResNet-50 trainers (batch 64, AMP), natively, under NVIDIA's MPS 
 at 75% and at below-normal priority) and through mps (the trainers at below-normal priority,
 capped at 75%, or the latency client holding a reservation of 25%).
 
-    qos.py BIN_DIR OUT_DIR [--seconds 10] [--rounds 2]
+    qos.py BIN_DIR OUT_DIR [--seconds 10] [--rounds 2] [--scenarios 0,2,5]
+
+--scenarios runs only the scenarios of those indexes (in SCENARIOS' order, from 0).
 
 Into OUT_DIR: qos.json (every result) and qos.md: the latency client's p50 and p99 in ms and the
 trainers' iterations per second, median over rounds, per scenario.
@@ -87,17 +89,21 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--scenarios", default=",".join(str(i) for i in range(len(SCENARIOS))))
     a = ap.parse_args()
+    chosen = {int(i) for i in a.scenarios.split(",")}
     bin_dir, out = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
     os.makedirs(os.path.join(out, "err"), exist_ok=True)
-    results = {name: [] for name, *_ in SCENARIOS}
+    results = {name: [] for i, (name, *_) in enumerate(SCENARIOS) if i in chosen}
     for rnd in range(a.rounds):
         for mode in ("native", "nvidia-mps", "mps"):
+            if not any(SCENARIOS[i][1] == mode for i in chosen):
+                continue
             service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs")) if mode == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
             try:
                 for i, (name, m, lat_env, train_env) in enumerate(SCENARIOS):
-                    if m != mode:
+                    if m != mode or i not in chosen:
                         continue
                     r = scenario(mode, lat_env, train_env, a.seconds, bin_dir,
                                  os.path.join(out, "err", f"r{rnd}.s{i}"))

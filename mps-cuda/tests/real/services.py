@@ -14,9 +14,10 @@ NVIDIA_PIPE = "/tmp/mps-real-nvidia-pipe"
 
 class MpsDaemon:
     """mps-control of the build in `bin_dir`, logging under `logs`; PyTorch's stream pools hold
-    32 streams per priority level, more than a client's default 64, hence --max-streams."""
+    32 streams per priority level, more than a client's default 64, hence --max-streams.
+    `daemon_args` are further options of mps-control (a configuration file, say)."""
 
-    def __init__(self, bin_dir, logs, server_args=()):
+    def __init__(self, bin_dir, logs, server_args=(), daemon_args=()):
         self.bin_dir, self.logs = bin_dir, logs
         shutil.rmtree(MPS_PIPE, ignore_errors=True)
         os.makedirs(MPS_PIPE, mode=0o700)
@@ -24,6 +25,7 @@ class MpsDaemon:
         log = open(os.path.join(logs, "daemon.stderr"), "ab")
         args = ["--server-arg=--max-streams", "--server-arg=255"]
         args += [f"--server-arg={a}" for a in server_args]
+        args += list(daemon_args)
         self.proc = subprocess.Popen(
             [f"{bin_dir}/mps-control", "-f", "--server", f"{bin_dir}/mps-server", "--pipe-dir",
              MPS_PIPE, "--log-dir", logs, *args], stdout=log, stderr=log)

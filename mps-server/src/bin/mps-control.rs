@@ -19,8 +19,8 @@ use mps_server::control::config::{
     self, Backend, Count, DeviceSizes, FaultScope, FileConfig, Percent, Priority, Size,
 };
 use mps_server::control::{
-    CONTROL_SOCKET, DEFAULT_MAX_SERVERS_PER_USER, DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig,
-    HelloLimits, send_command,
+    CONTROL_SOCKET, DEFAULT_MAX_SERVER_LOGS, DEFAULT_MAX_SERVERS_PER_USER,
+    DEFAULT_MAX_SM_RESERVATION, Daemon, DaemonConfig, HelloLimits, send_command,
 };
 use mps_server::intake::DEFAULT_LIMITS;
 use mps_server::process::{
@@ -125,6 +125,12 @@ struct Args {
     /// (replacing the one before) and started afresh, e.g. 16MiB [default: 16MiB]
     #[arg(long, value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     log_max_bytes: Option<u64>,
+    /// Server logs kept in each user's log directory (a log and its NAME.1 count as one):
+    /// before a server with a log of a new name starts, the logs of servers no longer running
+    /// are removed, the least recently written first, down to this many with the new one; a
+    /// running server's log is never removed [default: 32]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_server_logs: Option<u64>,
     /// Where clients' processes are read (their cgroup and groups), for tests that give a
     /// directory of their own.
     #[arg(long, hide = true, default_value = "/proc")]
@@ -205,6 +211,9 @@ fn run_daemon(args: &Args, file: FileConfig, config_path: PathBuf) -> Result<(),
         max_servers_per_user: cfg
             .max_servers_per_user
             .map_or(DEFAULT_MAX_SERVERS_PER_USER, |c| c.0 as usize),
+        max_server_logs: cfg.max_server_logs.map_or(DEFAULT_MAX_SERVER_LOGS, |c| {
+            usize::try_from(c.0).unwrap_or(usize::MAX)
+        }),
         config: cfg.clone(),
         config_path: config_path.clone(),
         proc_root: args.proc_root.clone(),
@@ -314,6 +323,7 @@ fn merge(args: &Args, mut c: FileConfig) -> Result<FileConfig, String> {
         args.max_servers_per_user.map(Count),
     );
     over(&mut c.log_max_bytes, args.log_max_bytes.map(Size));
+    over(&mut c.max_server_logs, args.max_server_logs.map(Count));
     c.check_groups()?;
     Ok(c)
 }

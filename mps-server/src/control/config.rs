@@ -258,6 +258,9 @@ pub struct FileConfig {
     /// `--log-max-bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_max_bytes: Option<Size>,
+    /// `--max-server-logs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_server_logs: Option<Count>,
     /// Groups with limits, rules and routes of their own (`[groups.NAME]`), by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub groups: BTreeMap<String, Group>,
@@ -352,6 +355,7 @@ pub(crate) fn restart_only(a: &FileConfig, b: &FileConfig) -> Vec<&'static str> 
         a.max_servers_per_user == b.max_servers_per_user,
     );
     check("log_max_bytes", a.log_max_bytes == b.log_max_bytes);
+    check("max_server_logs", a.max_server_logs == b.max_server_logs);
     differ
 }
 
@@ -700,6 +704,7 @@ max_pending_hellos = 8
 hello_timeout_ms = 500
 max_servers_per_user = 4
 log_max_bytes = 1048576
+max_server_logs = 8
 "#;
         let c = parse(text).unwrap();
         assert_eq!(c.sim_memory, Some(Size(1 << 30)));
@@ -729,6 +734,7 @@ log_max_bytes = 1048576
             ("client_priority = 2\n", 1, "below normal"),
             ("device_pinned_mem_limit = \"0=1G,1=x\"\n", 1, "x"),
             ("max_servers_per_user = 0\n", 1, "at least 1"),
+            ("\nmax_server_logs = 0\n", 2, "at least 1"),
             ("standby = yes\n", 1, ""),
         ];
         for (text, line, why) in cases {

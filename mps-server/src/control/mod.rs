@@ -15,11 +15,13 @@
 //! `routing` finds or starts the server of a (user, group) and hands clients to it; `groups`
 //! places each client in a group and gives a configured group's servers its limits; `config` is
 //! the configuration file; `command` is the operators' command language ([`Command`]);
-//! `metrics` serves Prometheus; `wire` is what the daemon and its servers say to each other.
+//! `metrics` serves Prometheus; `logs` bounds the servers' logs a user leaves behind; `wire` is
+//! what the daemon and its servers say to each other.
 
 mod command;
 pub mod config;
 mod groups;
+mod logs;
 mod metrics;
 mod routing;
 mod standby;
@@ -37,6 +39,7 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::socket::SOCKET_NAME;
 
 pub use command::{Command, Target};
+pub use logs::DEFAULT_MAX_SERVER_LOGS;
 use routing::ServerProc;
 
 use crate::server::wait_readable;
@@ -74,6 +77,10 @@ pub struct DaemonConfig {
     /// Servers one user may have running at once (one per group and device); a client that
     /// would need one more is refused with the reason, and other users are served as before.
     pub max_servers_per_user: usize,
+    /// Server logs kept in each user's log directory: before a server with a log of a new name
+    /// starts, the logs of servers no longer running are removed, the oldest first, down to
+    /// this many with the new one ([`logs`]).
+    pub max_server_logs: usize,
     /// The configuration in force at start: the file's under the options given (what
     /// `save_config` writes, with the defaults operators changed since); its
     /// `device_pinned_mem_limit`, if any, sets the default memory limit of each device.

@@ -429,6 +429,7 @@ impl Daemon {
                         ),
                     ));
                 }
+                self.bound_logs(&key, &servers);
                 let s = self.start_server(uid, group, hello.device, None)?;
                 servers.insert(key.clone(), s);
                 self.keep_standby(&key);
@@ -491,26 +492,10 @@ impl Daemon {
             d => format!("{uid}-{group}@{d}"),
         };
         let fail = |what: String| Error::new(Status::Internal, what);
-        // Run as root, the daemon starts another user's server as that user, who must own its
-        // directory and its log.
-        let owner = if is_root() && uid != 0 {
-            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                .ok()
-                .flatten()
-                .ok_or_else(|| fail(format!("uid {uid} has no passwd entry")))?;
-            Some((uid, user.gid.as_raw()))
-        } else {
-            None
-        };
+        let owner = owner_of(uid)?;
         let dir = self.servers_dir.subdir(&name, 0o700, owner)?;
-        let log_name = format!("server-{name}.log");
-        // Another user's server cannot open the log directory itself (0711 as root, as the
-        // package makes /var/log/mps, so that nobody lists it): it logs in a directory of its
-        // own there, which only that user can read or write.
-        let user_logs = match owner {
-            Some((uid, _)) => Some(self.logs.subdir(&uid.to_string(), 0o700, owner)?),
-            None => None,
-        };
+        let log_name = super::logs::log_name(uid, group, device);
+        let user_logs = self.user_logs(owner)?;
         let logs = user_logs.as_ref().unwrap_or(&self.logs);
         // Made here, private and not through a link, before the server appends to it by name.
         logs.append_file(&log_name, 0o600, owner)?;
@@ -613,6 +598,39 @@ impl Daemon {
         })
     }
 
+    /// The log directory of `owner`'s servers, if not the daemon's own: another user's server
+    /// cannot open the log directory itself (0711 as root, as the package makes /var/log/mps,
+    /// so that nobody lists it), so it logs in a directory of its own there, which only that
+    /// user can read or write.
+    fn user_logs(&self, owner: Option<(u32, u32)>) -> Result<Option<mps_ipc::trust::TrustedDir>> {
+        owner
+            .map(|(uid, _)| self.logs.subdir(&uid.to_string(), 0o700, owner))
+            .transpose()
+    }
+
+    /// Bounds uid `uid`'s server logs before the server of `key` starts (the logs of servers
+    /// no longer running go, the oldest first: [`super::logs`]); `servers` are the servers
+    /// serving now. A failure to bound them is logged, and the server starts all the same.
+    fn bound_logs(&self, key: &ServerKey, servers: &BTreeMap<ServerKey, ServerProc>) {
+        let uid = key.0;
+        let name = |k: &ServerKey| super::logs::log_name(k.0, &k.1, k.2);
+        let mut live: std::collections::BTreeSet<String> =
+            servers.keys().filter(|k| k.0 == uid).map(name).collect();
+        live.extend(
+            self.failed()
+                .iter()
+                .filter(|s| s.uid == uid)
+                .map(|s| super::logs::log_name(s.uid, &s.group, s.device)),
+        );
+        live.extend(self.standby_keys().iter().filter(|k| k.0 == uid).map(name));
+        let dir = match owner_of(uid).and_then(|owner| self.user_logs(owner)) {
+            Ok(dir) => dir,
+            Err(e) => return tracing::warn!(uid, "cannot bound the server logs: {e}"),
+        };
+        let dir = dir.as_ref().unwrap_or(&self.logs);
+        super::logs::bound(dir, uid, self.cfg.max_server_logs, &live, &name(key));
+    }
+
     /// Sends a request to the server with this pid (serving, or draining after a fault) and
     /// returns its answer.
     pub(super) fn ask(&self, pid: u32, request: &ServerRequest) -> Result<ServerAnswer> {
@@ -663,6 +681,19 @@ impl Daemon {
             stop_server(&mut s, grace);
         }
     }
+}
+
+/// Who owns the server of `uid`, its directory and its log: run as root, the daemon starts
+/// another user's server as that user (uid and primary gid); otherwise itself (`None`).
+fn owner_of(uid: u32) -> Result<Option<(u32, u32)>> {
+    if !is_root() || uid == 0 {
+        return Ok(None);
+    }
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .ok_or_else(|| Error::new(Status::Internal, format!("uid {uid} has no passwd entry")))?;
+    Ok(Some((uid, user.gid.as_raw())))
 }
 
 /// An answer that does not fit the request: daemon and server disagree about the protocol.

@@ -114,6 +114,11 @@ impl Daemon {
             .collect()
     }
 
+    /// Whose standby servers the daemon holds (running or not yet reaped).
+    pub(super) fn standby_keys(&self) -> Vec<ServerKey> {
+        self.standbys().keys().cloned().collect()
+    }
+
     /// The standby servers `which` picks (by key and server), taken out for stopping.
     pub(super) fn take_standby(
         &self,

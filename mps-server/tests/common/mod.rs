@@ -458,3 +458,44 @@ pub fn build_with(compiler: &str, std: &str, source: &Path, out: &Path) {
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
     assert!(status.success(), "compiling {} failed", source.display());
 }
+
+/// The SMs a kernel of `blocks` blocks ran on, from a kernel (tests/kernels/sm_ids.ptx) whose
+/// blocks each stay resident for `resident_ns` and then write down `%smid`: which SMs a
+/// partition lets a client's kernels use, counted rather than timed. GPU only (the simulator
+/// has no such kernel).
+pub fn sms_used(
+    c: &mpsclient::Client,
+    blocks: u32,
+    resident_ns: u64,
+) -> std::collections::BTreeSet<u32> {
+    use mpsclient::Stream;
+    let image = std::fs::read(root().join("mps-server/tests/kernels/sm_ids.ptx")).unwrap();
+    let m = c.module_load(&image).unwrap();
+    let f = c.module_get_function(m, "sm_ids").unwrap();
+    let out = c.mem_alloc(u64::from(blocks) * 4).unwrap();
+    c.memset_d32(out, u32::MAX, u64::from(blocks), Stream::DEFAULT)
+        .unwrap();
+    let dim = |x| mpsclient::Dim3 { x, y: 1, z: 1 };
+    c.launch(
+        f,
+        dim(blocks),
+        dim(256),
+        0,
+        Stream::DEFAULT,
+        &[&out.0.to_le_bytes(), &resident_ns.to_le_bytes()],
+    )
+    .unwrap();
+    let mut ids = vec![0u8; blocks as usize * 4];
+    c.memcpy_dtoh(&mut ids, out, Stream::DEFAULT).unwrap();
+    c.mem_free(out).unwrap();
+    c.module_unload(m).unwrap();
+    let ids: Vec<u32> = ids
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert!(
+        !ids.contains(&u32::MAX),
+        "a block of sm_ids wrote nothing: {ids:?}"
+    );
+    ids.into_iter().collect()
+}
