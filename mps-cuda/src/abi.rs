@@ -277,3 +277,220 @@ pub(crate) mod mempool {
     pub(crate) const USED_MEM_CURRENT: u32 = 7;
     pub(crate) const USED_MEM_HIGH: u32 = 8;
 }
+
+/// The graph API's parameter structures, with every enumeration a plain integer (a program may
+/// pass a node type or memory type cudarc's enums lack), laid out as `cuda.h` 13.0 lays them
+/// out (checked against cudarc's declarations below).
+pub(crate) mod graph {
+    use std::ffi::c_void;
+
+    /// `CUDA_KERNEL_NODE_PARAMS_v2` (also `_v3`, the generic form's); `CUDA_KERNEL_NODE_PARAMS_v1`
+    /// is its first ten fields ([`KERNEL_V1_BYTES`]).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct KernelNodeParams {
+        pub(crate) func: usize,
+        pub(crate) grid: [u32; 3],
+        pub(crate) block: [u32; 3],
+        pub(crate) shared_mem_bytes: u32,
+        pub(crate) kernel_params: *mut *mut c_void,
+        pub(crate) extra: *mut *mut c_void,
+        pub(crate) kern: usize,
+        pub(crate) ctx: usize,
+    }
+
+    /// The size of `CUDA_KERNEL_NODE_PARAMS_v1`: [`KernelNodeParams`] without `kern` and `ctx`.
+    pub(crate) const KERNEL_V1_BYTES: usize = std::mem::offset_of!(KernelNodeParams, kern);
+
+    /// `CUDA_MEMSET_NODE_PARAMS_v2`; `_v1` is it without `ctx`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct MemsetNodeParams {
+        pub(crate) dst: u64,
+        pub(crate) pitch: usize,
+        pub(crate) value: u32,
+        pub(crate) element_size: u32,
+        pub(crate) width: usize,
+        pub(crate) height: usize,
+        pub(crate) ctx: usize,
+    }
+
+    /// The size of `CUDA_MEMSET_NODE_PARAMS_v1`.
+    pub(crate) const MEMSET_V1_BYTES: usize = std::mem::offset_of!(MemsetNodeParams, ctx);
+
+    /// `CUDA_MEMCPY3D`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct Memcpy3D {
+        pub(crate) src_x_in_bytes: usize,
+        pub(crate) src_y: usize,
+        pub(crate) src_z: usize,
+        pub(crate) src_lod: usize,
+        pub(crate) src_memory_type: u32,
+        pub(crate) src_host: *const c_void,
+        pub(crate) src_device: u64,
+        pub(crate) src_array: usize,
+        pub(crate) reserved0: usize,
+        pub(crate) src_pitch: usize,
+        pub(crate) src_height: usize,
+        pub(crate) dst_x_in_bytes: usize,
+        pub(crate) dst_y: usize,
+        pub(crate) dst_z: usize,
+        pub(crate) dst_lod: usize,
+        pub(crate) dst_memory_type: u32,
+        pub(crate) dst_host: *mut c_void,
+        pub(crate) dst_device: u64,
+        pub(crate) dst_array: usize,
+        pub(crate) reserved1: usize,
+        pub(crate) dst_pitch: usize,
+        pub(crate) dst_height: usize,
+        pub(crate) width_in_bytes: usize,
+        pub(crate) height: usize,
+        pub(crate) depth: usize,
+    }
+
+    /// `CUDA_MEMCPY_NODE_PARAMS`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct MemcpyNodeParams {
+        pub(crate) flags: i32,
+        pub(crate) reserved: i32,
+        pub(crate) copy_ctx: usize,
+        pub(crate) copy: Memcpy3D,
+    }
+
+    /// `CUDA_CHILD_GRAPH_NODE_PARAMS`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct ChildGraphNodeParams {
+        pub(crate) graph: usize,
+        pub(crate) ownership: u32,
+    }
+
+    /// `CUgraphNodeParams`: the type, and the union of every type's parameters from byte 16.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct NodeParams {
+        pub(crate) type_: u32,
+        pub(crate) reserved0: [i32; 3],
+        pub(crate) params: NodeParamsUnion,
+        pub(crate) reserved2: i64,
+    }
+
+    /// The union of `CUgraphNodeParams`, as this library reads it.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub union NodeParamsUnion {
+        pub(crate) reserved1: [i64; 29],
+        pub(crate) kernel: KernelNodeParams,
+        pub(crate) memcpy: MemcpyNodeParams,
+        pub(crate) memset: MemsetNodeParams,
+        pub(crate) graph: ChildGraphNodeParams,
+    }
+
+    impl std::fmt::Debug for NodeParams {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NodeParams")
+                .field("type_", &self.type_)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// `CUgraphEdgeData`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct EdgeData {
+        pub(crate) from_port: u8,
+        pub(crate) to_port: u8,
+        pub(crate) type_: u8,
+        pub(crate) reserved: [u8; 5],
+    }
+
+    /// `CUgraphExecUpdateResultInfo`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    #[allow(unreachable_pub)] // named by exported functions' parameters
+    pub struct ExecUpdateResultInfo {
+        pub(crate) result: u32,
+        pub(crate) error_node: usize,
+        pub(crate) error_from_node: usize,
+    }
+
+    const _: () = {
+        use cudarc::driver::sys as s;
+        use std::mem::offset_of;
+        assert!(size_of::<KernelNodeParams>() == size_of::<s::CUDA_KERNEL_NODE_PARAMS_v2>());
+        assert!(KERNEL_V1_BYTES == size_of::<s::CUDA_KERNEL_NODE_PARAMS_v1>());
+        assert!(
+            offset_of!(KernelNodeParams, kernel_params)
+                == offset_of!(s::CUDA_KERNEL_NODE_PARAMS_v2, kernelParams)
+        );
+        assert!(
+            offset_of!(KernelNodeParams, ctx) == offset_of!(s::CUDA_KERNEL_NODE_PARAMS_v2, ctx)
+        );
+        assert!(size_of::<KernelNodeParams>() == size_of::<s::CUDA_KERNEL_NODE_PARAMS_v3>());
+        assert!(size_of::<MemsetNodeParams>() == size_of::<s::CUDA_MEMSET_NODE_PARAMS_v2>());
+        assert!(MEMSET_V1_BYTES == size_of::<s::CUDA_MEMSET_NODE_PARAMS_v1>());
+        assert!(
+            offset_of!(MemsetNodeParams, element_size)
+                == offset_of!(s::CUDA_MEMSET_NODE_PARAMS_v2, elementSize)
+        );
+        assert!(size_of::<Memcpy3D>() == size_of::<s::CUDA_MEMCPY3D>());
+        assert!(offset_of!(Memcpy3D, src_host) == offset_of!(s::CUDA_MEMCPY3D, srcHost));
+        assert!(
+            offset_of!(Memcpy3D, dst_memory_type) == offset_of!(s::CUDA_MEMCPY3D, dstMemoryType)
+        );
+        assert!(offset_of!(Memcpy3D, depth) == offset_of!(s::CUDA_MEMCPY3D, Depth));
+        assert!(size_of::<MemcpyNodeParams>() == size_of::<s::CUDA_MEMCPY_NODE_PARAMS>());
+        assert!(
+            offset_of!(MemcpyNodeParams, copy)
+                == offset_of!(s::CUDA_MEMCPY_NODE_PARAMS, copyParams)
+        );
+        assert!(size_of::<ChildGraphNodeParams>() == size_of::<s::CUDA_CHILD_GRAPH_NODE_PARAMS>());
+        assert!(size_of::<NodeParams>() == size_of::<s::CUgraphNodeParams>());
+        assert!(
+            offset_of!(NodeParams, params) == offset_of!(s::CUgraphNodeParams, __bindgen_anon_1)
+        );
+        assert!(offset_of!(NodeParams, reserved2) == offset_of!(s::CUgraphNodeParams, reserved2));
+        assert!(size_of::<EdgeData>() == size_of::<s::CUgraphEdgeData>());
+        assert!(size_of::<ExecUpdateResultInfo>() == size_of::<s::CUgraphExecUpdateResultInfo>());
+    };
+
+    /// `CUgraphNodeType`.
+    pub(crate) const NODE_KERNEL: u32 = 0;
+    pub(crate) const NODE_MEMCPY: u32 = 1;
+    pub(crate) const NODE_MEMSET: u32 = 2;
+    pub(crate) const NODE_HOST: u32 = 3;
+    pub(crate) const NODE_GRAPH: u32 = 4;
+    pub(crate) const NODE_EMPTY: u32 = 5;
+    pub(crate) const NODE_WAIT_EVENT: u32 = 6;
+    pub(crate) const NODE_EVENT_RECORD: u32 = 7;
+    pub(crate) const NODE_EXT_SEMAS_SIGNAL: u32 = 8;
+    pub(crate) const NODE_EXT_SEMAS_WAIT: u32 = 9;
+    pub(crate) const NODE_MEM_ALLOC: u32 = 10;
+    pub(crate) const NODE_MEM_FREE: u32 = 11;
+    pub(crate) const NODE_BATCH_MEM_OP: u32 = 12;
+    pub(crate) const NODE_CONDITIONAL: u32 = 13;
+
+    /// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE` and `_MOVE`.
+    pub(crate) const OWNERSHIP_CLONE: u32 = 0;
+    pub(crate) const OWNERSHIP_MOVE: u32 = 1;
+
+    /// `CUmemorytype`: `CU_MEMORYTYPE_HOST`, `_DEVICE`, `_ARRAY`, `_UNIFIED`.
+    pub(crate) const MEMORY_HOST: u32 = 1;
+    pub(crate) const MEMORY_DEVICE: u32 = 2;
+    pub(crate) const MEMORY_UNIFIED: u32 = 4;
+
+    /// `CUgraphExecUpdateResult`: `CU_GRAPH_EXEC_UPDATE_SUCCESS`, `_ERROR_TOPOLOGY_CHANGED`,
+    /// `_ERROR_NODE_TYPE_CHANGED`, `_ERROR_NOT_SUPPORTED`.
+    pub(crate) const UPDATE_SUCCESS: u32 = 0;
+    pub(crate) const UPDATE_TOPOLOGY_CHANGED: u32 = 2;
+    pub(crate) const UPDATE_NODE_TYPE_CHANGED: u32 = 3;
+    pub(crate) const UPDATE_NOT_SUPPORTED: u32 = 6;
+}

@@ -5,6 +5,8 @@
 //! Every failure is logged (with `MPS_CUDA_LOG`) with the client's message and returned as the
 //! CUDA result the server's driver gave, or else that of its status.
 
+use std::sync::RwLock;
+
 use mps_client::Client;
 use mps_client::{Error, PhysicalMem};
 pub(crate) use mps_client::{Event, Function, Graph, GraphExec, KernelLayout, Module, Stream};
@@ -44,6 +46,11 @@ pub(crate) struct Connection {
     device: Device,
     /// The device's VMM granularity, once the server gave it.
     granularity: std::sync::OnceLock<u64>,
+    /// Held shared by the calls the server (or client) refuses while a stream of the process
+    /// captures (freeing or mapping memory, a synchronisation of the whole device), and
+    /// exclusively through an internal capture ([`Connection::internal_capture`]), so that such
+    /// a call waits those few round trips out instead of failing.
+    internal: RwLock<()>,
 }
 
 impl Connection {
@@ -75,6 +82,7 @@ impl Connection {
             ordinal: ordinal as i32,
             device,
             granularity: std::sync::OnceLock::new(),
+            internal: RwLock::new(()),
         })
     }
 
@@ -105,6 +113,7 @@ impl Connection {
     }
 
     pub(crate) fn mem_free(&self, ptr: u64) -> Res<()> {
+        let _not_during = self.outside_internal_capture();
         self.client
             .mem_free(mps_client::DevicePtr(ptr))
             .map_err(fail)
@@ -139,6 +148,7 @@ impl Connection {
     }
 
     pub(crate) fn host_free(&self, ptr: *mut u8) -> Res<()> {
+        let _not_during = self.outside_internal_capture();
         self.client.host_free(ptr).map_err(fail)
     }
 
@@ -221,6 +231,7 @@ impl Connection {
     }
 
     pub(crate) fn vm_map(&self, va: u64, size: u64, handle: u64, offset: u64) -> Res<()> {
+        let _not_during = self.outside_internal_capture();
         let va = mps_client::DevicePtr(va);
         self.client
             .vm_map(va, size, PhysicalMem(handle), offset)
@@ -228,6 +239,7 @@ impl Connection {
     }
 
     pub(crate) fn vm_unmap(&self, va: u64, size: u64) -> Res<()> {
+        let _not_during = self.outside_internal_capture();
         self.client
             .vm_unmap(mps_client::DevicePtr(va), size)
             .map_err(fail)
@@ -393,6 +405,7 @@ impl Connection {
 
     /// Waits for all of this process's work on this device.
     pub(crate) fn synchronize(&self) -> Res<()> {
+        let _not_during = self.outside_internal_capture();
         self.client.synchronize().map_err(fail)
     }
 
@@ -421,6 +434,18 @@ impl Connection {
     }
 
     // ----- graphs -----
+
+    /// Runs `f`, a capture of this library's own (a plan of a built graph, captured in an
+    /// internal stream), while no call that a capture would make fail is under way, and holds
+    /// such calls back until it is done.
+    pub(crate) fn internal_capture<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _alone = self.internal.write().unwrap_or_else(|p| p.into_inner());
+        f()
+    }
+
+    fn outside_internal_capture(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.internal.read().unwrap_or_else(|p| p.into_inner())
+    }
 
     pub(crate) fn stream_begin_capture(&self, stream: Stream) -> Res<()> {
         self.client.stream_begin_capture(stream).map_err(fail)

@@ -32,7 +32,7 @@ thread_local! {
 /// # Safety
 /// `extra` must be a `CU_LAUNCH_PARAM_END`-terminated array of key/value pairs, and the size
 /// value must point at a `size_t`.
-unsafe fn extra_buffer(extra: *const *const c_void) -> Res<(*const u8, usize)> {
+pub(crate) unsafe fn extra_buffer(extra: *const *const c_void) -> Res<(*const u8, usize)> {
     let (mut buf, mut size) = (None, None);
     let mut i = 0;
     loop {
@@ -120,7 +120,7 @@ unsafe fn launch(
 
 /// What a launch attribute asks of a launch, as this library can serve it.
 #[derive(Debug, PartialEq, Eq)]
-enum AttributeAsks {
+pub(crate) enum AttributeAsks {
     /// Nothing a plain launch does not do: `IGNORE`, a cluster of one block, cooperation off.
     Nothing,
     /// Clusters of these blocks per axis.
@@ -140,7 +140,7 @@ enum AttributeAsks {
 ///
 /// # Safety
 /// `a` must point at a readable `CUlaunchAttribute` (an id, padding, a 64-byte value).
-unsafe fn asks(a: *const u32) -> AttributeAsks {
+pub(crate) unsafe fn asks(a: *const u32) -> AttributeAsks {
     // SAFETY: the caller guarantees a whole attribute: the id at word 0, the value from word 2.
     let (id, v) = unsafe {
         (

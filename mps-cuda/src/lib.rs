@@ -19,9 +19,11 @@
 //!   handles stand for); `driver` (the devices and the registries) and `capture` (CUDA's rules
 //!   of stream capture);
 //! - the areas of the API, each over those: `context`, `device`; `stream`, `module`, `export`;
-//!   `memory`, `vmm`, `graph`, `kernel_queries`; `pointer`, `launch`, `mempool`; `unified`
-//!   (copies whose direction comes from their addresses); then `proc` over them all, and
-//!   `unsupported`. A context's release frees what an area above keeps for it (the runtime's
+//!   `memory`, `vmm`, `kernel_queries`; `pointer`, `launch`, `mempool`; `unified` (copies whose
+//!   direction comes from their addresses); then the graphs: `graph_node` (the work of one node),
+//!   `graph_build` (the registry of graphs, and graphs built node by node), `graph_plan` (what an
+//!   instantiation runs) and `graph` (capture and executable graphs); then `proc` over them all,
+//!   and `unsupported`. A context's release frees what an area above keeps for it (the runtime's
 //!   storage, modules) through the hooks that area registers (`driver::on_release`).
 
 #![allow(non_snake_case)]
@@ -37,6 +39,9 @@ mod errors;
 pub mod export;
 mod ffi;
 pub mod graph;
+pub mod graph_build;
+mod graph_node;
+mod graph_plan;
 mod handles;
 mod image;
 pub mod kernel_queries;

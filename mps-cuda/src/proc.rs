@@ -24,8 +24,8 @@ use crate::abi::{CUdriverProcAddressQueryResult, CUresult, PROC_PER_THREAD_DEFAU
 use crate::ffi::{Export, check, exports, put};
 use crate::unsupported::STUBS;
 use crate::{
-    context, context_wide, device, errors, export, graph, kernel_queries, launch, memory, mempool,
-    module, pointer, stream, tensor_map, unified, vmm,
+    context, context_wide, device, errors, export, graph, graph_build, kernel_queries, launch,
+    memory, mempool, module, pointer, stream, tensor_map, unified, vmm,
 };
 
 /// One ABI of a name: the CUDA version that introduced it, its function, and its
@@ -45,6 +45,7 @@ const MODULES: &[&[Export]] = &[
     device::EXPORTS,
     export::EXPORTS,
     graph::EXPORTS,
+    graph_build::EXPORTS,
     kernel_queries::EXPORTS,
     launch::EXPORTS,
     memory::EXPORTS,
@@ -264,6 +265,43 @@ mod tests {
         assert_eq!(
             lookup("cuMemAlloc", 3020, pt),
             Ok(cuMemAlloc_v2 as *const () as usize)
+        );
+    }
+
+    /// The graph-building functions whose ABI changed: each version its symbol (CUDA 13's
+    /// `cuda.h` maps the names to the newest).
+    #[test]
+    fn graph_building_functions_by_version() {
+        use crate::graph_build::*;
+        let at = |name, version| lookup(name, version, 0);
+        let f = |f: usize| Ok(f);
+        assert_eq!(
+            at("cuGraphAddKernelNode", 11080),
+            f(cuGraphAddKernelNode as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphAddKernelNode", 13000),
+            f(cuGraphAddKernelNode_v2 as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphAddNode", 12020),
+            f(cuGraphAddNode as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphAddNode", 13000),
+            f(cuGraphAddNode_v2 as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphExecUpdate", 11080),
+            f(cuGraphExecUpdate as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphExecUpdate", 13000),
+            f(cuGraphExecUpdate_v2 as *const () as usize)
+        );
+        assert_eq!(
+            at("cuGraphGetEdges", 13000),
+            f(cuGraphGetEdges_v2 as *const () as usize)
         );
     }
 

@@ -87,75 +87,35 @@ unsupported! {
     cuGLUnmapBufferObject
     cuGLUnmapBufferObjectAsync
     cuGLUnregisterBufferObject
-    cuGraphAddChildGraphNode
-    cuGraphAddDependencies
-    cuGraphAddEmptyNode
     cuGraphAddEventRecordNode
     cuGraphAddEventWaitNode
     cuGraphAddExternalSemaphoresSignalNode
     cuGraphAddExternalSemaphoresWaitNode
     cuGraphAddHostNode
-    cuGraphAddKernelNode
-    cuGraphAddKernelNode_v2
     cuGraphAddMemAllocNode
     cuGraphAddMemFreeNode
-    cuGraphAddMemcpyNode
-    cuGraphAddMemsetNode
-    cuGraphAddNode
-    cuGraphChildGraphNodeGetGraph
-    cuGraphClone
     cuGraphConditionalHandleCreate
-    cuGraphCreate
     cuGraphDebugDotPrint
-    cuGraphDestroyNode
     cuGraphEventRecordNodeGetEvent
     cuGraphEventRecordNodeSetEvent
     cuGraphEventWaitNodeGetEvent
     cuGraphEventWaitNodeSetEvent
-    cuGraphExecChildGraphNodeSetParams
     cuGraphExecEventRecordNodeSetEvent
     cuGraphExecEventWaitNodeSetEvent
     cuGraphExecExternalSemaphoresSignalNodeSetParams
     cuGraphExecExternalSemaphoresWaitNodeSetParams
-    cuGraphExecGetFlags
     cuGraphExecHostNodeSetParams
-    cuGraphExecKernelNodeSetParams
-    cuGraphExecKernelNodeSetParams_v2
-    cuGraphExecMemcpyNodeSetParams
-    cuGraphExecMemsetNodeSetParams
-    cuGraphExecNodeSetParams
-    cuGraphExecUpdate
-    cuGraphExecUpdate_v2
     cuGraphExternalSemaphoresSignalNodeGetParams
     cuGraphExternalSemaphoresSignalNodeSetParams
     cuGraphExternalSemaphoresWaitNodeGetParams
     cuGraphExternalSemaphoresWaitNodeSetParams
-    cuGraphGetEdges
-    cuGraphGetRootNodes
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams
-    cuGraphKernelNodeCopyAttributes
-    cuGraphKernelNodeGetAttribute
-    cuGraphKernelNodeGetParams
-    cuGraphKernelNodeGetParams_v2
-    cuGraphKernelNodeSetAttribute
-    cuGraphKernelNodeSetParams
-    cuGraphKernelNodeSetParams_v2
     cuGraphMemAllocNodeGetParams
     cuGraphMemFreeNodeGetParams
-    cuGraphMemcpyNodeGetParams
-    cuGraphMemcpyNodeSetParams
-    cuGraphMemsetNodeGetParams
-    cuGraphMemsetNodeSetParams
-    cuGraphNodeFindInClone
-    cuGraphNodeGetDependencies
-    cuGraphNodeGetDependentNodes
     cuGraphNodeGetEnabled
-    cuGraphNodeGetType
     cuGraphNodeSetEnabled
-    cuGraphNodeSetParams
     cuGraphReleaseUserObject
-    cuGraphRemoveDependencies
     cuGraphRetainUserObject
     cuGraphicsEGLRegisterImage
     cuGraphicsGLRegisterBuffer
@@ -269,7 +229,6 @@ unsupported! {
     cuStreamAttachMemAsync
     cuStreamBatchMemOp
     cuStreamBatchMemOp_v2
-    cuStreamBeginCaptureToGraph
     cuStreamCopyAttributes
     cuStreamGetAttribute
     cuStreamGetCtx

@@ -303,7 +303,7 @@ fn proc_addresses_by_version_and_unsupported_functions_refused_once() {
     let (_, stderr) = passes("proc_unsupported", &[]);
     let said = stderr
         .lines()
-        .filter(|l| l.contains("cuGraphCreate is not supported through mps"))
+        .filter(|l| l.contains("cuGraphDebugDotPrint is not supported through mps"))
         .count();
     assert_eq!(said, 1, "{stderr}");
     assert!(
@@ -603,6 +603,29 @@ fn unmodified_processes_share_the_daemon_under_its_limits_groups_and_lists() {
     for h in [a, b, c] {
         let printed = h.release(&daemon);
         assert!(printed.contains("devices: 1\n"), "{printed}");
+    }
+}
+
+#[test]
+fn graphs_built_node_by_node_run_update_and_refuse_what_mps_cannot_serve() {
+    let (stdout, stderr) = passes("graph_build", &[]);
+    // v = 7x for the last round's x[4095] = 4095 + 5000: the update from the clone held.
+    assert!(
+        stdout.contains("built graph: 0 wrong results over 6 launches, v[4095] = 63665.0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("captured work in built graphs: v[0] = 2.0"),
+        "{stdout}"
+    );
+    // What mps refuses is said once each, naming it.
+    for what in [
+        "cuGraphConditionalHandleCreate is not supported",
+        "a graph node host (CU_GRAPH_NODE_TYPE_HOST) is not supported",
+        "adding a node: not supported through mps for a graph captured from a stream",
+    ] {
+        let said = stderr.lines().filter(|l| l.contains(what)).count();
+        assert_eq!(said, 1, "{what}: {stderr}");
     }
 }
 

@@ -309,6 +309,19 @@ fn several_devices_with_cuda_set_device() {
 }
 
 #[test]
+fn graphs_built_node_by_node_launch_and_update() {
+    passes(
+        "graph_nodes",
+        &[],
+        &[
+            "built nodes: 7",
+            "2 launches: y[4095] = 20380.0",
+            "after the update: y[4095] = 30475.0",
+        ],
+    );
+}
+
+#[test]
 fn stream_capture_and_graph_launches_with_new_input() {
     passes(
         "graph",

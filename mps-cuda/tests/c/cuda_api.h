@@ -272,7 +272,6 @@ CUresult cuCtxRecordEvent(CUcontext ctx, CUevent e);
 CUresult cuCtxWaitEvent(CUcontext ctx, CUevent e);
 CUresult cuCtxGetDevResource(CUcontext ctx, CUdevResource *resource, int type);
 CUresult cuGreenCtxGetId(void *green, unsigned long long *id);
-CUresult cuGraphCreate(void **graph, unsigned int flags);
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture(CUstream s, CUgraph *graph);
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status);
@@ -288,6 +287,134 @@ CUresult cuGraphUpload(CUgraphExec exec, CUstream s);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
+
+/* Graphs built node by node (the symbols cuda.h 13.0 maps the names to). */
+typedef enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+} CUgraphNodeType;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS; /* _v2, and _v3 in CUgraphNodeParams */
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+} CUDA_MEMSET_NODE_PARAMS;
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+    CUcontext ctx;
+} CUDA_MEMSET_NODE_PARAMS_v2;
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType; /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct {
+    void (*fn)(void *);
+    void *userData;
+} CUDA_HOST_NODE_PARAMS;
+typedef struct {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS kernel;
+        struct {
+            int flags, reserved;
+            CUcontext copyCtx;
+            CUDA_MEMCPY3D copyParams;
+        } memcpy;
+        CUDA_MEMSET_NODE_PARAMS_v2 memset;
+        CUDA_HOST_NODE_PARAMS host;
+        struct {
+            CUgraph graph;
+            int ownership;
+        } graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+typedef struct {
+    int result; /* CUgraphExecUpdateResult */
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+#define CU_GRAPH_EXEC_UPDATE_SUCCESS 0
+#define CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED 2
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE 910
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                 size_t n, const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                              size_t n, const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx);
+CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                              size_t n, const CUDA_MEMCPY3D *params, CUcontext ctx);
+CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                             size_t n);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  size_t n, CUgraph child);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edgeData, size_t n, CUgraphNodeParams *params);
+CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                   const CUgraphNode *to, const void *edgeData, size_t n);
+CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *roots, size_t *count);
+CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edgeData,
+                            size_t *count);
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edgeData,
+                                       size_t *count);
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                           const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                        const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx);
+CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                              CUgraphExecUpdateResultInfo *info);
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr, const void *value);
+CUresult cuGraphKernelNodeGetAttribute(CUgraphNode node, int attr, void *value);
+#define CU_LAUNCH_ATTRIBUTE_PRIORITY 8
+CUresult cuGraphDestroyNode(CUgraphNode node);
+CUresult cuGraphClone(CUgraph *clone, CUgraph graph);
+CUresult cuGraphNodeFindInClone(CUgraphNode *node, CUgraphNode original, CUgraph clone);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child);
+CUresult cuGraphConditionalHandleCreate(unsigned long long *handle, CUgraph graph,
+                                        CUcontext ctx, unsigned int defaultValue,
+                                        unsigned int flags);
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edgeData, size_t n, CUstreamCaptureMode mode);
+CUresult cuGraphDebugDotPrint(CUgraph graph, const char *path, unsigned int flags);
 
 /* Virtual memory management (CUDA 10.2 on). */
 typedef unsigned long long CUmemGenericAllocationHandle;

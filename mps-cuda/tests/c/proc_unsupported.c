@@ -61,12 +61,12 @@ int main(void) {
 
     /* Unsupported through mps: refused cleanly, every time (said once on stderr). */
     if (mps_only()) {
-        void *graph = NULL;
-        EXPECT(cuGraphCreate(&graph, 0), CUDA_ERROR_NOT_SUPPORTED);
-        EXPECT(cuGraphCreate(&graph, 0), CUDA_ERROR_NOT_SUPPORTED);
+        EXPECT(cuGraphDebugDotPrint(NULL, "/dev/null", 0), CUDA_ERROR_NOT_SUPPORTED);
+        EXPECT(cuGraphDebugDotPrint(NULL, "/dev/null", 0), CUDA_ERROR_NOT_SUPPORTED);
     }
-    CHECK(get_proc("cuGraphCreate", &fn, 10000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
-    if (mps_only()) ASSERT(fn == dlsym(lib, "cuGraphCreate"), "cuGraphCreate is not its stub");
+    CHECK(get_proc("cuGraphDebugDotPrint", &fn, 11030, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+    if (mps_only())
+        ASSERT(fn == dlsym(lib, "cuGraphDebugDotPrint"), "cuGraphDebugDotPrint is not its stub");
     /* The runtime's interface table is served (its first word is its size in bytes, as in
        NVIDIA's driver, and its address is the same every time); NVML's 69a28e9f table is
        not. */
