@@ -50,19 +50,32 @@ impl TestDaemon {
         adjust: impl FnOnce(&mut Command),
     ) -> TestDaemon {
         let dir = temp_dir(tag);
-        Self::launch_in(dir.clone(), dir, server, "256MiB", extra, adjust)
+        let backend = ["--backend", &backend()];
+        Self::launch_in(dir.clone(), dir, server, "256MiB", &backend, extra, adjust)
     }
 
     /// A daemon laid out as the Debian package lays it out: the pipe directory (0755) apart
     /// from the log directory, which exists beforehand, root's with mode 0711
     /// (`LogsDirectoryMode=0711`), with `sim_memory` of simulated memory per server.
     pub fn start_apart(tag: &str, server: &Path, sim_memory: &str, extra: &[&str]) -> TestDaemon {
+        Self::start_apart_on(&backend(), tag, server, sim_memory, extra)
+    }
+
+    /// [`TestDaemon::start_apart`] with servers of `backend`, whatever the tests run against.
+    pub fn start_apart_on(
+        backend: &str,
+        tag: &str,
+        server: &Path,
+        sim_memory: &str,
+        extra: &[&str],
+    ) -> TestDaemon {
         use std::os::unix::fs::PermissionsExt;
         let dir = temp_dir(tag);
         let logs = temp_dir(&format!("{tag}-logs")).join("mps");
         std::fs::create_dir(&logs).unwrap();
         std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o711)).unwrap();
-        Self::launch_in(dir, logs, server, sim_memory, extra, |_| {})
+        let backend = ["--backend", backend];
+        Self::launch_in(dir, logs, server, sim_memory, &backend, extra, |_| {})
     }
 
     fn launch_in(
@@ -70,12 +83,14 @@ impl TestDaemon {
         logs: PathBuf,
         server: &Path,
         sim_memory: &str,
+        backend: &[&str],
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> TestDaemon {
         let mut cmd = Command::new(control_bin());
         cmd.arg("-f")
-            .args(["--backend", &backend(), "--sim-memory", sim_memory])
+            .args(backend)
+            .args(["--sim-memory", sim_memory])
             .args(extra)
             .arg("--server")
             .arg(server)
