@@ -79,7 +79,7 @@ pub struct DaemonConfig {
     pub max_servers_per_user: usize,
     /// Server logs kept in each user's log directory: before a server with a log of a new name
     /// starts, the logs of servers no longer running are removed, the oldest first, down to
-    /// this many with the new one ([`logs`]).
+    /// this many with the new one (the module `logs`).
     pub max_server_logs: usize,
     /// The configuration in force at start: the file's under the options given (what
     /// `save_config` writes, with the defaults operators changed since); its
