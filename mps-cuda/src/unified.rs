@@ -2,7 +2,7 @@
 //! `cuMemcpy`, `cuMemcpyAsync` and the 2D copies of linear memory (`cuMemcpy2D`,
 //! `cuMemcpy2DAsync`, `cuMemcpy2DUnaligned`).
 //!
-//! Each address is placed ([`place`]) against the device of the copy's stream: device memory
+//! Each address is placed (`place`) against the device of the copy's stream: device memory
 //! of this client there (an allocation, a mapping of a reservation, or else any range the
 //! device's server holds for it: a module global, a host buffer's device address), a
 //! page-locked host buffer of that device (copied directly, by DMA), device memory of another
