@@ -27,7 +27,12 @@
 //!   appearances a shape needs before its graph is made double (up to `BUILD_AT_MOST`). A
 //!   client whose runs each repeat only a few times thus stops paying for graphs after a few
 //!   of them per doubling, and its runs are then not held at all: only shapes with a graph, or
-//!   due one at this appearance, hold commands.
+//!   due one at this appearance, hold commands. Holding must pay too: a held run that leaves
+//!   the shape it followed was delayed for nothing, and `DEPARTURES` of them with no run
+//!   launched from a graph in between double the appearances in the same way. A real model's
+//!   runs begin alike and then differ (device addresses that move from one request to the
+//!   next), so without this every run of them was held and sent again command by command,
+//!   while no graph was ever made to stop the holding.
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
 //!   graph cannot be made or launched, the held commands are submitted one by one instead, so
@@ -197,6 +202,9 @@ const BUILD_AT_MOST: u32 = 64;
 /// New shapes learned after a graph was made, without a second launch of it, that show it was
 /// made for nothing.
 const PROBATION: u64 = 4;
+/// Held runs that left their shape, with no run launched from a graph since, after which
+/// shapes need twice the appearances before their runs are held.
+const DEPARTURES: u32 = 8;
 /// Commands after which a run ends (see "Long runs go in pieces"): enough that a request's
 /// work is one run, few enough that a graph of them is made in about a millisecond.
 pub(crate) const MAX_RUN: usize = 256;
@@ -271,6 +279,9 @@ pub(super) struct Batching<B: Backend> {
     candidates: Vec<usize>,
     /// A shape's graph is made at this appearance (see "Graphs must pay").
     build_at: u32,
+    /// Held runs that left their shape since a run was last launched from a graph, or since
+    /// `build_at` last rose for them.
+    departures: u32,
     /// Shapes learned so far.
     learned: u64,
     bytes: u64,
@@ -296,6 +307,7 @@ impl<B: Backend> Batching<B> {
             shapes: Vec::new(),
             candidates: Vec::new(),
             build_at: BUILD_AT_FIRST,
+            departures: 0,
             learned: 0,
             bytes: 0,
             tick: 0,
@@ -463,6 +475,21 @@ impl<B: Backend> Batching<B> {
         }
     }
 
+    /// A held run left the shape it followed: after `DEPARTURES` of them with no run launched
+    /// from a graph, shapes need twice the appearances before their runs are held.
+    fn held_in_vain(&mut self) {
+        self.departures += 1;
+        if self.departures >= DEPARTURES && self.build_at < BUILD_AT_MOST {
+            self.departures = 0;
+            self.build_at *= 2;
+            tracing::debug!(
+                "{DEPARTURES} held runs left their shapes without a graph launched: shapes now \
+                 need {} appearances before their runs are held",
+                self.build_at
+            );
+        }
+    }
+
     /// A graph made when shapes needed `made_at` appearances served only the run it was made
     /// for: shapes need twice the appearances, if that was the current rule. The graphs made
     /// before the rule was raised do not raise it again.
@@ -534,6 +561,7 @@ impl<B: Backend> SessionCore<B> {
             // makes up a shape, else as it came.
             if self.batch.whole().0.is_none() {
                 self.report_divergence(&desc);
+                self.batch.held_in_vain();
             }
             self.flush_held();
             next = self.batch.matching(&desc);
@@ -722,7 +750,10 @@ impl<B: Backend> SessionCore<B> {
                 .submit(&s.stream, first, Op::GraphLaunch(exec), None)
         });
         match launched {
-            Ok(()) => self.batch.shapes[i].launches += 1,
+            Ok(()) => {
+                self.batch.shapes[i].launches += 1;
+                self.batch.departures = 0;
+            }
             Err(err) => {
                 // Nothing was queued: the commands go one by one, each answering for itself.
                 tracing::debug!(client = self.ctx.id, "a batched run's launch failed: {err}");

@@ -621,6 +621,36 @@ fn graphs_that_serve_only_their_own_run_stop_being_made() {
     assert_eq!(graph_launches(&server.backend), 2);
 }
 
+#[test]
+fn runs_that_begin_alike_and_then_differ_stop_being_held() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    // Each run the same first launch, then one with parameters of its own (a real model's
+    // runs: device addresses that move from one request to the next). Whether the first
+    // launch was held back, run by run.
+    let mut run = |n: u8| {
+        quiet(&mut c, &launch(f, &k_params(0)), s);
+        let held = c.core.holds_run();
+        quiet(&mut c, &launch(f, &k_params(n + 1)), s);
+        c.send(&Request::Mark, s, flags::MARK);
+        held
+    };
+    let held: Vec<bool> = (0..40).map(&mut run).collect();
+    // The first run is learned; the next ones are held until eight of them left their shape.
+    assert_eq!(held.iter().filter(|&&h| h).count(), 8, "{held:?}");
+    assert!(
+        held[1..9].iter().all(|&h| h) && !held[9..].iter().any(|&h| h),
+        "{held:?}"
+    );
+    assert_eq!(c.core.stats().batch_diverged.load(Ordering::Relaxed), 8);
+    assert_eq!(counters(c.core.stats())[..3], [0, 8, 0]);
+    // Nothing was lost: every launch reached the backend, in order, and none as a graph.
+    let sent = server.backend.take();
+    assert_eq!(sent.iter().filter(|s| s.op == Opcode::Launch).count(), 80);
+    assert!(sent.iter().all(|s| s.op != Opcode::GraphLaunch));
+}
+
 /// A client that posts far more launches than a run holds before it synchronises has them
 /// learned and launched a run's length at a time: the first piece is learned, the second makes
 /// the graph, the third is launched from it, and what is left over goes on its own.
