@@ -479,14 +479,11 @@ impl<B: Backend> Batching<B> {
     /// from a graph, shapes need twice the appearances before their runs are held.
     fn held_in_vain(&mut self) {
         self.departures += 1;
-        if self.departures >= DEPARTURES && self.build_at < BUILD_AT_MOST {
+        if self.departures >= DEPARTURES {
             self.departures = 0;
-            self.build_at *= 2;
-            tracing::debug!(
-                "{DEPARTURES} held runs left their shapes without a graph launched: shapes now \
-                 need {} appearances before their runs are held",
-                self.build_at
-            );
+            self.raise_build_at(format_args!(
+                "{DEPARTURES} held runs left their shapes without a graph launched"
+            ));
         }
     }
 
@@ -494,11 +491,18 @@ impl<B: Backend> Batching<B> {
     /// for: shapes need twice the appearances, if that was the current rule. The graphs made
     /// before the rule was raised do not raise it again.
     fn graph_wasted(&mut self, made_at: u32) {
-        if made_at == self.build_at && self.build_at < BUILD_AT_MOST {
+        if made_at == self.build_at {
+            self.raise_build_at(format_args!("a graph served only the run it was made for"));
+        }
+    }
+
+    /// Doubles the appearances a shape needs before its runs are held and its graph made, up to
+    /// `BUILD_AT_MOST`, for the reason `why`.
+    fn raise_build_at(&mut self, why: std::fmt::Arguments<'_>) {
+        if self.build_at < BUILD_AT_MOST {
             self.build_at *= 2;
             tracing::debug!(
-                "a graph served only the run it was made for: shapes now need {} appearances \
-                 before their graph is made",
+                "{why}: shapes now need {} appearances before their runs are held",
                 self.build_at
             );
         }
