@@ -31,6 +31,12 @@ from services import MpsDaemon, NvidiaMps, command_env, json_result
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def split_mode(mode):
+    """A mode's base (native, nvidia-mps or mps) and the server arguments of `mps:ARG,...`."""
+    base, _, extra = mode.partition(":")
+    return base, [a for a in extra.split(",") if a]
+
+
 def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     """N serving processes from one barrier, process i on GPU i mod `devices`; their JSON
     results (None for one that failed)."""
@@ -38,7 +44,7 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     os.makedirs(work)
     procs = []
     for i in range(n):
-        cmd, env = command_env(mode.split(":")[0], bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
+        cmd, env = command_env(split_mode(mode)[0], bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
                                                "infer", model, work, str(i), str(seconds)],
                                {"CUDA_VISIBLE_DEVICES": str(i % devices)})
         err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
@@ -119,8 +125,7 @@ def main():
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
         results = {}
         for mode in order:
-            base, _, extra = mode.partition(":")
-            server_args = [a for a in extra.split(",") if a]
+            base, server_args = split_mode(mode)
             service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs"), server_args)
                        if base == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)

@@ -50,8 +50,15 @@ impl TestDaemon {
         adjust: impl FnOnce(&mut Command),
     ) -> TestDaemon {
         let dir = temp_dir(tag);
-        let backend = ["--backend", &backend()];
-        Self::launch_in(dir.clone(), dir, server, "256MiB", &backend, extra, adjust)
+        Self::launch_in(
+            dir.clone(),
+            dir,
+            server,
+            "256MiB",
+            &backend(),
+            extra,
+            adjust,
+        )
     }
 
     /// A daemon laid out as the Debian package lays it out: the pipe directory (0755) apart
@@ -74,8 +81,7 @@ impl TestDaemon {
         let logs = temp_dir(&format!("{tag}-logs")).join("mps");
         std::fs::create_dir(&logs).unwrap();
         std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o711)).unwrap();
-        let backend = ["--backend", backend];
-        Self::launch_in(dir, logs, server, sim_memory, &backend, extra, |_| {})
+        Self::launch_in(dir, logs, server, sim_memory, backend, extra, |_| {})
     }
 
     fn launch_in(
@@ -83,14 +89,13 @@ impl TestDaemon {
         logs: PathBuf,
         server: &Path,
         sim_memory: &str,
-        backend: &[&str],
+        backend: &str,
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> TestDaemon {
         let mut cmd = Command::new(control_bin());
         cmd.arg("-f")
-            .args(backend)
-            .args(["--sim-memory", sim_memory])
+            .args(["--backend", backend, "--sim-memory", sim_memory])
             .args(extra)
             .arg("--server")
             .arg(server)
