@@ -6,7 +6,8 @@ side by side in rounds (each round runs the modes in a rotated order).
         [--modes native,nvidia-mps,mps] [--rounds 3] [--seconds 5] [--devices 1]
 
 A mode `mps:ARG,ARG` is mps with those arguments added to every server's (e.g.
-`mps:--yield-us=0`), to compare the server's settings side by side.
+`mps:--yield-us=0`), and those of the form NAME=VALUE set in every client's environment (e.g.
+`mps:MPS_CLIENT_YIELD_US=0`), to compare settings side by side.
 BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. With --devices D
 the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_VISIBLE_DEVICES),
 as programs choose theirs; one daemon of each kind serves all of them. For each model,
@@ -31,10 +32,30 @@ from services import MpsDaemon, NvidiaMps, command_env, json_result
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+BASES = ("native", "nvidia-mps", "mps")
+
+
+def parse_modes(text):
+    """The modes of `--modes`: comma-separated, where an item that names no base continues the
+    mode before it (`nvidia-mps,mps:--spin-us=0,--yield-us=50` is two modes)."""
+    modes = []
+    for item in text.split(","):
+        if item.partition(":")[0] in BASES:
+            modes.append(item)
+        elif modes and ":" in modes[-1]:
+            modes[-1] += "," + item
+        else:
+            raise SystemExit(f"bench.py: {item!r} is not a mode (native, nvidia-mps, mps or mps:ARG,...)")
+    return modes
+
+
 def split_mode(mode):
-    """A mode's base (native, nvidia-mps or mps) and the server arguments of `mps:ARG,...`."""
+    """A mode's base (native, nvidia-mps or mps), the server arguments of `mps:ARG,...` and the
+    client environment that its NAME=VALUE items set."""
     base, _, extra = mode.partition(":")
-    return base, [a for a in extra.split(",") if a]
+    items = [a for a in extra.split(",") if a]
+    env = dict(a.split("=", 1) for a in items if not a.startswith("-"))
+    return base, [a for a in items if a.startswith("-")], env
 
 
 def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
@@ -44,9 +65,10 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     os.makedirs(work)
     procs = []
     for i in range(n):
-        cmd, env = command_env(split_mode(mode)[0], bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
+        base, _, client_env = split_mode(mode)
+        cmd, env = command_env(base, bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
                                                "infer", model, work, str(i), str(seconds)],
-                               {"CUDA_VISIBLE_DEVICES": str(i % devices)})
+                               {"CUDA_VISIBLE_DEVICES": str(i % devices), **client_env})
         err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err))
     deadline = time.time() + 240
@@ -118,14 +140,14 @@ def main():
     a = ap.parse_args()
     bin_dir, out = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
     os.makedirs(os.path.join(out, "err"), exist_ok=True)
-    models, modes = a.models.split(","), a.modes.split(",")
+    models, modes = a.models.split(","), parse_modes(a.modes)
     clients = [int(n) for n in a.clients.split(",")]
     all_rounds = []
     for rnd in range(a.rounds):
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
         results = {}
         for mode in order:
-            base, server_args = split_mode(mode)
+            base, server_args, _ = split_mode(mode)
             service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs"), server_args)
                        if base == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
