@@ -69,6 +69,24 @@ pub(crate) fn require_current() -> Res<()> {
     through(&FOUND_ACTIVE, top, || context(top).map(drop), |_| Ok(()))
 }
 
+thread_local! {
+    /// The devices of the contexts this thread found active.
+    static DEVICES: Memo<usize, CUdevice> = Memo::default();
+}
+
+/// The device of `ctx`, or of the current context where it is NULL: cudart asks it about a
+/// dozen times per launch (`cuCtxGetDevice`), so an answer about an active context is kept
+/// until handles change ([`crate::memo`]), a thread-local look-up instead of the registry's
+/// lock and the context's.
+fn device_of(ctx: CUcontext) -> Res<CUdevice> {
+    let h = if ctx.is_null() {
+        current_handle().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?
+    } else {
+        handle_of(ctx)
+    };
+    through(&DEVICES, h, || context(h).map(|c| c.device), |d| Ok(*d))
+}
+
 /// `ctx`, or the current context where it is NULL.
 pub(crate) fn given_or_current(ctx: CUcontext) -> Res<Arc<Context>> {
     if ctx.is_null() {
@@ -344,7 +362,7 @@ exports! {
     /// # Safety
     /// `device` must be NULL or writable.
     pub unsafe fn cuCtxGetDevice(device: *mut CUdevice) ["cuCtxGetDevice" 2000] = {
-        let dev = current()?.device;
+        let dev = device_of(std::ptr::null_mut())?;
         // SAFETY: the caller guarantees a non-null `device` is writable.
         unsafe { put(device, dev) }
     };
@@ -357,7 +375,7 @@ exports! {
         device: *mut CUdevice,
         ctx: CUcontext,
     ) ["cuCtxGetDevice" 13000] = {
-        let dev = given_or_current(ctx)?.device;
+        let dev = device_of(ctx)?;
         // SAFETY: the caller guarantees a non-null `device` is writable.
         unsafe { put(device, dev) }
     };
