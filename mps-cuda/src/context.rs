@@ -58,33 +58,31 @@ pub(crate) fn current() -> Res<Arc<Context>> {
 }
 
 thread_local! {
-    /// Contexts this thread found active, as its current context.
-    static FOUND_ACTIVE: Memo<usize, ()> = Memo::default();
+    /// The contexts this thread found active, with their devices.
+    static FOUND_ACTIVE: Memo<usize, CUdevice> = Memo::default();
 }
 
-/// As [`current`], where only whether there is one matters (a launch): an answer about the same
-/// context is kept until handles change ([`crate::memo`]).
-pub(crate) fn require_current() -> Res<()> {
-    let top = current_handle().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    through(&FOUND_ACTIVE, top, || context(top).map(drop), |_| Ok(()))
-}
-
-thread_local! {
-    /// The devices of the contexts this thread found active.
-    static DEVICES: Memo<usize, CUdevice> = Memo::default();
-}
-
-/// The device of `ctx`, or of the current context where it is NULL: cudart asks it about a
-/// dozen times per launch (`cuCtxGetDevice`), so an answer about an active context is kept
-/// until handles change ([`crate::memo`]), a thread-local look-up instead of the registry's
-/// lock and the context's.
+/// The device of the active context `ctx`, or of the current context where it is NULL. A
+/// launch asks whether there is one, and cudart asks its device about a dozen times per launch
+/// (`cuCtxGetDevice`): an answer about an active context is kept until handles change
+/// ([`crate::memo`]), a thread-local look-up instead of the registry's lock and the context's.
 fn device_of(ctx: CUcontext) -> Res<CUdevice> {
     let h = if ctx.is_null() {
         current_handle().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?
     } else {
         handle_of(ctx)
     };
-    through(&DEVICES, h, || context(h).map(|c| c.device), |d| Ok(*d))
+    through(
+        &FOUND_ACTIVE,
+        h,
+        || context(h).map(|c| c.device),
+        |d| Ok(*d),
+    )
+}
+
+/// As [`current`], where only whether there is one matters (a launch).
+pub(crate) fn require_current() -> Res<()> {
+    device_of(std::ptr::null_mut()).map(drop)
 }
 
 /// `ctx`, or the current context where it is NULL.
