@@ -251,6 +251,7 @@ impl Recovery {
             sm: Arc::default(),
             busy_ns: Arc::default(),
             gates: Arc::default(),
+            priority: Arc::default(),
         };
         let stream = backend.stream_create(0, &ctx)?;
         // The CUDA backend keeps only a weak reference to a stream owner's fault sink: the

@@ -138,6 +138,9 @@ pub struct ClientContext {
     pub busy_ns: Arc<AtomicU64>,
     /// The words its streams wait on for host functions ([`Op::HostWait`]).
     pub gates: Arc<HostGates>,
+    /// The client's priority level (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`), which the
+    /// device priority of its streams follows (see each backend).
+    pub priority: Arc<AtomicU32>,
 }
 
 /// The gate words of a client's streams ([`Op::HostWait`]): one word of a host buffer per
@@ -425,7 +428,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// where it says (streams created before follow at their next submission). On failure the
     /// previous placement stays.
     fn place(&self, assignments: &[Assignment]) -> Result<()>;
-    /// Creates a stream for a client.
+    /// Creates a stream for a client, of CUDA priority `priority` (lower is more urgent) as
+    /// the client asked for it: the device priority also follows the client's level,
+    /// [`ClientContext::priority`], which its streams follow at their next submission after it
+    /// changes.
     fn stream_create(&self, priority: i32, client: &ClientContext) -> Result<Self::Stream>;
     /// Queues `op` on `stream`, to be followed by `publish` once it completes. Failures while
     /// running go to the client's [`FaultSink`]; an error here means nothing was queued.

@@ -15,7 +15,7 @@ use mps_core::alloc::AllocTable;
 use mps_core::handle::{Handle, HandleKind, HandleTable};
 use mps_core::limits::{check_clusters, check_geometry};
 use mps_core::protocol::{
-    self, ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
+    ATTRIBUTES_PER_REPLY, Command, Completion, CompletionKind, DeviceAttribute, HostBufferFd,
     HostRef, Opcode, Request, flags,
 };
 use mps_core::{Error, Result, Status};
@@ -123,8 +123,6 @@ pub(crate) struct SessionCore<B: Backend> {
     stats: Arc<Stats>,
     /// Device-memory limit in bytes (0: none); the operator's registry sees it.
     mem_limit: Arc<AtomicU64>,
-    /// `PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`.
-    priority: Arc<AtomicU32>,
     /// Capturing streams and the client's graphs.
     graphs: graphs::Graphs<B>,
     /// Launch batching: the run being held and the shapes of earlier runs.
@@ -182,7 +180,6 @@ impl<B: Backend> SessionCore<B> {
             vm: vm::Vm::new(limits.max_allocations),
             stats: Arc::default(),
             mem_limit: Arc::new(AtomicU64::new(registry.default_mem_limit())),
-            priority: Arc::new(AtomicU32::new(registry.default_priority())),
             backend,
             handles,
             registry,
@@ -210,7 +207,7 @@ impl<B: Backend> SessionCore<B> {
 
     /// The client's priority, shared with the registry.
     pub(crate) fn priority(&self) -> &Arc<AtomicU32> {
-        &self.priority
+        &self.ctx.priority
     }
 
     /// Bytes of a module upload not finished yet.
@@ -431,7 +428,13 @@ impl<B: Backend> SessionCore<B> {
             Request::VmHandleAt { va } => self.vm_handle_at(va),
             Request::SetPriority { level } => {
                 // A client may only lower what the server set.
-                let new = self.priority.fetch_max(level, Ordering::Relaxed).max(level);
+                // The backend moves the client's streams to their new device priority at their
+                // next submission.
+                let new = self
+                    .ctx
+                    .priority
+                    .fetch_max(level, Ordering::Relaxed)
+                    .max(level);
                 Ok(Answer::Values([new as u64, 0, 0, 0]))
             }
             Request::SetMemLimit { bytes } => {
@@ -488,14 +491,7 @@ impl<B: Backend> SessionCore<B> {
             Request::Occupancy { function, query } => self.occupancy(function, query),
             Request::StreamCreate { priority } => {
                 let slot = self.streams.take_slot()?;
-                // A below-normal client's streams get the device's least urgent priority (the
-                // backend clamps to its range).
-                let priority =
-                    if self.priority.load(Ordering::Relaxed) >= protocol::PRIORITY_BELOW_NORMAL {
-                        i32::MAX
-                    } else {
-                        priority
-                    };
+                // The backend sets the device priority from this and the client's level.
                 // A backend that cannot create the stream (the simulator out of threads)
                 // refuses this request; the session carries on.
                 let stream = match self.backend.stream_create(priority, &self.ctx) {

@@ -15,7 +15,7 @@ mod workers;
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -134,6 +134,7 @@ impl<B: Backend> Session<B> {
             sm: Arc::default(),
             busy_ns: Arc::default(),
             gates,
+            priority: Arc::new(AtomicU32::new(registry.default_priority())),
         };
         let shared = Shared {
             backend,

@@ -188,10 +188,17 @@ pub fn pids_after(log: &str, marker: &str) -> Vec<i32> {
 /// the child's copy of that test sees `MPS_TEST_ROLE` and plays the role instead of its usual
 /// body.
 pub fn spawn_role(test: &str, role: &str, server: &TestServer) -> Child {
+    spawn_role_with(test, role, server, &[])
+}
+
+/// [`spawn_role`] with `env` added to the child's environment (what a client reads when it
+/// connects, such as `MPS_CLIENT_PRIORITY`).
+pub fn spawn_role_with(test: &str, role: &str, server: &TestServer, env: &[(&str, &str)]) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env("MPS_TEST_ROLE", role)
         .env("MPS_PIPE_DIRECTORY", &server.dir)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

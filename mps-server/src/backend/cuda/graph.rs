@@ -47,7 +47,7 @@ impl CudaBackend {
     pub(super) fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
         self.ctx.enter()?;
         // Move to the client's current partition now: a capturing stream cannot be replaced.
-        self.follow_placement(stream)?;
+        self.follow_client(stream)?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // The busy sampler must not query the stream while it captures.
         let r = self.live.begin_capture(&stream.capturing, || {

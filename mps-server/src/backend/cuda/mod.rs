@@ -451,7 +451,7 @@ impl Backend for CudaBackend {
         }
         // A capturing stream cannot move to another partition; it follows after the capture.
         if !capturing {
-            self.follow_placement(stream)?;
+            self.follow_client(stream)?;
         }
         let s = stream.raw.get();
         // The graph must keep alive what its nodes refer to (kernels, host buffers).

@@ -1,14 +1,15 @@
-//! Client streams: each a CUDA stream of its own (non-blocking, priority honoured) in the
-//! client's current SM partition, replaced by one in the new partition when the placement
-//! changes.
+//! Client streams: each a CUDA stream of its own (non-blocking) in the client's current SM
+//! partition, at a device priority set by the priority it asked for and its client's level;
+//! replaced by a new one when the placement or the client's level changes.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUstream};
 use mps_core::Result;
+use mps_core::protocol::PRIORITY_BELOW_NORMAL;
 
 use super::CudaBackend;
 use super::partition::Partition;
@@ -19,7 +20,12 @@ use mps_driver::{Call, check_on, released};
 #[derive(Debug)]
 pub struct CudaStream {
     pub(super) raw: Cell<CUstream>,
-    priority: i32,
+    /// The CUDA priority the client asked for.
+    asked: i32,
+    /// The device priority `raw` was made with ([`device_priority`]).
+    priority: Cell<i32>,
+    /// The client's level, which `priority` follows.
+    level: Arc<AtomicU32>,
     pub(super) client: u32,
     busy: Arc<AtomicU64>,
     /// Submissions so far, for the busy sampler (which asks only streams given work since it
@@ -46,15 +52,17 @@ pub struct CudaStream {
 unsafe impl Send for CudaStream {}
 
 impl CudaBackend {
-    /// A stream of `client` of CUDA priority `priority` (clamped to the device's range), in the
-    /// client's current partition.
-    pub(super) fn new_stream(&self, priority: i32, client: &ClientContext) -> Result<CudaStream> {
-        // CUDA priorities: lower is more urgent, between `greatest` and `least`.
-        let (least, greatest) = self.priorities;
-        let priority = priority.clamp(greatest, least);
-        // The generation is read before the partition, so a change in between is followed at
-        // the first submission.
+    /// A stream of `client` that asked for CUDA priority `asked`, in the client's current
+    /// partition.
+    pub(super) fn new_stream(&self, asked: i32, client: &ClientContext) -> Result<CudaStream> {
+        // The generation and the level are read before the partition and the priority are
+        // made, so a change in between is followed at the first submission.
         let seen = client.sm.generation.load(Ordering::Acquire);
+        let priority = device_priority(
+            asked,
+            client.priority.load(Ordering::Relaxed),
+            self.priorities,
+        );
         let partition = self.partitions.of(client.id);
         let submitted = Arc::new(AtomicU64::new(0));
         let capturing = Arc::new(AtomicBool::new(false));
@@ -68,7 +76,9 @@ impl CudaBackend {
         self.ctx.watch(&client.faults);
         Ok(CudaStream {
             raw: Cell::new(raw),
-            priority,
+            asked,
+            priority: Cell::new(priority),
+            level: client.priority.clone(),
             client: client.id,
             busy: client.busy_ns.clone(),
             submitted,
@@ -135,12 +145,18 @@ impl CudaBackend {
         }
     }
 
-    /// Moves a stream to its client's current partition if the placement changed since the
-    /// stream was made: the old stream's work completes before any later work starts on the
-    /// new one, so stream order holds.
-    pub(super) fn follow_placement(&self, stream: &CudaStream) -> Result<()> {
+    /// Replaces a stream by one in its client's current partition and at its current device
+    /// priority if either changed since the stream was made (a CUDA stream's priority is
+    /// fixed): the old stream's work completes before any later work starts on the new one, so
+    /// stream order holds.
+    pub(super) fn follow_client(&self, stream: &CudaStream) -> Result<()> {
         let generation = stream.sm.generation.load(Ordering::Acquire);
-        if generation == stream.seen.get() {
+        let priority = device_priority(
+            stream.asked,
+            stream.level.load(Ordering::Relaxed),
+            self.priorities,
+        );
+        if generation == stream.seen.get() && priority == stream.priority.get() {
             return Ok(());
         }
         let next = self.partitions.of(stream.client);
@@ -149,18 +165,71 @@ impl CudaBackend {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        if !same {
+        if !same || priority != stream.priority.get() {
             let raw = self.raw_stream(
                 next.as_deref(),
-                stream.priority,
+                priority,
                 &stream.busy,
                 &stream.submitted,
                 &stream.capturing,
             )?;
             self.retire(stream.raw.replace(raw));
             *stream.partition.borrow_mut() = next;
+            stream.priority.set(priority);
         }
         stream.seen.set(generation);
         Ok(())
+    }
+}
+
+/// The device priority of a stream whose client asked for CUDA priority `asked` (lower is
+/// more urgent, `least` >= `greatest` the device's range) at client level `level`. A
+/// below-normal client's streams run at the least urgent priority; a normal client's one step
+/// more urgent than asked where the range allows, so that a normal client's default streams
+/// (CUDA's 0, itself the least urgent) go before every below-normal client's work when the
+/// device has blocks of both to start. The two most urgent priorities of a normal client are
+/// one on the device.
+pub(super) fn device_priority(asked: i32, level: u32, (least, greatest): (i32, i32)) -> i32 {
+    if level >= PRIORITY_BELOW_NORMAL {
+        return least;
+    }
+    asked.clamp(greatest, least).saturating_sub(1).max(greatest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_priority;
+    use mps_core::protocol::{PRIORITY_BELOW_NORMAL, PRIORITY_NORMAL};
+
+    /// An H200's range: 0 the least urgent (and CUDA's default), -5 the most.
+    const RANGE: (i32, i32) = (0, -5);
+
+    #[test]
+    fn normal_clients_default_streams_go_before_below_normal_clients_streams() {
+        let normal = |asked| device_priority(asked, PRIORITY_NORMAL, RANGE);
+        let below = |asked| device_priority(asked, PRIORITY_BELOW_NORMAL, RANGE);
+        assert_eq!(normal(0), -1);
+        assert_eq!(below(0), 0);
+        // Whatever a below-normal client asks for, a normal client's default is more urgent.
+        for asked in [-100, -5, -1, 0, 7] {
+            assert_eq!(below(asked), 0, "asked {asked}");
+        }
+        // A normal client keeps its order of priorities but for the two most urgent.
+        assert_eq!(
+            [0, -1, -2, -3, -4, -5].map(normal),
+            [-1, -2, -3, -4, -5, -5]
+        );
+        // Out of range, clamped as CUDA clamps.
+        assert_eq!(normal(9), -1);
+        assert_eq!(normal(-9), -5);
+    }
+
+    #[test]
+    fn a_device_without_priorities_gives_every_stream_the_one_it_has() {
+        for level in [PRIORITY_NORMAL, PRIORITY_BELOW_NORMAL] {
+            for asked in [-3, 0, 3] {
+                assert_eq!(device_priority(asked, level, (0, 0)), 0);
+            }
+        }
     }
 }

@@ -868,6 +868,7 @@ mod tests {
             sm: Arc::default(),
             busy_ns: Arc::default(),
             gates: Arc::default(),
+            priority: Arc::default(),
         }
     }
 

@@ -91,6 +91,7 @@ impl<B: Backend> Server<B> {
             sm: Arc::default(),
             busy_ns: Arc::default(),
             gates: Arc::default(),
+            priority: Arc::new(AtomicU32::new(self.registry.default_priority())),
         };
         let shared = Shared {
             backend: self.backend.clone(),
