@@ -1,7 +1,7 @@
 """A latency client beside training: ResNet-18 at batch 1 (fp16), one request every 2 ms, alone
 and beside two ResNet-50 trainers (batch 64, AMP), natively, under NVIDIA's MPS (trainers capped
 at 75% and at below-normal priority) and through mps (the trainers at below-normal priority,
-capped at 75%, or the latency client holding a reservation of 25%).
+capped at 75%, or the latency client holding a reservation of 25% or 10%).
 
     qos.py BIN_DIR OUT_DIR [--seconds 10] [--rounds 2] [--scenarios 0,2,5]
 
@@ -39,6 +39,8 @@ SCENARIOS = [
     ("mps beside trainers at 75%, below normal", "mps", {},
      {"MPS_ACTIVE_THREAD_PERCENTAGE": "75", "MPS_CLIENT_PRIORITY": "1"}),
     ("mps reserving 25%, trainers below normal", "mps", {"MPS_SM_RESERVE": "25"},
+     {"MPS_CLIENT_PRIORITY": "1"}),
+    ("mps reserving 10%, trainers below normal", "mps", {"MPS_SM_RESERVE": "10"},
      {"MPS_CLIENT_PRIORITY": "1"}),
 ]
 
@@ -120,9 +122,10 @@ def main():
         return f"{statistics.median(v):.2f}" if v else "failed"
 
     for name, rs in results.items():
+        alone = next(t is None for n, _, _, t in SCENARIOS if n == name)
+        trainers = "–" if alone else med(rs, lambda r: r["trainers_it_s"])
         lines.append(f"| {name} | {med(rs, lambda r: (r['latency'] or {}).get('p50_ms'))} | "
-                     f"{med(rs, lambda r: (r['latency'] or {}).get('p99_ms'))} | "
-                     f"{med(rs, lambda r: r['trainers_it_s'])} |")
+                     f"{med(rs, lambda r: (r['latency'] or {}).get('p99_ms'))} | {trainers} |")
     md = "\n".join(lines) + "\n"
     open(os.path.join(out, "qos.md"), "w").write(md)
     print(md)
