@@ -90,6 +90,12 @@ struct Args {
     /// per CPU); 0 serves each client on a thread of its own.
     #[arg(long)]
     session_workers: Option<usize>,
+    /// On a GPU, a client whose kernels may use the whole device gets a green context of its
+    /// own over every SM for its streams, so that the driver's work for launches into one
+    /// context does not serialise different clients' launches (off: the primary context's
+    /// streams serve them all; see docs/OPERATE.md).
+    #[arg(long, value_enum, default_value = "off")]
+    context_per_client: Switch,
     /// Microseconds a session worker spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
@@ -355,7 +361,8 @@ fn serve<B: Backend>(
 }
 
 fn start_cuda(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> Result<(), String> {
-    let backend = CudaBackend::new(args.device as i32).map_err(|e| e.to_string())?;
+    let backend = CudaBackend::new(args.device as i32, args.context_per_client == Switch::On)
+        .map_err(|e| e.to_string())?;
     let info = backend.info();
     tracing::info!(
         "backend: CUDA device {} ({}, {} SMs, compute capability {}.{}, {} bytes)",
@@ -366,6 +373,12 @@ fn start_cuda(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> R
         info.cc.1,
         info.total_mem
     );
+    if args.context_per_client == Switch::On {
+        tracing::info!(
+            "each client on the whole device gets a green context of its own over every SM \
+             (--context-per-client on)"
+        );
+    }
     serve(backend, cfg, args, handoff)
 }
 

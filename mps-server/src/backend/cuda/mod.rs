@@ -96,9 +96,11 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`'s primary context. Call [`probe`] first: cudarc panics when the
-    /// driver library is missing.
-    pub fn new(ordinal: i32) -> Result<CudaBackend> {
+    /// Opens device `ordinal`'s primary context. With `context_per_client`, a client whose
+    /// kernels may use the whole device gets a green context of its own over every SM for its
+    /// streams (see `partition`); without, it uses the primary context's. Call [`probe`] first:
+    /// cudarc panics when the driver library is missing.
+    pub fn new(ordinal: i32, context_per_client: bool) -> Result<CudaBackend> {
         probe().map_err(|e| Error::new(Status::Unsupported, e))?;
         let dev =
             result::device::get(ordinal).call_on("cuDeviceGet", || format!("ordinal {ordinal}"))?;
@@ -110,7 +112,7 @@ impl CudaBackend {
         unsafe { result::ctx::set_current(ctx) }.call("cuCtxSetCurrent")?;
         let (least, greatest) =
             result::stream::get_priority_range().call("cuCtxGetStreamPriorityRange")?;
-        let partitions = Partitions::discover(dev);
+        let partitions = Partitions::discover(dev, context_per_client);
         if let Some(why) = partitions.unsupported() {
             tracing::warn!("SM shares and reservations are unavailable: {why}");
         }

@@ -5,7 +5,10 @@
 //! becomes a green context over its units (one per distinct unit set, shared by every client
 //! placed there). Green contexts share the primary context's memory, modules and events, and
 //! their streams take the same commands; only the SMs their kernels may use differ. A client
-//! placed on the whole device keeps plain primary-context streams.
+//! placed on the whole device keeps plain primary-context streams, or, with contexts of their
+//! own (`--context-per-client on`), a green context over every SM to itself: graph launches
+//! from 16 threads into primary-context streams ran at 0.56x of those into green contexts'
+//! streams on an H200 (docs/bench/h200-2026-12-02-priority).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -48,6 +51,10 @@ pub(super) struct Partitions {
     by_client: Mutex<HashMap<u32, Arc<Partition>>>,
     /// Live partitions by unit set, so that clients placed alike share one green context.
     by_units: Mutex<HashMap<Vec<usize>, Weak<Partition>>>,
+    /// Whether a client on the whole device gets a green context of its own over every SM.
+    own_whole: bool,
+    /// Those contexts, by client, while a stream of the client holds one.
+    whole_by_client: Mutex<HashMap<u32, Weak<Partition>>>,
 }
 
 // SAFETY: CUdevResource is plain data describing SMs; the maps are locked.
@@ -58,12 +65,16 @@ unsafe impl Sync for Partitions {}
 impl Partitions {
     /// Splits device `dev` into units. A driver without green contexts (before CUDA 12.4)
     /// leaves one unit, the whole device: shares and reservations are then refused.
-    pub(super) fn discover(dev: CUdevice) -> Partitions {
+    /// With `own_whole`, a client on the whole device is given a green context of its own over
+    /// every SM (where the device can be partitioned).
+    pub(super) fn discover(dev: CUdevice, own_whole: bool) -> Partitions {
         Partitions {
             dev,
             units: split(dev),
             by_client: Mutex::new(HashMap::new()),
             by_units: Mutex::new(HashMap::new()),
+            own_whole,
+            whole_by_client: Mutex::new(HashMap::new()),
         }
     }
 
@@ -84,13 +95,31 @@ impl Partitions {
         self.units.as_ref().err().map(String::as_str)
     }
 
-    /// The partition client `client` is placed on (None: the whole device).
-    pub(super) fn of(&self, client: u32) -> Option<Arc<Partition>> {
-        self.by_client
+    /// The partition client `client` is placed on (None: the primary context's whole device).
+    pub(super) fn of(&self, client: u32) -> Result<Option<Arc<Partition>>> {
+        let placed = self
+            .by_client
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&client)
-            .cloned()
+            .cloned();
+        if placed.is_some() || !self.own_whole || self.units.is_err() {
+            return Ok(placed);
+        }
+        let mut own = self
+            .whole_by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = own.get(&client).and_then(Weak::upgrade) {
+            return Ok(Some(p));
+        }
+        let all: Vec<usize> = (0..self.units.as_ref().map_or(0, Vec::len)).collect();
+        let (p, sms) = self.create(&all)?;
+        tracing::debug!("a context of its own over every SM ({sms}) for client {client}");
+        let p = Arc::new(p);
+        own.retain(|_, w| w.strong_count() > 0);
+        own.insert(client, Arc::downgrade(&p));
+        Ok(Some(p))
     }
 
     /// Makes `assignments` current, creating the green contexts they need first (so that a
@@ -105,7 +134,9 @@ impl Partitions {
             let p = match by_units.get(set).and_then(Weak::upgrade) {
                 Some(p) => p,
                 None => {
-                    let p = Arc::new(self.create(set)?);
+                    let (p, sms) = self.create(set)?;
+                    let p = Arc::new(p);
+                    tracing::info!("SM partition of {sms} SMs (units {set:?}) created");
                     by_units.insert(set.clone(), Arc::downgrade(&p));
                     p
                 }
@@ -117,7 +148,8 @@ impl Partitions {
         Ok(())
     }
 
-    fn create(&self, set: &[usize]) -> Result<Partition> {
+    /// A green context over units `set`, and its SMs.
+    fn create(&self, set: &[usize]) -> Result<(Partition, u32)> {
         let units = self.units.as_ref().map_err(|why| {
             Error::new(
                 Status::Unsupported,
@@ -155,8 +187,7 @@ impl Partitions {
                 || format!("{sms} SMs"),
             )?;
         }
-        tracing::info!("SM partition of {sms} SMs (units {set:?}) created");
-        Ok(Partition { green })
+        Ok((Partition { green }, sms))
     }
 }
 
