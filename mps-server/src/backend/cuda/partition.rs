@@ -114,7 +114,18 @@ impl Partitions {
             return Ok(Some(p));
         }
         let all: Vec<usize> = (0..self.units.as_ref().map_or(0, Vec::len)).collect();
-        let (p, sms) = self.create(&all)?;
+        let (p, sms) = match self.create(&all) {
+            Ok(made) => made,
+            // A context of its own only speeds the client's launches up: without one (the
+            // device's memory is full, say) it is served in the primary context as before.
+            Err(e) => {
+                tracing::warn!(
+                    "client {client} is served in the primary context: no context of its own \
+                     could be made ({e})"
+                );
+                return Ok(None);
+            }
+        };
         tracing::debug!("a context of its own over every SM ({sms}) for client {client}");
         let p = Arc::new(p);
         own.retain(|_, w| w.strong_count() > 0);
