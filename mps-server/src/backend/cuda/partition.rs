@@ -95,8 +95,9 @@ impl Partitions {
         self.units.as_ref().err().map(String::as_str)
     }
 
-    /// The partition client `client` is placed on (None: the primary context's whole device).
-    pub(super) fn of(&self, client: u32) -> Result<Option<Arc<Partition>>> {
+    /// The partition client `client` is placed on (None: the primary context's whole device,
+    /// also where a context of its own was due but could not be made).
+    pub(super) fn of(&self, client: u32) -> Option<Arc<Partition>> {
         let placed = self
             .by_client
             .lock()
@@ -104,14 +105,14 @@ impl Partitions {
             .get(&client)
             .cloned();
         if placed.is_some() || !self.own_whole || self.units.is_err() {
-            return Ok(placed);
+            return placed;
         }
         let mut own = self
             .whole_by_client
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(p) = own.get(&client).and_then(Weak::upgrade) {
-            return Ok(Some(p));
+            return Some(p);
         }
         let all: Vec<usize> = (0..self.units.as_ref().map_or(0, Vec::len)).collect();
         let (p, sms) = match self.create(&all) {
@@ -123,14 +124,14 @@ impl Partitions {
                     "client {client} is served in the primary context: no context of its own \
                      could be made ({e})"
                 );
-                return Ok(None);
+                return None;
             }
         };
         tracing::debug!("a context of its own over every SM ({sms}) for client {client}");
         let p = Arc::new(p);
         own.retain(|_, w| w.strong_count() > 0);
         own.insert(client, Arc::downgrade(&p));
-        Ok(Some(p))
+        Some(p)
     }
 
     /// Makes `assignments` current, creating the green contexts they need first (so that a

@@ -63,7 +63,7 @@ impl CudaBackend {
             client.priority.load(Ordering::Relaxed),
             self.priorities,
         );
-        let partition = self.partitions.of(client.id)?;
+        let partition = self.partitions.of(client.id);
         let submitted = Arc::new(AtomicU64::new(0));
         let capturing = Arc::new(AtomicBool::new(false));
         let raw = self.raw_stream(
@@ -159,7 +159,7 @@ impl CudaBackend {
         if generation == stream.seen.get() && priority == stream.priority.get() {
             return Ok(());
         }
-        let next = self.partitions.of(stream.client)?;
+        let next = self.partitions.of(stream.client);
         let same = match (&next, &*stream.partition.borrow()) {
             (None, None) => true,
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
