@@ -311,11 +311,7 @@ mod tests {
         let seg = Segment::create("test", 8192).unwrap();
         // SAFETY: the mapping is 8192 bytes long and writable.
         unsafe { seg.as_ptr().write(7) };
-        // An address free in this process: one just given back.
-        let free = {
-            let probe = Segment::create("probe", 8192).unwrap();
-            probe.as_ptr() as usize
-        };
+        let free = address_no_one_else_takes(8192);
         let fd = || seg.fd().try_clone_to_owned().unwrap();
         let at = Segment::open_at(fd(), 8192, free).unwrap();
         assert_eq!(at.as_ptr() as usize, free);
@@ -335,6 +331,39 @@ mod tests {
         // Unmapped on drop: the address can be taken again.
         let again = Segment::open_at(fd(), 8192, free).unwrap();
         assert_eq!(again.as_ptr() as usize, free);
+    }
+
+    /// An address free in this process that the kernel does not hand out unasked, so that the
+    /// other tests' mappings, made on parallel threads, cannot take it while a test relies on
+    /// it being free: mappings are placed top-down from below the stack, and 32 TiB is far
+    /// under where that reaches.
+    fn address_no_one_else_takes(len: usize) -> usize {
+        let length = NonZeroUsize::new(len).unwrap();
+        (0..64)
+            .map(|i| (32usize << 40) + (i << 30))
+            .find(|&at| {
+                // SAFETY: an inaccessible anonymous mapping where nothing is mapped (NOREPLACE),
+                // given back at once; nothing uses it.
+                unsafe {
+                    match nix::sys::mman::mmap_anonymous(
+                        NonZeroUsize::new(at),
+                        length,
+                        ProtFlags::PROT_NONE,
+                        MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED_NOREPLACE,
+                    ) {
+                        Ok(p) if p.as_ptr() as usize == at => {
+                            munmap(p, len).unwrap();
+                            true
+                        }
+                        Ok(p) => {
+                            munmap(p, len).unwrap();
+                            false
+                        }
+                        Err(_) => false,
+                    }
+                }
+            })
+            .expect("no free address found above 32 TiB")
     }
 
     #[test]
