@@ -102,11 +102,6 @@ struct Args {
     /// Microseconds it then keeps looking between yields of the processor before it sleeps.
     #[arg(long, default_value_t = 500)]
     yield_us: u64,
-    /// Scheduler slice, in microseconds, that the threads serving clients ask the kernel for
-    /// (Linux 6.12 on; 100 to 100000): a shorter one lets a woken session thread preempt a busy
-    /// CPU's thread sooner, with no larger share of the CPU. 0: the kernel's default.
-    #[arg(long, default_value_t = 0)]
-    worker_slice_us: u64,
     /// Device memory each client may hold, e.g. 2GiB (0: no limit). A client can lower its own
     /// limit with MPS_PINNED_DEVICE_MEM_LIMIT.
     #[arg(long, default_value = "0", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
@@ -480,8 +475,6 @@ fn main() -> std::process::ExitCode {
             .unwrap_or_else(ServerConfig::default_session_workers),
         spin: std::time::Duration::from_micros(args.spin_us),
         yield_for: std::time::Duration::from_micros(args.yield_us),
-        session_slice: (args.worker_slice_us > 0)
-            .then(|| std::time::Duration::from_micros(args.worker_slice_us)),
         mem_limit: args.mem_limit,
         client_priority: args.client_priority,
         sm_share: args.active_thread_percentage,

@@ -39,8 +39,6 @@ pub struct ServerConfig {
     pub spin: Duration,
     /// How long it then keeps looking between yields of the processor before it sleeps.
     pub yield_for: Duration,
-    /// The scheduler slice the threads serving clients ask for (`None`: the kernel's default).
-    pub session_slice: Option<Duration>,
     /// Device memory each new client may hold, in bytes (0: no limit).
     pub mem_limit: u64,
     /// Priority of new clients (`PRIORITY_NORMAL` or `PRIORITY_BELOW_NORMAL`).
@@ -123,7 +121,6 @@ impl<B: Backend> Server<B> {
         registry.ledger().set_max_device_bytes(cfg.max_device_bytes);
         let registry = Arc::new(registry);
         let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
-        crate::session::set_session_slice(cfg.session_slice);
         let workers = Workers::new(cfg.session_workers, (cfg.spin, cfg.yield_for))
             .map_err(|e| Error::internal(format!("cannot start the session workers: {e}")))?;
         let cfg_limits = cfg.limits;

@@ -7,7 +7,6 @@
 
 mod core;
 mod limits;
-mod sched;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -36,7 +35,6 @@ use crate::outbox::Outbox;
 use crate::registry::{ClientEntry, Registry};
 
 pub use limits::Limits;
-pub(crate) use sched::{set_session_slice, set_thread_nice};
 pub(crate) use tables::HandleIssuer;
 pub(crate) use watch::Watcher;
 pub(crate) use workers::Workers;
@@ -493,4 +491,19 @@ pub(crate) enum Step {
 /// fill. The command table marks these `waits` ([`Opcode::may_wait`]).
 fn may_wait(opcode: u16) -> bool {
     Opcode::from_u16(opcode).is_some_and(Opcode::may_wait)
+}
+
+/// Gives the calling thread the CPU priority of a client priority: a below-normal client's
+/// commands are taken after normal clients' when the server's CPUs are busy.
+pub(crate) fn set_thread_nice(below_normal: bool) {
+    let nice = if below_normal { 10 } else { 0 };
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority only reads its arguments; on Linux PRIO_PROCESS with a thread id
+    // sets that thread's nice value. Lowering priority needs no privilege; a failure leaves the
+    // thread as it was, which is only a missed preference (raising it back to 0 needs
+    // CAP_SYS_NICE, which is why threads of the two priorities are kept apart).
+    let r = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as u32, nice) };
+    if r != 0 {
+        tracing::debug!("setpriority({nice}) failed");
+    }
 }

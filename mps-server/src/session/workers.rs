@@ -404,7 +404,6 @@ fn wait_for_device<B: Backend>(
     queue: &crossbeam_channel::Receiver<Session<B>>,
     pool: &Weak<Pool<B>>,
 ) {
-    set_thread_nice(false);
     loop {
         let next = queue.recv_timeout(WAITER_IDLE);
         let mut session = match next {
