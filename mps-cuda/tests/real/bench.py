@@ -13,7 +13,11 @@ the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_V
 as programs choose theirs; one daemon of each kind serves all of them. For each model,
 N and mode: requests/s over all processes, the median of the processes' p50 and the largest
 p99 latency, how many processes were served (NVIDIA's MPS serves 48 clients), and whether every
-process's output checksum matched the first's. Into OUT_DIR: bench.json (every process's
+process's output checksum matched the first's. Where the time goes, per model, N and mode:
+each request's mean time in the forward pass (which queues its work) and in the
+synchronisation after it, the clients' CPU time per request, and over the timed window the
+CPUs the service's own processes used (mps-server, or NVIDIA's daemons) and how busy the
+machine's CPUs were. Into OUT_DIR: bench.json (every process's
 result), bench.md (the medians over rounds, with mps against NVIDIA MPS and native as ratios,
 the range over rounds in brackets), each run's stderr, and both services' logs.
 """
@@ -58,9 +62,49 @@ def split_mode(mode):
     return base, [a for a in items if a.startswith("-")], env
 
 
+# The service's processes, by the name the kernel keeps (15 characters): mps-server, and
+# NVIDIA's control daemon and server (both "nvidia-cuda-mps").
+SERVICE_NAMES = ("mps-server", "nvidia-cuda-mps")
+
+
+def machine_ticks():
+    """The CPUs' busy and total clock ticks since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
+
+
+def service_ticks():
+    """User and system clock ticks of every live process named in SERVICE_NAMES."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name in SERVICE_NAMES:
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def usage_during(seconds):
+    """Sleeps `seconds`; how busy the machine's CPUs were meanwhile (a fraction) and how many
+    CPUs the service's processes used."""
+    m0, s0, t0 = machine_ticks(), service_ticks(), time.monotonic()
+    time.sleep(seconds)
+    m1, s1, t1 = machine_ticks(), service_ticks(), time.monotonic()
+    busy = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
+    return {"cpu_busy": busy,
+            "service_cpus": (s1 - s0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)}
+
+
 def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     """N serving processes from one barrier, process i on GPU i mod `devices`; their JSON
-    results (None for one that failed)."""
+    results (None for one that failed), and the CPUs' use while they served."""
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     procs = []
@@ -79,14 +123,19 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
             break
         time.sleep(0.1)
     open(os.path.join(work, "go"), "w").close()
-    return [json_result(p, seconds + 120) for p in procs]
+    # Inside the window every process serves in, clear of its start and its exit.
+    time.sleep(0.05 * seconds)
+    usage = usage_during(0.85 * seconds)
+    return [json_result(p, seconds + 120) for p in procs], usage
 
 
-def summary(results):
+def summary(results, usage):
     ok = [r for r in results if r]
     if not ok:
         return {"served": 0, "of": len(results)}
     return {
+        **usage,
+        **{k: statistics.median(r[k] for r in ok) for k in ("issue_ms", "wait_ms", "cpu_ms")},
         "served": len(ok), "of": len(results),
         "req_s": sum(r["requests"] / r["seconds"] for r in ok),
         "p50_ms": statistics.median(r["p50_ms"] for r in ok),
@@ -127,6 +176,26 @@ def table(all_rounds, models, clients, modes):
     return "\n".join(lines) + "\n"
 
 
+def time_table(all_rounds, models, clients, modes):
+    """Where the time goes: medians over rounds of each mode's per-request figures."""
+    keys = ("req_s", "issue_ms", "wait_ms", "cpu_ms", "service_cpus", "cpu_busy")
+    lines = ["| model | N | mode | req/s | forward ms | synchronise ms | client CPU ms/request "
+             "| service CPUs | machine CPUs busy |", "|---" * 9 + "|"]
+    for model in models:
+        for n in clients:
+            rows = [r[model][str(n)] for r in all_rounds if model in r and str(n) in r[model]]
+            for m in modes:
+                vals = {k: [r[m][k] for r in rows if r.get(m, {}).get(k) is not None]
+                        for k in keys}
+                if not vals["req_s"]:
+                    continue
+                med = {k: statistics.median(v) if v else float("nan") for k, v in vals.items()}
+                lines.append(f"| {model} | {n} | {m} | {med['req_s']:.0f} | {med['issue_ms']:.2f} "
+                             f"| {med['wait_ms']:.2f} | {med['cpu_ms']:.2f} "
+                             f"| {med['service_cpus']:.2f} | {100 * med['cpu_busy']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin_dir")
@@ -154,9 +223,10 @@ def main():
             try:
                 for model in models:
                     for n in clients:
-                        r = run_n(mode, model, n, a.seconds, bin_dir, "/tmp/mps-real-bench",
-                                  os.path.join(out, "err"), a.devices)
-                        s = summary(r)
+                        r, usage = run_n(mode, model, n, a.seconds, bin_dir,
+                                         "/tmp/mps-real-bench", os.path.join(out, "err"),
+                                         a.devices)
+                        s = summary(r, usage)
                         results.setdefault(model, {}).setdefault(str(n), {})[mode] = s
                         print(f"round {rnd} {mode} {model} N={n}: {json.dumps(s)}",
                               file=sys.stderr, flush=True)
@@ -166,7 +236,8 @@ def main():
         all_rounds.append(results)
         json.dump({"rounds": all_rounds, "args": vars(a)},
                   open(os.path.join(out, "bench.json"), "w"), indent=1)
-    md = table(all_rounds, models, clients, modes)
+    md = table(all_rounds, models, clients, modes) + "\n" + time_table(all_rounds, models,
+                                                                         clients, modes)
     open(os.path.join(out, "bench.md"), "w").write(md)
     print(md)
 

@@ -5,7 +5,9 @@ trainer, started from a barrier.
         MODEL (mlp, resnet18, bert) in fp16 at batch 1, warmed up; writes DIR/ready.I, waits
         for DIR/go, then serves requests (one forward pass and a synchronisation each) for
         SECONDS, back to back or one every INTERVAL_MS; prints one JSON line: requests, seconds,
-        p50_ms, p99_ms, and a checksum of the last output.
+        p50_ms, p99_ms, issue_ms and wait_ms (the mean time a request spends in the forward
+        pass, which queues the work, and in the synchronisation after it), cpu_ms (the
+        process's CPU time, all its threads, per request) and a checksum of the last output.
     serve.py train DIR I
         ResNet-50, batch 64, AMP, SGD; writes DIR/ready.I after warming up, trains from DIR/go
         until DIR/stop exists; prints one JSON line: iterations, seconds.
@@ -57,6 +59,8 @@ def infer(model_name, d, i, seconds, interval_ms=None):
     open(os.path.join(d, f"ready.{i}"), "w").close()
     wait_for(os.path.join(d, "go"))
     lat = []
+    issue = wait = 0.0
+    cpu_began = time.process_time()
     began = time.perf_counter()
     end = began + seconds
     next_at = began
@@ -69,16 +73,22 @@ def infer(model_name, d, i, seconds, interval_ms=None):
                 next_at += interval_ms / 1000
             s = time.perf_counter()
             y = model(x)
+            issued = time.perf_counter()
             torch.cuda.synchronize()
             e = time.perf_counter()
             lat.append(e - s)
+            issue += issued - s
+            wait += e - issued
             if e >= end:
                 break
+    cpu = time.process_time() - cpu_began
     out = y.last_hidden_state if hasattr(y, "last_hidden_state") else y
+    n = len(lat)
     lat.sort()
     print(json.dumps({
-        "requests": len(lat), "seconds": e - began,
-        "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        "requests": n, "seconds": e - began,
+        "p50_ms": 1000 * lat[n // 2], "p99_ms": 1000 * lat[min(n - 1, int(n * 0.99))],
+        "issue_ms": 1000 * issue / n, "wait_ms": 1000 * wait / n, "cpu_ms": 1000 * cpu / n,
         "checksum": float(out.float().sum().item()),
     }), flush=True)
 
