@@ -7,7 +7,8 @@ side by side in rounds (each round runs the modes in a rotated order).
 
 A mode `mps:ARG,ARG` is mps with those arguments added to every server's (e.g.
 `mps:--yield-us=0`), and those of the form NAME=VALUE set in every client's environment (e.g.
-`mps:MPS_CLIENT_YIELD_US=0`), to compare settings side by side.
+`mps:MPS_CLIENT_YIELD_US=0`), to compare settings side by side; a mode `mps@DIR` (or
+`mps@DIR:ARG,...`) is mps from the build in BIN_DIR/DIR, to compare builds side by side.
 BIN_DIR holds mps-control, mps-server, mps-run and libmpscuda.so of one build. With --devices D
 the processes are spread over D GPUs, process i seeing GPU i mod D alone (CUDA_VISIBLE_DEVICES),
 as programs choose theirs; one daemon of each kind serves all of them. For each model,
@@ -44,7 +45,7 @@ def parse_modes(text):
     mode before it (`nvidia-mps,mps:--spin-us=0,--yield-us=50` is two modes)."""
     modes = []
     for item in text.split(","):
-        if item.partition(":")[0] in BASES:
+        if item.partition(":")[0].partition("@")[0] in BASES:
             modes.append(item)
         elif modes and ":" in modes[-1]:
             modes[-1] += "," + item
@@ -53,13 +54,16 @@ def parse_modes(text):
     return modes
 
 
-def split_mode(mode):
-    """A mode's base (native, nvidia-mps or mps), the server arguments of `mps:ARG,...` and the
-    client environment that its NAME=VALUE items set."""
-    base, _, extra = mode.partition(":")
+def split_mode(mode, bin_dir):
+    """A mode's base (native, nvidia-mps or mps), the folder of its build (`bin_dir`, or
+    `bin_dir/DIR` for `mps@DIR`), the server arguments of `mps:ARG,...` and the client
+    environment that its NAME=VALUE items set."""
+    head, _, extra = mode.partition(":")
+    base, _, build = head.partition("@")
     items = [a for a in extra.split(",") if a]
     env = dict(a.split("=", 1) for a in items if not a.startswith("-"))
-    return base, [a for a in items if a.startswith("-")], env
+    return (base, os.path.join(bin_dir, build) if build else bin_dir,
+            [a for a in items if a.startswith("-")], env)
 
 
 # The service's processes, by the name the kernel keeps (15 characters): mps-server, and
@@ -109,8 +113,8 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     os.makedirs(work)
     procs = []
     for i in range(n):
-        base, _, client_env = split_mode(mode)
-        cmd, env = command_env(base, bin_dir, [sys.executable, os.path.join(HERE, "serve.py"),
+        base, build, _, client_env = split_mode(mode, bin_dir)
+        cmd, env = command_env(base, build, [sys.executable, os.path.join(HERE, "serve.py"),
                                                "infer", model, work, str(i), str(seconds)],
                                {"CUDA_VISIBLE_DEVICES": str(i % devices), **client_env})
         err = open(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err"), "wb")
@@ -216,8 +220,8 @@ def main():
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
         results = {}
         for mode in order:
-            base, server_args, _ = split_mode(mode)
-            service = (MpsDaemon(bin_dir, os.path.join(out, "mps-logs"), server_args)
+            base, build, server_args, _ = split_mode(mode, bin_dir)
+            service = (MpsDaemon(build, os.path.join(out, "mps-logs"), server_args)
                        if base == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
             try:
