@@ -27,6 +27,11 @@ const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 /// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
 /// answers at once. Only then does it nap. (`MPS_CLIENT_YIELD_US` overrides it.)
 const DEFAULT_YIELD: Duration = Duration::from_millis(2);
+/// A yield that returns later than this gave the processor to another thread that was ready to
+/// run: the machine's CPUs are all taken, and a waiter that goes on yielding costs those
+/// threads a context switch per look, so it naps from then on. On a CPU with nothing else to
+/// run a yield returns within a microsecond or two.
+const CONTENDED_YIELD: Duration = Duration::from_micros(20);
 /// Its first nap; naps double up to `MAX_NAP`, and to a sixteenth of the wait so far, so that
 /// oversleeping costs a long wait at most about 6%. A GPU writes stream progress without ringing
 /// the doorbell (no host thread is on that path), so a sleeping waiter must look again by
@@ -215,10 +220,10 @@ impl Transport {
         let bell = self.channel.progress_bell();
         // Spin until `spin()` has passed since the wait began, whatever wakes us meanwhile (the
         // server rings the bell for every command it consumes); then yield between looks for a
-        // while; then nap, doubling.
+        // while, unless a yield shows the machine's CPUs taken; then nap, doubling.
         let started = Instant::now();
         let spin_until = started + spin();
-        let yield_until = spin_until + wait_phases().1;
+        let mut yield_until = spin_until + wait_phases().1;
         let mut nap = FIRST_NAP;
         let mut checked = Instant::now();
         loop {
@@ -238,7 +243,12 @@ impl Transport {
                 // Look again after a yield, without sleeping.
                 let until = now + Duration::from_micros(50);
                 while bell.value() == seen && !poll() && Instant::now() < until {
+                    let before = Instant::now();
                     std::thread::yield_now();
+                    if before.elapsed() > CONTENDED_YIELD {
+                        yield_until = now;
+                        break;
+                    }
                 }
                 continue;
             }

@@ -10,10 +10,10 @@
 //!   lowers its priority moves to the other tier; a client leaving frees its place.
 //! * **Turns.** A worker visits its clients in turn and takes at most [`TURN`] commands from
 //!   each, so a client flooding its ring delays another by at most a turn's worth of commands.
-//! * **Sleep.** When none of its clients has a command, a worker spins, yields, then sleeps on
-//!   every client's own submission doorbell at once (`futex_waitv`), having raised each one's
-//!   sleeper count so that the client's library rings it exactly as it would ring a thread of
-//!   its own. The client library knows nothing of workers. Each client's words are in its own
+//! * **Sleep.** When none of its clients has a command, a worker spins, yields (until a yield
+//!   comes back late, showing another thread wanted the CPU), then sleeps on every client's
+//!   own submission doorbell at once (`futex_waitv`), having raised each one's sleeper count
+//!   so that the client's library rings it exactly as it would ring a thread of its own. The client library knows nothing of workers. Each client's words are in its own
 //!   segment, so a hostile client can only make its worker wake for nothing (or leave itself
 //!   unwoken); a new client is announced on a word in server-private memory.
 //! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
@@ -60,6 +60,11 @@ const WAITER_IDLE: Duration = Duration::from_secs(10);
 /// How often a worker looks again at a client whose completion ring was full, in case its
 /// library does not ring after draining it (one that does wakes the worker at once).
 const FULL_POLL: Duration = Duration::from_millis(100);
+
+/// A yield that returns later than this gave the CPU to another thread that was ready to run
+/// (with nothing else to run, a yield returns within a microsecond or two): the worker then
+/// sleeps without yielding further.
+const CONTENDED_YIELD: Duration = Duration::from_micros(20);
 
 /// The session workers of one server.
 pub(crate) struct Workers<B: Backend> {
@@ -476,7 +481,13 @@ fn sleep<B: Backend>(
             if ready() {
                 return Wake::Ready;
             }
+            let before = Instant::now();
             std::thread::yield_now();
+            // Another thread had this CPU meanwhile: the machine has none to spare for
+            // looking, and each further yield would cost a thread with work a switch.
+            if before.elapsed() > CONTENDED_YIELD {
+                break;
+            }
         }
     }
     let bells: Vec<_> = std::iter::once(worker.bell())
