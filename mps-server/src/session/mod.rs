@@ -433,6 +433,7 @@ impl<B: Backend> Session<B> {
             .disconnect_reason()
             .unwrap_or_else(|| "server is stopping".into());
         let stats = self.core.stats().clone();
+        let enders = self.core.batch_enders();
         let r = self.core.release();
         let [hits, misses, graphs, learned, diverged] = [
             &stats.batch_hits,
@@ -449,6 +450,9 @@ impl<B: Backend> Session<B> {
                  (graphs made: {graphs}; shapes learned: {learned}; held runs that left \
                  their shape: {diverged})"
             );
+        }
+        if !enders.is_empty() {
+            tracing::info!(client = self.id, "launch batching: runs ended by {enders}");
         }
         tracing::info!(
             client = self.id,

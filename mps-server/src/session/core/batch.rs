@@ -64,7 +64,8 @@ use std::sync::atomic::Ordering;
 
 use mps_core::Result;
 use mps_core::protocol::{
-    Command, Completion, CompletionKind, DeviceCopy, Fill, HostRef, LaunchSpec, Request, flags,
+    Command, Completion, CompletionKind, DeviceCopy, Fill, HostRef, LaunchSpec, Opcode, Request,
+    flags,
 };
 
 use super::{Answer, DONE, SessionCore};
@@ -212,6 +213,42 @@ pub(crate) const MAX_RUN: usize = 256;
 /// Held runs of a client that left their shape whose divergence the log describes.
 const DIVERGENCES_LOGGED: u64 = 3;
 
+/// What ended a run, counted for the log: which commands keep a program's runs short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ender {
+    /// A command that cannot join a run: its opcode, and whether it was marked or answered.
+    Command { opcode: u16, flags: u16 },
+    /// A command of the kind runs hold, on another stream.
+    OtherStream,
+    /// `MAX_RUN` commands.
+    Length,
+    /// A command that failed.
+    Failure,
+}
+
+impl std::fmt::Display for Ender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Ender::Command { opcode, flags } => {
+                let name = Opcode::from_u16(opcode).map_or("an unknown command", Opcode::name);
+                let how = match (flags & flags::MARK != 0, flags & flags::REPLY != 0) {
+                    (true, true) => " (marked, answered)",
+                    (true, false) => " (marked)",
+                    (false, true) => " (answered)",
+                    (false, false) => "",
+                };
+                write!(f, "{name}{how}")
+            }
+            Ender::OtherStream => f.write_str("work on another stream"),
+            Ender::Length => write!(f, "{MAX_RUN} commands"),
+            Ender::Failure => f.write_str("a failed command"),
+        }
+    }
+}
+
+/// Kinds of run ends the log names, the most frequent first.
+const ENDERS_LOGGED: usize = 6;
+
 /// How `got` differs from `want`, the command the shape had next.
 fn divergence(want: Option<&Desc>, got: &Desc) -> String {
     let Some(want) = want else {
@@ -291,6 +328,8 @@ pub(super) struct Batching<B: Backend> {
     errors: Vec<Completion>,
     /// The description of the command being handled, if it may join a run.
     pub(super) offered: Option<Desc>,
+    /// What ended the client's runs that no shape made whole, and how often.
+    enders: Vec<(Ender, u64)>,
 }
 
 impl<B: Backend> Batching<B> {
@@ -313,7 +352,35 @@ impl<B: Backend> Batching<B> {
             tick: 0,
             errors: Vec::new(),
             offered: None,
+            enders: Vec::new(),
         }
+    }
+
+    /// Counts `why` as the end of the current run, if one is open.
+    pub(super) fn ended_by(&mut self, why: Ender) {
+        if !self.enabled || (self.recent.is_empty() && !self.recent_overflow && !self.holds()) {
+            return;
+        }
+        match self.enders.iter_mut().find(|(e, _)| *e == why) {
+            Some((_, n)) => *n += 1,
+            None => self.enders.push((why, 1)),
+        }
+    }
+
+    /// What ended the client's runs most often, for the log ("" if no run ended).
+    pub(super) fn enders(&self) -> String {
+        let mut by_count = self.enders.clone();
+        by_count.sort_by_key(|e| std::cmp::Reverse(e.1));
+        let mut out: Vec<String> = by_count
+            .iter()
+            .take(ENDERS_LOGGED)
+            .map(|(e, n)| format!("{e} {n}"))
+            .collect();
+        let rest: u64 = by_count.iter().skip(ENDERS_LOGGED).map(|(_, n)| n).sum();
+        if rest > 0 {
+            out.push(format!("others {rest}"));
+        }
+        out.join(", ")
     }
 
     /// What `req` is in a run, if batching is on and it may join one.
@@ -556,6 +623,7 @@ impl<B: Backend> SessionCore<B> {
     /// Queues `op` of a command that may join a run (see the module's documentation).
     pub(super) fn offer(&mut self, cmd: &Command, op: Op<'_, B>, desc: Desc) -> Result<Answer> {
         if self.batch.stream != cmd.stream {
+            self.batch.ended_by(Ender::OtherStream);
             self.end_run();
             self.batch.stream = cmd.stream;
         }
@@ -587,6 +655,7 @@ impl<B: Backend> SessionCore<B> {
             }
         }
         if self.batch.recent.len() >= MAX_RUN {
+            self.batch.ended_by(Ender::Length);
             self.end_run();
         }
         DONE
@@ -681,6 +750,11 @@ impl<B: Backend> SessionCore<B> {
             }
             self.batch_cache_changed();
         }
+    }
+
+    /// What ended the client's runs most often, for the log.
+    pub(crate) fn batch_enders(&self) -> String {
+        self.batch.enders()
     }
 
     /// Publishes the cache's size in the client's counters.

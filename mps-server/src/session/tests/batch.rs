@@ -686,3 +686,28 @@ fn a_long_stream_of_work_is_batched_in_pieces() {
     assert_eq!(graph_launches, [seqs[MAX_RUN], seqs[2 * MAX_RUN]]);
     assert_eq!(counters(c.core.stats())[..3], [1, 2, 1]);
 }
+
+#[test]
+fn what_ends_a_clients_runs_is_counted_for_the_log() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let t = r.c.stream();
+    let event = r.c.event();
+    // Rig::new's fill was a run of one launch, ended by its synchronise's mark; so is the
+    // first request's run. The second and third are launched whole as their shape's graph,
+    // so the marks after them end no open run.
+    for _ in 0..3 {
+        r.infer(2);
+    }
+    let (s, copy_in) = (r.s, r.copy_in());
+    quiet(&mut r.c, &copy_in, s);
+    let params = fill_params(r.y, 1, 4);
+    quiet(&mut r.c, &launch(r.fill, &params), t);
+    r.c.send(&Request::EventRecord { event }, t, flags::MARK);
+    // Nothing is open now: a second terminator in a row ends no run.
+    r.c.send(&Request::EventRecord { event }, t, flags::MARK);
+    assert_eq!(
+        r.c.core.batch_enders(),
+        "mark (marked) 2, work on another stream 1, event_record (marked) 1"
+    );
+}
