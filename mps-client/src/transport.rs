@@ -14,7 +14,7 @@ use mps_core::protocol::{Completion, Opcode, Request, flags};
 use mps_core::slots::{Payload, Slots};
 use mps_core::{Error, Result, Status};
 use mps_ipc::channel::{Channel, ShmRing};
-use mps_ipc::doorbell::Wake;
+use mps_ipc::doorbell::{Wake, yield_contended};
 use mps_ipc::ring::{Consumer, Producer, RingMemory};
 
 use crate::completions::Completions;
@@ -27,11 +27,6 @@ const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 /// CUDA's own synchronisation does): a busy machine runs other threads meanwhile, an idle one
 /// answers at once. Only then does it nap. (`MPS_CLIENT_YIELD_US` overrides it.)
 const DEFAULT_YIELD: Duration = Duration::from_millis(2);
-/// A yield that returns later than this gave the processor to another thread that was ready to
-/// run: the machine's CPUs are all taken, and a waiter that goes on yielding costs those
-/// threads a context switch per look, so it naps from then on. On a CPU with nothing else to
-/// run a yield returns within a microsecond or two.
-const CONTENDED_YIELD: Duration = Duration::from_micros(20);
 /// Its first nap; naps double up to `MAX_NAP`, and to a sixteenth of the wait so far, so that
 /// oversleeping costs a long wait at most about 6%. A GPU writes stream progress without ringing
 /// the doorbell (no host thread is on that path), so a sleeping waiter must look again by
@@ -243,9 +238,8 @@ impl Transport {
                 // Look again after a yield, without sleeping.
                 let until = now + Duration::from_micros(50);
                 while bell.value() == seen && !poll() && Instant::now() < until {
-                    let before = Instant::now();
-                    std::thread::yield_now();
-                    if before.elapsed() > CONTENDED_YIELD {
+                    // A late yield: the machine's CPUs are all taken; nap from now on.
+                    if yield_contended() {
                         yield_until = now;
                         break;
                     }

@@ -103,6 +103,19 @@ impl<'a> Doorbell<'a> {
 /// The most futex words [`wait_any`] sleeps on at once (the kernel's limit for `futex_waitv`).
 pub const MAX_WAIT_ANY: usize = 128;
 
+/// A yield that returns later than this gave the processor to another thread that was ready
+/// to run; with nothing else to run, a yield returns within a microsecond or two.
+const CONTENDED_YIELD: Duration = Duration::from_micros(20);
+
+/// Yields the processor; whether another thread had it meanwhile (the yield came back late).
+/// A waiter that sees so stops yielding and sleeps: every CPU is wanted, and each further
+/// look would cost a thread with work a context switch.
+pub fn yield_contended() -> bool {
+    let before = Instant::now();
+    std::thread::yield_now();
+    before.elapsed() > CONTENDED_YIELD
+}
+
 /// Sleeps until one of `words` no longer holds the value paired with it, a wake-up arrives on
 /// one of them, or `timeout` passes; returns early (with no error) on a signal. The words may be
 /// in shared memory or private memory; ringers must wake them without `FUTEX_PRIVATE_FLAG` (as

@@ -13,9 +13,10 @@
 //! * **Sleep.** When none of its clients has a command, a worker spins, yields (until a yield
 //!   comes back late, showing another thread wanted the CPU), then sleeps on every client's
 //!   own submission doorbell at once (`futex_waitv`), having raised each one's sleeper count
-//!   so that the client's library rings it exactly as it would ring a thread of its own. The client library knows nothing of workers. Each client's words are in its own
-//!   segment, so a hostile client can only make its worker wake for nothing (or leave itself
-//!   unwoken); a new client is announced on a word in server-private memory.
+//!   so that the client's library rings it exactly as it would ring a thread of its own. The
+//!   client library knows nothing of workers. Each client's words are in its own segment, so
+//!   a hostile client can only make its worker wake for nothing (or leave itself unwoken); a
+//!   new client is announced on a word in server-private memory.
 //! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
 //!   the client's streams first; a stream's destruction; a module load) is not handled by the
 //!   worker: the client leaves the worker with it for a waiting thread, which handles it and
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
-use mps_ipc::doorbell::{Doorbell, MAX_WAIT_ANY, Wake, wait_any};
+use mps_ipc::doorbell::{Doorbell, MAX_WAIT_ANY, Wake, wait_any, yield_contended};
 
 use super::{NAP, Session, Step, Watcher, set_thread_nice};
 use crate::backend::Backend;
@@ -60,11 +61,6 @@ const WAITER_IDLE: Duration = Duration::from_secs(10);
 /// How often a worker looks again at a client whose completion ring was full, in case its
 /// library does not ring after draining it (one that does wakes the worker at once).
 const FULL_POLL: Duration = Duration::from_millis(100);
-
-/// A yield that returns later than this gave the CPU to another thread that was ready to run
-/// (with nothing else to run, a yield returns within a microsecond or two): the worker then
-/// sleeps without yielding further.
-const CONTENDED_YIELD: Duration = Duration::from_micros(20);
 
 /// The session workers of one server.
 pub(crate) struct Workers<B: Backend> {
@@ -481,11 +477,8 @@ fn sleep<B: Backend>(
             if ready() {
                 return Wake::Ready;
             }
-            let before = Instant::now();
-            std::thread::yield_now();
-            // Another thread had this CPU meanwhile: the machine has none to spare for
-            // looking, and each further yield would cost a thread with work a switch.
-            if before.elapsed() > CONTENDED_YIELD {
+            // Another thread had this CPU meanwhile: sleep without yielding further.
+            if yield_contended() {
                 break;
             }
         }
