@@ -20,12 +20,14 @@ synchronisation after it, the clients' CPU time per request, and over the timed 
 CPUs the service's own processes used (mps-server, or NVIDIA's daemons) and how busy the
 machine's CPUs were. Into OUT_DIR: bench.json (every process's
 result), bench.md (the medians over rounds, with mps against NVIDIA MPS and native as ratios,
-the range over rounds in brackets), each run's stderr, and both services' logs.
+the range over rounds in brackets), each run's stderr, and the services' logs (mps's under
+mps-logs/MODE).
 """
 
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -221,7 +223,9 @@ def main():
         results = {}
         for mode in order:
             base, build, server_args, _ = split_mode(mode, bin_dir)
-            service = (MpsDaemon(build, os.path.join(out, "mps-logs"), server_args)
+            # Each mps mode logs apart, so that a build's server logs say what it did.
+            logs = os.path.join(out, "mps-logs", re.sub(r"[^A-Za-z0-9_.=-]", "_", mode))
+            service = (MpsDaemon(build, logs, server_args)
                        if base == "mps" else
                        NvidiaMps(os.path.join(out, "nvidia-logs")) if mode == "nvidia-mps" else None)
             try:

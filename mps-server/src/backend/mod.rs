@@ -463,4 +463,61 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// An executable graph of `graph`, which it no longer needs: it keeps alive what its work
     /// refers to.
     fn graph_instantiate(&self, graph: &Self::Graph) -> Result<Self::GraphExec>;
+    /// Gives the kernel launch at `index` of the work `exec` was made from (its `index`-th
+    /// captured operation) the packed parameters `params`, of the same kernel's layout. Only
+    /// launches of `exec` submitted after this call see them, as CUDA documents for
+    /// `cuGraphExecKernelNodeSetParams`; launches already submitted keep what they had.
+    fn graph_exec_set_params(
+        &self,
+        exec: &Self::GraphExec,
+        index: usize,
+        params: &[u8],
+    ) -> Result<()>;
+}
+
+impl<B: Backend> Op<'_, B> {
+    /// The same work, borrowing what it can (a batched run's commands are submitted more than
+    /// once when a capture fails; a simulated graph's work is copied when one of its launches
+    /// is given new parameters).
+    pub(crate) fn duplicate(&self) -> Op<'_, B> {
+        let op = self;
+        let host = |h: &HostBytes| match h {
+            HostBytes::Shared {
+                segment,
+                offset,
+                len,
+            } => HostBytes::Shared {
+                segment: segment.clone(),
+                offset: *offset,
+                len: *len,
+            },
+            HostBytes::Owned(b) => HostBytes::Owned(b.clone()),
+        };
+        match op {
+            Op::Launch(l) => Op::Launch(l.as_ref().map(Arc::clone, |p| Cow::Borrowed(&**p))),
+            Op::CopyHtoD { dst, src } => Op::CopyHtoD {
+                dst: *dst,
+                src: host(src),
+            },
+            Op::CopyDtoH { dst, src } => Op::CopyDtoH {
+                dst: host(dst),
+                src: *src,
+            },
+            Op::CopyDtoD(c) => Op::CopyDtoD(*c),
+            Op::Memset(f) => Op::Memset(*f),
+            Op::Record(e) => Op::Record(e.clone()),
+            Op::Wait(e) => Op::Wait(e.clone()),
+            Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),
+            Op::HostWait {
+                word,
+                device,
+                value,
+            } => Op::HostWait {
+                word: host(word),
+                device: *device,
+                value: *value,
+            },
+            Op::Nop => Op::Nop,
+        }
+    }
 }

@@ -12,6 +12,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use mps_core::Result;
 
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -32,15 +33,29 @@ struct Keep {
 /// A captured graph, with what its nodes refer to.
 #[derive(Debug)]
 pub struct CudaGraph {
-    raw: Graph,
+    raw: Arc<Graph>,
     keep: Arc<Keep>,
 }
 
-/// An executable graph, with what its nodes refer to.
+/// A node of a captured graph.
+#[derive(Clone, Copy, Debug)]
+struct Node(sys::CUgraphNode);
+
+// SAFETY: a node handle is an identifier the driver accepts from any thread; it is used only
+// while the graph that owns it is alive (the executable graph holds that graph).
+unsafe impl Send for Node {}
+// SAFETY: as above; nothing is reached through it but driver calls.
+unsafe impl Sync for Node {}
+
+/// An executable graph, with what its nodes refer to, the graph it was made from and that
+/// graph's nodes in the order of the operations captured (empty where the capture was not one
+/// chain of them): updating a node's parameters names the node of the graph.
 #[derive(Debug)]
 pub struct CudaGraphExec {
     pub(super) raw: GraphExec,
     _keep: Arc<Keep>,
+    _graph: Arc<Graph>,
+    nodes: Vec<Node>,
 }
 
 impl CudaBackend {
@@ -78,7 +93,7 @@ impl CudaBackend {
         }))?;
         Ok(CudaGraph {
             // SAFETY: the capture made this graph, which nothing else destroys.
-            raw: unsafe { Graph::from_raw(raw) },
+            raw: Arc::new(unsafe { Graph::from_raw(raw) }),
             keep: Arc::new(keep),
         })
     }
@@ -100,6 +115,97 @@ impl CudaBackend {
             // SAFETY: made here, destroyed by nothing else.
             raw: unsafe { GraphExec::from_raw(raw) },
             _keep: graph.keep.clone(),
+            _graph: graph.raw.clone(),
+            nodes: chain(graph.raw.raw(), graph.keep.ops.len()).unwrap_or_default(),
         })
     }
+
+    pub(super) fn set_params(
+        &self,
+        exec: &CudaGraphExec,
+        index: usize,
+        params: &[u8],
+    ) -> Result<()> {
+        let node = exec.nodes.get(index).ok_or_else(|| {
+            mps_core::Error::invalid_value(format!(
+                "operation {index} of the graph is not a node of one captured chain"
+            ))
+        })?;
+        self.ctx.enter()?;
+        // SAFETY: a plain C struct, all zero is valid; filled in by the driver below.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: a kernel node of `exec.graph`, which is alive; `p` is writable.
+        let r = unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut p) };
+        self.ctx
+            .check(check_on(r, "cuGraphKernelNodeGetParams", || {
+                format!("operation {index} of a batched run's graph")
+            }))?;
+        // The node keeps its kernel, geometry and context; only the parameters change, passed
+        // packed as a launch passes them.
+        let mut size = params.len();
+        let mut extra = [
+            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+            params.as_ptr() as *mut c_void,
+            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+            &mut size as *mut usize as *mut c_void,
+            sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+        ];
+        p.kernelParams = std::ptr::null_mut();
+        p.extra = if params.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: `exec` was instantiated from `exec.graph`, which holds `node`; the packed
+        // buffer has the kernel's layout (the session checked it against the launch it
+        // replaces) and is copied by the driver during the call; `extra` outlives the call.
+        let r = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.raw.raw(), node.0, &p) };
+        self.ctx
+            .check(check_on(r, "cuGraphExecKernelNodeSetParams", || {
+                format!("operation {index} of a batched run's graph")
+            }))
+    }
+}
+
+/// The nodes of `graph` from its root on, if it is one chain of `ops` nodes, as a capture of
+/// one stream's copies, memsets and launches is.
+fn chain(graph: sys::CUgraph, ops: usize) -> Option<Vec<Node>> {
+    let mut nodes = Vec::with_capacity(ops);
+    let mut count = 1usize;
+    let mut next: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: a live graph; room for the one root asked for.
+    let r = unsafe { sys::cuGraphGetRootNodes(graph, &mut next, &mut count) };
+    if r != sys::CUresult::CUDA_SUCCESS || count != 1 {
+        return None;
+    }
+    loop {
+        nodes.push(Node(next));
+        if nodes.len() > ops {
+            return None;
+        }
+        let mut count = 0usize;
+        // SAFETY: a node of the live graph; a null array asks for the count alone.
+        let r = unsafe {
+            sys::cuGraphNodeGetDependentNodes_v2(
+                next,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut count,
+            )
+        };
+        match (r, count) {
+            (sys::CUresult::CUDA_SUCCESS, 0) => break,
+            (sys::CUresult::CUDA_SUCCESS, 1) => {}
+            _ => return None,
+        }
+        let node = next;
+        // SAFETY: as above, with room for its one dependent.
+        let r = unsafe {
+            sys::cuGraphNodeGetDependentNodes_v2(node, &mut next, std::ptr::null_mut(), &mut count)
+        };
+        if r != sys::CUresult::CUDA_SUCCESS || count != 1 {
+            return None;
+        }
+    }
+    (nodes.len() == ops).then_some(nodes)
 }

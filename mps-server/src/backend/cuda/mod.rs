@@ -679,6 +679,15 @@ impl Backend for CudaBackend {
         self.instantiate(graph)
     }
 
+    fn graph_exec_set_params(
+        &self,
+        exec: &CudaGraphExec,
+        index: usize,
+        params: &[u8],
+    ) -> Result<()> {
+        self.set_params(exec, index, params)
+    }
+
     fn event_create(&self) -> Result<CudaEvent> {
         self.ctx.enter()?;
         // Timing enabled: the default flags.

@@ -18,6 +18,7 @@ mod kernels;
 pub mod memory;
 mod occupancy;
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -255,10 +256,21 @@ pub struct SimGraph {
     ops: Arc<Vec<Op<'static, SimBackend>>>,
 }
 
-/// An executable graph: the captured work, shared with the graph it was made from.
+/// An executable graph: the captured work, shared with the graph it was made from until a
+/// launch of it is given new parameters (the work is then copied, so that launches already
+/// submitted, which hold the work as it was, are not affected).
 #[derive(Debug)]
 pub struct SimGraphExec {
-    ops: Arc<Vec<Op<'static, SimBackend>>>,
+    ops: Mutex<Arc<Vec<Op<'static, SimBackend>>>>,
+}
+
+impl SimGraphExec {
+    /// The work as it is now, for a launch submitted now.
+    fn snapshot(&self) -> SimGraphExec {
+        SimGraphExec {
+            ops: Mutex::new(self.ops.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+        }
+    }
 }
 
 impl SimStream {
@@ -450,7 +462,10 @@ impl Worker {
             }
             // A replay runs the captured work in order, each launch under the client's SM
             // placement at the time it runs, as on its stream. Captures hold no event work.
-            Op::GraphLaunch(exec) => exec.ops.iter().try_for_each(|op| self.execute(op, 0, None)),
+            Op::GraphLaunch(exec) => {
+                let ops = exec.ops.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                ops.iter().try_for_each(|op| self.execute(op, 0, None))
+            }
             Op::HostWait { word, value, .. } => {
                 // The host writes the word without ringing anything: look at it, more slowly
                 // the longer the wait.
@@ -746,6 +761,11 @@ impl Backend for SimBackend {
             Op::Wait(ev) => ev.queued.load(Ordering::Acquire),
             _ => 0,
         };
+        // A graph runs as it is now: parameters given to it later are for later launches.
+        let op = match op {
+            Op::GraphLaunch(exec) => Op::GraphLaunch(Arc::new(exec.snapshot())),
+            op => op,
+        };
         stream.send(Job {
             seq,
             // The worker runs it after this call returns.
@@ -803,8 +823,40 @@ impl Backend for SimBackend {
 
     fn graph_instantiate(&self, graph: &SimGraph) -> Result<SimGraphExec> {
         Ok(SimGraphExec {
-            ops: graph.ops.clone(),
+            ops: Mutex::new(graph.ops.clone()),
         })
+    }
+
+    fn graph_exec_set_params(
+        &self,
+        exec: &SimGraphExec,
+        index: usize,
+        params: &[u8],
+    ) -> Result<()> {
+        let mut ops = exec.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let new = match ops.get(index) {
+            Some(Op::Launch(l)) if l.params.len() == params.len() => Op::Launch(
+                l.as_ref()
+                    .map(Arc::clone, |_| Cow::Owned(params.to_vec())),
+            ),
+            Some(Op::Launch(l)) => {
+                return Err(Error::invalid_value(format!(
+                    "{} bytes of parameters for a launch that takes {}",
+                    params.len(),
+                    l.params.len()
+                )));
+            }
+            _ => {
+                return Err(Error::invalid_value(format!(
+                    "operation {index} of the graph is not a kernel launch"
+                )));
+            }
+        };
+        let mut copy: Vec<Op<'static, SimBackend>> =
+            ops.iter().map(|op| op.duplicate().into_owned()).collect();
+        copy[index] = new.into_owned();
+        *ops = Arc::new(copy);
+        Ok(())
     }
 
     fn event_create(&self) -> Result<SimEvent> {

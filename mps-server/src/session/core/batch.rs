@@ -58,7 +58,6 @@
 //!   launch of an executable graph after its previous ones, which across streams would order
 //!   work the client left unordered).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -69,12 +68,12 @@ use mps_core::protocol::{
 };
 
 use super::{Answer, DONE, SessionCore};
-use crate::backend::{Backend, HostBytes, Op};
+use crate::backend::{Backend, Op};
 
-/// One command of a run, as a shape compares it: everything that its graph node fixes.
+/// One command of a run, as a shape records it: everything that its graph node fixes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Desc {
-    /// A launch, never in clusters.
+    /// A launch: its parameters are the one thing a cached graph's node is given anew per run.
     Launch(LaunchSpec<u64, Box<[u8]>>),
     CopyHtoD {
         dst: u64,
@@ -96,8 +95,6 @@ impl Desc {
     /// What a stream-ordered request would be in a run, if it can be in one.
     fn of(req: &Request<'_>) -> Option<Desc> {
         Some(match *req {
-            // A launch in clusters goes on its own, ending any run.
-            Request::Launch { spec } if spec.cluster.is_some() => return None,
             Request::Launch { spec } => Desc::Launch(spec.map(|f| f, Box::from)),
             Request::CopyHtoD {
                 dst,
@@ -123,6 +120,19 @@ impl Desc {
             Request::Memset { fill } => Desc::Memset(fill),
             _ => return None,
         })
+    }
+
+    /// Whether `other` is the same work but perhaps for a launch's parameters: the same kernel
+    /// in the same geometry, shared memory and clusters, its parameters as long (a launch's
+    /// node in a cached graph is given the run's own parameters before the graph is launched).
+    fn same_work(&self, other: &Desc) -> bool {
+        match (self, other) {
+            (Desc::Launch(a), Desc::Launch(b)) => {
+                (a.function, a.grid, a.block, a.shared_mem, a.cluster, a.params.len())
+                    == (b.function, b.grid, b.block, b.shared_mem, b.cluster, b.params.len())
+            }
+            (a, b) => a == b,
+        }
     }
 
     /// Bytes the server holds for it.
@@ -441,7 +451,9 @@ impl<B: Backend> Batching<B> {
         let n = self.held.len();
         let fits = |i: &usize| {
             let s = &self.shapes[*i];
-            s.worth_holding(self.build_at) && s.stream == self.stream && s.key.get(n) == Some(desc)
+            s.worth_holding(self.build_at)
+                && s.stream == self.stream
+                && s.key.get(n).is_some_and(|k| k.same_work(desc))
         };
         if n == 0 {
             (0..self.shapes.len()).filter(fits).collect()
@@ -486,10 +498,13 @@ impl<B: Backend> Batching<B> {
         }
         self.tick += 1;
         let recent = &self.recent;
+        let same = |key: &[Desc]| {
+            key.len() == recent.len() && key.iter().zip(recent).all(|(k, r)| k.same_work(r))
+        };
         if let Some(known) = self
             .shapes
             .iter_mut()
-            .find(|s| s.stream == stream && s.key == *recent)
+            .find(|s| s.stream == stream && same(&s.key))
         {
             // A run not held (its shape not yet worth a graph), or held and left unlaunched.
             known.seen = known.seen.saturating_add(1);
@@ -573,49 +588,6 @@ impl<B: Backend> Batching<B> {
                 self.build_at
             );
         }
-    }
-}
-
-/// The same work, borrowing what it can (a run's commands are submitted more than once when a
-/// capture fails).
-fn dup<'a, B: Backend>(op: &'a Op<'static, B>) -> Op<'a, B> {
-    let host = |h: &HostBytes| match h {
-        HostBytes::Shared {
-            segment,
-            offset,
-            len,
-        } => HostBytes::Shared {
-            segment: segment.clone(),
-            offset: *offset,
-            len: *len,
-        },
-        HostBytes::Owned(b) => HostBytes::Owned(b.clone()),
-    };
-    match op {
-        Op::Launch(l) => Op::Launch(l.as_ref().map(Arc::clone, |p| Cow::Borrowed(&**p))),
-        Op::CopyHtoD { dst, src } => Op::CopyHtoD {
-            dst: *dst,
-            src: host(src),
-        },
-        Op::CopyDtoH { dst, src } => Op::CopyDtoH {
-            dst: host(dst),
-            src: *src,
-        },
-        Op::CopyDtoD(c) => Op::CopyDtoD(*c),
-        Op::Memset(f) => Op::Memset(*f),
-        Op::Record(e) => Op::Record(e.clone()),
-        Op::Wait(e) => Op::Wait(e.clone()),
-        Op::GraphLaunch(g) => Op::GraphLaunch(g.clone()),
-        Op::HostWait {
-            word,
-            device,
-            value,
-        } => Op::HostWait {
-            word: host(word),
-            device: *device,
-            value: *value,
-        },
-        Op::Nop => Op::Nop,
     }
 }
 
@@ -792,16 +764,37 @@ impl<B: Backend> SessionCore<B> {
             .clone()
             .filter(|_| shape.generation == generation);
         let exec = match cached {
-            Some(exec) => {
-                self.stats.batch_hit();
-                exec
-            }
+            Some(exec) => match self.give_params(i, &exec, &held) {
+                Ok(()) => {
+                    self.stats.batch_hit();
+                    exec
+                }
+                Err(err) => {
+                    tracing::debug!(
+                        client = self.ctx.id,
+                        "a batched run's graph cannot take the run's parameters ({err}); its \
+                         runs are submitted command by command"
+                    );
+                    let shape = &mut self.batch.shapes[i];
+                    shape.exec = None;
+                    shape.unbuildable = true;
+                    self.stats.batch_missed();
+                    self.submit_each(held);
+                    return;
+                }
+            },
             None => {
                 self.stats.batch_missed();
                 match self.build(&held) {
                     Ok(exec) => {
                         self.stats.batch_instantiated();
                         let shape = &mut self.batch.shapes[i];
+                        // The graph holds this run's parameters.
+                        for (d, h) in shape.key.iter_mut().zip(&held) {
+                            if let (Desc::Launch(want), Op::Launch(got)) = (d, &h.op) {
+                                want.params.copy_from_slice(&got.params);
+                            }
+                        }
                         shape.exec = Some(exec.clone());
                         shape.generation = generation;
                         shape.made_at = self.batch.build_at;
@@ -840,14 +833,31 @@ impl<B: Backend> SessionCore<B> {
         }
     }
 
+    /// Gives the launches of shape `i`'s graph `exec` the parameters of the held run where they
+    /// differ from those it holds (launches of it already submitted keep theirs), and records
+    /// them as the graph's. A failure leaves the graph part updated: the caller drops it.
+    fn give_params(&mut self, i: usize, exec: &B::GraphExec, held: &[Held<B>]) -> Result<()> {
+        let shape = &mut self.batch.shapes[i];
+        for (k, (d, h)) in shape.key.iter_mut().zip(held).enumerate() {
+            if let (Desc::Launch(want), Op::Launch(got)) = (d, &h.op)
+                && *want.params != *got.params
+            {
+                self.backend.graph_exec_set_params(exec, k, &got.params)?;
+                want.params.copy_from_slice(&got.params);
+            }
+        }
+        Ok(())
+    }
+
     /// An executable graph of `held`, captured in the run's stream (which runs nothing
     /// meanwhile).
     fn build(&self, held: &[Held<B>]) -> Result<Arc<B::GraphExec>> {
         let s = self.streams.get(self.batch.stream)?;
         self.backend.capture_begin(&s.stream)?;
-        let recorded = held
-            .iter()
-            .try_for_each(|h| self.backend.submit(&s.stream, h.seq, dup(&h.op), None));
+        let recorded = held.iter().try_for_each(|h| {
+            self.backend
+                .submit(&s.stream, h.seq, h.op.duplicate(), None)
+        });
         // The stream runs its work again whatever happened.
         let graph = self.backend.capture_end(&s.stream);
         recorded?;

@@ -15,6 +15,18 @@ fn batching() -> Limits {
     }
 }
 
+/// A launch of `function` in a grid of `blocks` blocks: runs whose launches differ in their
+/// grids are different shapes (parameters alone are not).
+fn launch_in(function: u64, params: &[u8], blocks: u32) -> Request<'_> {
+    match launch(function, params) {
+        Request::Launch { mut spec } => {
+            spec.grid.x = blocks;
+            Request::Launch { spec }
+        }
+        _ => unreachable!("launch() makes a launch"),
+    }
+}
+
 /// Hands the core a command that asks for nothing back; it must be accepted silently.
 fn quiet<B: Backend>(c: &mut Client<B>, req: &Request<'_>, stream: u64) -> u64 {
     let out = c.send(req, stream, 0);
@@ -163,7 +175,7 @@ fn a_repeated_run_is_launched_from_one_cached_graph_with_the_results_of_the_unba
 }
 
 #[test]
-fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
+fn a_run_with_other_parameters_is_served_by_the_cached_graph_with_its_own() {
     let server = sim();
     let mut r = Rig::new(&server, batching());
     let n = r.n as usize;
@@ -179,20 +191,14 @@ fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
         assert_eq!(run(&mut r, 7), vec![7; n]);
     }
     assert_eq!(r.counters(), [1, 1, 1, 1]);
-    // Another value is another shape: run command by command, then learned and cached alone.
+    // Another value is the same work: the graph's launch is given the run's parameters.
     assert_eq!(run(&mut r, 9), vec![9; n]);
-    assert_eq!(r.counters(), [1, 1, 1, 2]);
-    assert_eq!(run(&mut r, 9), vec![9; n]);
-    assert_eq!(run(&mut r, 9), vec![9; n]);
-    assert_eq!(r.counters(), [2, 2, 2, 2]);
-    // The first shape's graph still serves its own runs.
     assert_eq!(run(&mut r, 7), vec![7; n]);
-    assert_eq!(r.counters(), [3, 2, 2, 2]);
+    assert_eq!(r.counters(), [3, 1, 1, 1]);
     let stats = r.c.core.stats();
-    assert_eq!(stats.batch_learned.load(Ordering::Relaxed), 2);
-    // Each run of 9 left the shape of 7 at its first command, before anything was held.
+    assert_eq!(stats.batch_learned.load(Ordering::Relaxed), 1);
     assert_eq!(stats.batch_diverged.load(Ordering::Relaxed), 0);
-    // A run that begins as the shape of 7 and goes on otherwise leaves it once held.
+    // A run that begins as the shape and copies elsewhere leaves it once held.
     let (s, params) = (r.s, fill_params(r.x, 7, r.n));
     quiet(&mut r.c, &launch(r.fill, &params), s);
     let other = r.copy_out(r.x, r.n * 4);
@@ -200,6 +206,55 @@ fn a_run_with_another_parameter_is_not_served_by_the_cached_graph() {
     r.sync();
     assert_eq!(u32s(&r.output.1, 2 * n)[n..], vec![7; n]);
     assert_eq!(r.c.core.stats().batch_diverged.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn new_parameters_reach_only_the_launches_of_a_graph_submitted_after_them() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let n = r.n as usize;
+    let (z, w) = (r.c.alloc(r.n * 4), r.c.alloc(r.n * 4));
+    let m = r.c.load_module(PTX).unwrap();
+    let spin = r.c.function(m, "spin_ns");
+    let counter = r.c.alloc(4);
+    // A run of two fills, of buffers its parameters name.
+    let run = |r: &mut Rig, a: u64, b: u64, value: u32| {
+        let s = r.s;
+        for p in [a, b] {
+            quiet(&mut r.c, &launch(r.fill, &fill_params(p, value, r.n)), s);
+        }
+    };
+    for _ in 0..2 {
+        let (x, y) = (r.x, r.y);
+        run(&mut r, x, y, 1);
+        r.sync();
+    }
+    assert_eq!(r.counters(), [0, 1, 1, 1]);
+    for p in [r.x, r.y, z, w] {
+        r.fill_now(p, 0);
+    }
+    // The stream is held up by a kernel while both runs are queued behind it as launches of
+    // the one graph, the second with other buffers: the first must still fill its own.
+    let mut params = [0u8; 16];
+    params[..8].copy_from_slice(&200_000_000u64.to_le_bytes());
+    params[8..].copy_from_slice(&counter.to_le_bytes());
+    let s = r.s;
+    quiet(&mut r.c, &launch(spin, &params), s);
+    let (x, y) = (r.x, r.y);
+    run(&mut r, x, y, 7);
+    run(&mut r, z, w, 9);
+    assert_eq!(r.counters()[0], 2, "both runs were launched from the graph");
+    r.sync();
+    let read = |r: &mut Rig, p: u64| {
+        let (s, out) = (r.s, r.copy_out(p, 0));
+        quiet(&mut r.c, &out, s);
+        r.sync();
+        u32s(&r.output.1, n)
+    };
+    assert_eq!(read(&mut r, x), vec![7; n]);
+    assert_eq!(read(&mut r, y), vec![7; n]);
+    assert_eq!(read(&mut r, z), vec![9; n]);
+    assert_eq!(read(&mut r, w), vec![9; n]);
 }
 
 /// A command that ends a run, sent to the rig.
@@ -473,7 +528,7 @@ fn the_cache_keeps_within_its_entries_and_bytes() {
     for shape in 0..4u8 {
         for _ in 0..3 {
             for i in 0..3 {
-                quiet(&mut c, &launch(f, &k_params(i + 16 * shape)), s);
+                quiet(&mut c, &launch_in(f, &k_params(i), 1 + u32::from(shape)), s);
             }
             c.send(&Request::Mark, s, flags::MARK);
         }
@@ -585,7 +640,7 @@ fn graphs_that_serve_only_their_own_run_stop_being_made() {
     let runs = |c: &mut Client<Recorder>, shape: u8, times: usize| {
         for _ in 0..times {
             for i in 0..3 {
-                quiet(c, &launch(f, &k_params(i + 3 * shape)), s);
+                quiet(c, &launch_in(f, &k_params(i), 1 + u32::from(shape)), s);
             }
             c.send(&Request::Mark, s, flags::MARK);
         }
@@ -626,13 +681,12 @@ fn runs_that_begin_alike_and_then_differ_stop_being_held() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
     let (f, s) = kernel_and_stream(&mut c);
-    // Each run the same first launch, then one with parameters of its own (a real model's
-    // runs: device addresses that move from one request to the next). Whether the first
-    // launch was held back, run by run.
+    // Each run the same first launch, then one in a grid of its own. Whether the first launch
+    // was held back, run by run.
     let mut run = |n: u8| {
         quiet(&mut c, &launch(f, &k_params(0)), s);
         let held = c.core.holds_run();
-        quiet(&mut c, &launch(f, &k_params(n + 1)), s);
+        quiet(&mut c, &launch_in(f, &k_params(1), 2 + u32::from(n)), s);
         c.send(&Request::Mark, s, flags::MARK);
         held
     };
@@ -710,4 +764,64 @@ fn what_ends_a_clients_runs_is_counted_for_the_log() {
         r.c.core.batch_enders(),
         "mark (marked) 2, work on another stream 1, event_record (marked) 1"
     );
+}
+
+/// A run of a plain launch, a launch in clusters of two blocks and a plain launch, with the last
+/// one's parameters from `last`.
+fn cluster_run(c: &mut Client<Recorder>, f: u64, s: u64, last: u8) -> Vec<u64> {
+    let mut seqs = vec![quiet(c, &launch(f, &k_params(0)), s)];
+    let p = k_params(1);
+    let in_clusters = match launch_in(f, &p, 2) {
+        Request::Launch { mut spec } => {
+            spec.cluster = Some(mps_core::protocol::Cluster {
+                dims: Dim3 { x: 2, y: 1, z: 1 },
+                non_portable: false,
+            });
+            Request::Launch { spec }
+        }
+        _ => unreachable!(),
+    };
+    seqs.push(quiet(c, &in_clusters, s));
+    seqs.push(quiet(c, &launch(f, &k_params(last)), s));
+    c.send(&Request::Mark, s, flags::MARK);
+    seqs
+}
+
+#[test]
+fn a_cached_graph_is_given_the_parameters_that_changed_and_launches_in_clusters_join_runs() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    for _ in 0..3 {
+        cluster_run(&mut c, f, s, 2);
+    }
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    let b = &server.backend;
+    assert!(b.updates.lock().unwrap().is_empty());
+    // The third launch's parameters change: that node alone is updated, then the graph
+    // launched; the same parameters again need no update.
+    cluster_run(&mut c, f, s, 7);
+    cluster_run(&mut c, f, s, 7);
+    assert_eq!(*b.updates.lock().unwrap(), vec![(2, k_params(7))]);
+    assert_eq!(counters(c.core.stats()), [3, 1, 1, 1]);
+    let sent = b.take();
+    assert_eq!(
+        sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count(),
+        4
+    );
+    // An update the backend refuses: the run goes command by command, each under its own
+    // number, and the shape's runs are not held any more.
+    b.refuse_updates.store(true, Ordering::Relaxed);
+    let seqs = cluster_run(&mut c, f, s, 2);
+    let launched: Vec<u64> = b
+        .take()
+        .iter()
+        .filter(|s| s.op == Opcode::Launch)
+        .map(|s| s.seq)
+        .collect();
+    assert_eq!(launched, seqs);
+    assert!(c.core.take_batch_errors().is_empty());
+    quiet(&mut c, &launch(f, &k_params(0)), s);
+    assert!(!c.core.holds_run());
+    c.send(&Request::Mark, s, flags::MARK);
 }

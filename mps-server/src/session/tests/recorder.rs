@@ -30,6 +30,10 @@ pub(super) struct Recorder {
     /// Refuse the submission of every command from this one on, outside a capture, as a dead
     /// context would (0: none).
     pub(super) refuse_from_seq: AtomicU64,
+    /// Parameter updates of executable graphs: the launch's index and its new parameters.
+    pub(super) updates: Mutex<Vec<(usize, Vec<u8>)>>,
+    /// Refuse every parameter update of an executable graph.
+    pub(super) refuse_updates: AtomicBool,
 }
 
 /// A graph or executable graph of the recorder, counted while it lives.
@@ -83,6 +87,8 @@ impl Recorder {
             refuse_graph_launch: AtomicBool::new(false),
             refuse_seq: AtomicU64::new(0),
             refuse_from_seq: AtomicU64::new(0),
+            updates: Mutex::new(Vec::new()),
+            refuse_updates: AtomicBool::new(false),
         }
     }
 
@@ -307,5 +313,13 @@ impl Backend for Recorder {
 
     fn graph_instantiate(&self, _graph: &LiveGraph) -> Result<LiveGraph> {
         Ok(LiveGraph::new(&self.live_graphs))
+    }
+
+    fn graph_exec_set_params(&self, _exec: &LiveGraph, index: usize, params: &[u8]) -> Result<()> {
+        if self.refuse_updates.load(Ordering::Relaxed) {
+            return Err(Error::invalid_value("the recorder refuses the update"));
+        }
+        self.updates.lock().unwrap().push((index, params.to_vec()));
+        Ok(())
     }
 }
