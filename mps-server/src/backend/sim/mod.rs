@@ -835,10 +835,9 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let mut ops = exec.ops.lock().unwrap_or_else(|p| p.into_inner());
         let new = match ops.get(index) {
-            Some(Op::Launch(l)) if l.params.len() == params.len() => Op::Launch(
-                l.as_ref()
-                    .map(Arc::clone, |_| Cow::Owned(params.to_vec())),
-            ),
+            Some(Op::Launch(l)) if l.params.len() == params.len() => {
+                Op::Launch(l.as_ref().map(Arc::clone, |_| Cow::Owned(params.to_vec())))
+            }
             Some(Op::Launch(l)) => {
                 return Err(Error::invalid_value(format!(
                     "{} bytes of parameters for a launch that takes {}",

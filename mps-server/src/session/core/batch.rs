@@ -2,9 +2,9 @@
 //! command for command is launched as one cached graph instead of one backend call per command.
 //!
 //! * **What a run is.** Copies from and to host buffers (not the staging area, whose bytes
-//!   change under a replay), device-to-device copies, memsets and kernel launches, on one
-//!   stream, carrying neither `MARK` nor `REPLY`, in a stream that is not capturing a graph of
-//!   the client's own. Any other command ends the run: an event record or wait, a mark (a
+//!   change under a replay), device-to-device copies, memsets and kernel launches (in
+//!   clusters too), on one stream, carrying neither `MARK` nor `REPLY`, in a stream that is
+//!   not capturing a graph of the client's own. Any other command ends the run: an event record or wait, a mark (a
 //!   synchronise or query), a free, a graph command, a command on another stream, a command
 //!   that fails. The shell also ends the *holding* of a run when the ring has stayed empty for
 //!   a moment (see `session/mod.rs`), so a client that stops posting is never kept waiting.
@@ -30,8 +30,8 @@
 //!   due one at this appearance, hold commands. Holding must pay too: a held run that leaves
 //!   the shape it followed was delayed for nothing, and `DEPARTURES` of them with no run
 //!   launched from a graph in between double the appearances in the same way. A real model's
-//!   runs begin alike and then differ (device addresses that move from one request to the
-//!   next), so without this every run of them was held and sent again command by command,
+//!   runs can begin alike and then differ (a copy's address that moves from one request to
+//!   the next), so without this every run of them was held and sent again command by command,
 //!   while no graph was ever made to stop the holding.
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
@@ -41,12 +41,14 @@
 //!   graph launches into the client's own stream, so the stream's priority and the client's
 //!   SMs apply to it; a shape's graph is made again after the client's SM placement changed,
 //!   since kernel nodes keep the partition they were captured in.
-//! * **Same parameters only.** A run whose parameters or addresses differ from a cached
-//!   shape's is a different shape (learned, then cached, on its own). Updating an executable
-//!   graph in place (`cuGraphExecKernelNodeSetParams`) would serve such runs from one graph,
-//!   but needs the driver's node handles in capture order and a model of it in the simulator;
-//!   the workloads batching is for (a request loop over fixed I/O buffers) repeat their
-//!   parameters exactly.
+//! * **Parameters are given anew.** A command continues a shape when it is the same work
+//!   (`Desc::same_work`): a copy or memset exactly, a launch of the same kernel in the same
+//!   geometry, shared memory and clusters with parameters of the same length, whatever their
+//!   values. Before a hit, each launch whose parameters differ from those the graph holds is
+//!   given the run's (`Backend::graph_exec_set_params`); a launch of the graph already
+//!   submitted keeps its own. A real model's runs differ in just this way from one request to
+//!   the next: its activations move, and reach its kernels as parameters. A graph that refuses
+//!   an update is dropped and its shape is not held again.
 //! * **Long runs go in pieces.** A run ends after `MAX_RUN` commands, as if a terminator
 //!   followed: a client that posts thousands of launches before it synchronises has them
 //!   learned and launched `MAX_RUN` at a time, where one run of all of them would outgrow what
@@ -128,8 +130,21 @@ impl Desc {
     fn same_work(&self, other: &Desc) -> bool {
         match (self, other) {
             (Desc::Launch(a), Desc::Launch(b)) => {
-                (a.function, a.grid, a.block, a.shared_mem, a.cluster, a.params.len())
-                    == (b.function, b.grid, b.block, b.shared_mem, b.cluster, b.params.len())
+                (
+                    a.function,
+                    a.grid,
+                    a.block,
+                    a.shared_mem,
+                    a.cluster,
+                    a.params.len(),
+                ) == (
+                    b.function,
+                    b.grid,
+                    b.block,
+                    b.shared_mem,
+                    b.cluster,
+                    b.params.len(),
+                )
             }
             (a, b) => a == b,
         }
@@ -276,31 +291,16 @@ fn divergence(want: Option<&Desc>, got: &Desc) -> String {
             "the same kernel with {} bytes of shared memory, not {}",
             b.shared_mem, a.shared_mem
         ),
-        (Desc::Launch(a), Desc::Launch(b)) => {
-            let words = |p: &[u8]| -> Vec<u64> {
-                p.chunks(8)
-                    .map(|c| {
-                        let mut w = [0u8; 8];
-                        w[..c.len()].copy_from_slice(c);
-                        u64::from_le_bytes(w)
-                    })
-                    .collect()
-            };
-            let (wa, wb) = (words(&a.params), words(&b.params));
-            let differ: Vec<String> = wa
-                .iter()
-                .zip(&wb)
-                .enumerate()
-                .filter(|(_, (x, y))| x != y)
-                .take(3)
-                .map(|(i, (x, y))| format!("bytes {}..{}: {y:#x}, not {x:#x}", i * 8, i * 8 + 8))
-                .collect();
-            format!(
-                "the same kernel with other parameters ({} bytes; {})",
-                b.params.len(),
-                differ.join(", ")
-            )
-        }
+        (Desc::Launch(a), Desc::Launch(b)) if a.cluster != b.cluster => format!(
+            "the same kernel in clusters {:?}, not {:?}",
+            b.cluster, a.cluster
+        ),
+        // Launches differ in their parameters' length alone, since their values do not count.
+        (Desc::Launch(a), Desc::Launch(b)) => format!(
+            "the same kernel with {} bytes of parameters, not {}",
+            b.params.len(),
+            a.params.len()
+        ),
         (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
             format!("{} where the shape had {}", b.kind(), a.kind())
         }

@@ -240,6 +240,9 @@ fn new_parameters_reach_only_the_launches_of_a_graph_submitted_after_them() {
     params[8..].copy_from_slice(&counter.to_le_bytes());
     let s = r.s;
     quiet(&mut r.c, &launch(spin, &params), s);
+    // A wait for an event never recorded ends the spin's run, so that the next begins.
+    let event = r.c.event();
+    quiet(&mut r.c, &Request::StreamWaitEvent { event }, s);
     let (x, y) = (r.x, r.y);
     run(&mut r, x, y, 7);
     run(&mut r, z, w, 9);
