@@ -1,7 +1,8 @@
 //! Questions about the context and its kernels: the stream priority range and limits
 //! (`cuCtxGetStreamPriorityRange`, `cuCtxGetLimit`, `cuCtxSetLimit`), kernel attributes
 //! (`cuFuncGetAttribute` and `cuKernelGetAttribute`, answered from what the server reported on
-//! the first question, and their setters) and occupancy (`cuOccupancy*`, asked of the server).
+//! the first question, and their setters) and occupancy (`cuOccupancy*`, asked of the server,
+//! once per kernel and question where the answer cannot change).
 //!
 //! The server's context is shared by every client, so a limit is the server's to set: setting
 //! one to the value it has succeeds, any other value is refused. A kernel's dynamic shared
@@ -27,6 +28,7 @@ use crate::driver::connection;
 use crate::ffi::{check, exports, lock, put};
 use crate::log;
 use crate::module::function_obj;
+use crate::objects::OCCUPANCY_MEMO;
 
 /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
 const UNSUPPORTED_LIMIT: CUresult = CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT;
@@ -128,11 +130,36 @@ fn current_device() -> Res<CUdevice> {
     Ok(current()?.device)
 }
 
-/// Asks the current context's server for `query` of function `f`.
+/// Asks the current context's server for `query` of function `f`, once per figure that cannot
+/// change: how many blocks fit on one SM and how much shared memory a block may use depend on
+/// the kernel and the device alone (the server opts a kernel into more shared memory before it
+/// answers, as before its launches, so its first answer is already the one it keeps giving).
+/// Cluster figures, which count the whole device's SMs rather than one SM's, are asked each
+/// time. A program that asks before each launch would otherwise wait for the server each time,
+/// and each answer would end the client's batched run.
 fn occupancy(f: CUfunction, query: OccupancyQuery) -> Res<u64> {
     let obj = function_obj(f as usize)?;
-    let conn = current()?.conn()?;
-    conn.occupancy(obj.on(conn)?, query)
+    let ctx = current()?;
+    let conn = ctx.conn()?;
+    let memo = match query {
+        OccupancyQuery::ActiveBlocks { .. } | OccupancyQuery::DynamicSmem { .. } => {
+            obj.occupancy.get(ctx.device as usize)
+        }
+        OccupancyQuery::ActiveClusters { .. } => None,
+    };
+    if let Some(memo) = memo
+        && let Some((_, n)) = lock(memo).iter().find(|(q, _)| *q == query)
+    {
+        return Ok(*n);
+    }
+    let n = conn.occupancy(obj.on(conn)?, query)?;
+    if let Some(memo) = memo {
+        let mut memo = lock(memo);
+        if memo.len() < OCCUPANCY_MEMO && !memo.iter().any(|(q, _)| *q == query) {
+            memo.push((query, n));
+        }
+    }
+    Ok(n)
 }
 
 fn active_blocks(out: *mut i32, f: CUfunction, block: i32, smem: usize, flags: u32) -> Res<()> {

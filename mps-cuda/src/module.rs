@@ -176,6 +176,7 @@ fn function_of(m: &ModuleObj, name: &str) -> Res<usize> {
         function: slots,
         params,
         attributes: (0..d.devices.len()).map(|_| Mutex::new(None)).collect(),
+        occupancy: (0..d.devices.len()).map(|_| Mutex::default()).collect(),
     });
     known.insert(name.to_string(), f);
     Ok(f)

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mps_core::protocol::{FUNC_ATTRIBUTES, ParamInfo};
+use mps_core::protocol::{FUNC_ATTRIBUTES, OccupancyQuery, ParamInfo};
 
 use crate::abi::{CUdevice, CUresult};
 use crate::connection::{Connection, Event, Function, KernelLayout, Module, Res, Stream};
@@ -156,4 +156,12 @@ pub(crate) struct FunctionObj {
     /// Its attributes on each device, by ordinal: the server's, fetched on the first question
     /// there, with what the program set since.
     pub(crate) attributes: Vec<Mutex<Option<[Option<i32>; FUNC_ATTRIBUTES]>>>,
+    /// Its server's occupancy figures on each device, by ordinal, for the queries asked so far
+    /// (at most `OCCUPANCY_MEMO`): the per-SM and per-block ones only, which the server's
+    /// answer never changes for.
+    pub(crate) occupancy: Vec<Mutex<Vec<(OccupancyQuery, u64)>>>,
 }
+
+/// The occupancy figures a function keeps per device: a program asks about a few launch
+/// configurations of each kernel, rarely more.
+pub(crate) const OCCUPANCY_MEMO: usize = 16;

@@ -123,6 +123,28 @@ int main(int argc, char **argv) {
     CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&fewer, fill, 256, room - reserved));
     ASSERT(fewer >= 2, "%d blocks fit with the %zu bytes (less %d reserved) that leave room for 2",
            fewer, room, reserved);
+
+    /* Asked again before each launch, as some programs ask: the same figure every time, and
+     * the launches' work done. */
+    CUstream s;
+    CUdeviceptr buf;
+    unsigned long long n = 256;
+    unsigned value = 0;
+    void *args[] = {&buf, &value, &n};
+    CHECK(cuStreamCreate(&s, 1));
+    CHECK(cuMemAlloc_v2(&buf, n * 4));
+    for (value = 1; value <= 32; value++) {
+        int again = 0;
+        CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&again, fill, 256, 0));
+        ASSERT(again == blocks, "%d blocks of 256 threads per SM, then %d", blocks, again);
+        CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, s, args, NULL));
+    }
+    CHECK(cuStreamSynchronize(s));
+    unsigned last[256];
+    CHECK(cuMemcpyDtoH_v2(last, buf, sizeof last));
+    for (int i = 0; i < 256; i++) ASSERT(last[i] == 32, "word %d is %u after the launches", i, last[i]);
+    CHECK(cuMemFree_v2(buf));
+    CHECK(cuStreamDestroy_v2(s));
     CHECK(cuLibraryUnload(lib));
 
     /* A cache preference: taken, an out-of-range one refused. */
