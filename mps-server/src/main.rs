@@ -217,8 +217,8 @@ struct ClientLimitArgs {
     #[arg(long, default_value_t = ClientLimits::default().max_graph_commands)]
     max_graph_commands: usize,
     /// Launch batching: a client's run of copies, memsets and launches on one stream that
-    /// repeats an earlier run exactly is launched as one cached CUDA graph (see
-    /// docs/OPERATE.md).
+    /// repeats an earlier run's work is launched as one cached CUDA graph, its kernels given
+    /// the run's own parameters (see docs/OPERATE.md).
     #[arg(long, value_enum, default_value = "on")]
     launch_batching: Switch,
     /// Run shapes the launch batching caches per client (each with its executable graph).
