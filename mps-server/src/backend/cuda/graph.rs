@@ -12,13 +12,12 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use mps_core::Result;
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::CudaBackend;
 use super::partition::Partition;
 use super::stream::CudaStream;
+use super::{CudaBackend, with_packed_params};
 use crate::backend::Op;
 use mps_driver::{Call, Graph, GraphExec, check_on};
 
@@ -142,24 +141,14 @@ impl CudaBackend {
             }))?;
         // The node keeps its kernel, geometry and context; only the parameters change, passed
         // packed as a launch passes them.
-        let mut size = params.len();
-        let mut extra = [
-            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-            params.as_ptr() as *mut c_void,
-            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-            &mut size as *mut usize as *mut c_void,
-            sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
-        ];
         p.kernelParams = std::ptr::null_mut();
-        p.extra = if params.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
-        // SAFETY: `exec` was instantiated from `exec.graph`, which holds `node`; the packed
-        // buffer has the kernel's layout (the session checked it against the launch it
-        // replaces) and is copied by the driver during the call; `extra` outlives the call.
-        let r = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.raw.raw(), node.0, &p) };
+        let r = with_packed_params(params, |extra| {
+            p.extra = extra;
+            // SAFETY: `exec` was instantiated from `exec.graph`, which holds `node`; the packed
+            // buffer has the kernel's layout (the session checked it against the launch it
+            // replaces) and is copied by the driver during the call, within `extra`'s life.
+            unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.raw.raw(), node.0, &p) }
+        });
         self.ctx
             .check(check_on(r, "cuGraphExecKernelNodeSetParams", || {
                 format!("operation {index} of a batched run's graph")

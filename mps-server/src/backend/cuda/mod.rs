@@ -198,6 +198,25 @@ impl CudaBackend {
     }
 }
 
+/// Runs `call` with the kernel parameters `params` in the packed form a launch's `extra` takes
+/// (`CU_LAUNCH_PARAM_BUFFER_POINTER`, `_SIZE`, `_END`; null for a kernel without parameters),
+/// which is valid for the call only: the driver copies the buffer before it returns.
+pub(super) fn with_packed_params<R>(params: &[u8], call: impl FnOnce(*mut *mut c_void) -> R) -> R {
+    let mut size = params.len();
+    let mut extra = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+        params.as_ptr() as *mut c_void,
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+        &mut size as *mut usize as *mut c_void,
+        sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+    ];
+    call(if params.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        extra.as_mut_ptr()
+    })
+}
+
 impl Backend for CudaBackend {
     type Stream = CudaStream;
     type Event = CudaEvent;
@@ -474,20 +493,7 @@ impl Backend for CudaBackend {
                 if cluster.is_some_and(|c| c.non_portable) {
                     self.allow_non_portable_clusters(&function)?;
                 }
-                let mut size = params.len();
-                let mut extra = [
-                    sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-                    params.as_ptr() as *mut c_void,
-                    sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-                    &mut size as *mut usize as *mut c_void,
-                    sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
-                ];
-                let extra_ptr = if params.is_empty() {
-                    std::ptr::null_mut()
-                } else {
-                    extra.as_mut_ptr()
-                };
-                let r = match cluster {
+                let r = with_packed_params(&params, |extra_ptr| match cluster {
                     // SAFETY: the function is loaded (its module is kept alive by `function`);
                     // the packed buffer has exactly the layout cuFuncGetParamInfo reported (the
                     // session checked its size) and is copied by the driver during the call.
@@ -540,7 +546,7 @@ impl Backend for CudaBackend {
                             )
                         }
                     }
-                };
+                });
                 self.ctx.check(check_on(r, "cuLaunchKernel", || {
                     format!(
                         "kernel {:?}, grid ({}, {}, {}), block ({}, {}, {}), {shared_mem} bytes \
