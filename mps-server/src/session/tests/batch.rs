@@ -18,9 +18,20 @@ fn batching() -> Limits {
 /// A launch of `function` in a grid of `blocks` blocks: runs whose launches differ in their
 /// grids are different shapes (parameters alone are not).
 fn launch_in(function: u64, params: &[u8], blocks: u32) -> Request<'_> {
+    launch_in_clusters(function, params, blocks, None)
+}
+
+/// As [`launch_in`], in `cluster` (none: not in clusters).
+fn launch_in_clusters(
+    function: u64,
+    params: &[u8],
+    blocks: u32,
+    cluster: Option<mps_core::protocol::Cluster>,
+) -> Request<'_> {
     match launch(function, params) {
         Request::Launch { mut spec } => {
             spec.grid.x = blocks;
+            spec.cluster = cluster;
             Request::Launch { spec }
         }
         _ => unreachable!("launch() makes a launch"),
@@ -773,18 +784,12 @@ fn what_ends_a_clients_runs_is_counted_for_the_log() {
 /// one's parameters from `last`.
 fn cluster_run(c: &mut Client<Recorder>, f: u64, s: u64, last: u8) -> Vec<u64> {
     let mut seqs = vec![quiet(c, &launch(f, &k_params(0)), s)];
-    let p = k_params(1);
-    let in_clusters = match launch_in(f, &p, 2) {
-        Request::Launch { mut spec } => {
-            spec.cluster = Some(mps_core::protocol::Cluster {
-                dims: Dim3 { x: 2, y: 1, z: 1 },
-                non_portable: false,
-            });
-            Request::Launch { spec }
-        }
-        _ => unreachable!(),
+    let pairs = mps_core::protocol::Cluster {
+        dims: Dim3 { x: 2, y: 1, z: 1 },
+        non_portable: false,
     };
-    seqs.push(quiet(c, &in_clusters, s));
+    let p = k_params(1);
+    seqs.push(quiet(c, &launch_in_clusters(f, &p, 2, Some(pairs)), s));
     seqs.push(quiet(c, &launch(f, &k_params(last)), s));
     c.send(&Request::Mark, s, flags::MARK);
     seqs
