@@ -65,11 +65,11 @@ fn run(exe: &Path, dir: &Path, env: &[(&str, &str)]) -> Output {
 
 /// Runs program `name`; it must pass every check. Returns its stdout and stderr.
 fn passes(name: &str, env: &[(&str, &str)]) -> (String, String) {
-    passes_on(name, env, Server::start())
+    passes_on(name, env, &Server::start())
 }
 
 /// As [`passes`], against `server`.
-fn passes_on(name: &str, env: &[(&str, &str)], server: Server) -> (String, String) {
+fn passes_on(name: &str, env: &[(&str, &str)], server: &Server) -> (String, String) {
     let exe = build(name);
     let out = run(&exe, &server.dir, env);
     let (stdout, stderr) = (
@@ -114,28 +114,10 @@ fn mps_run_makes_the_program_load_this_library() {
 #[test]
 fn context_limits_kernel_attributes_and_occupancy() {
     let server = Server::start();
-    let dir = server.dir.clone();
-    let exe = build("kernel_queries");
-    let out = run(&exe, &dir, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("all checks passed"),
-        "kernel_queries failed ({}):\n{stdout}\n{}\nserver log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
-    );
+    passes_on("kernel_queries", &[], &server);
     // The figure asked again before each launch came from the library: no question reached
     // the server inside the launches' run (each would have ended it).
-    let deadline = Instant::now() + std::time::Duration::from_secs(20);
-    let enders = loop {
-        let log = server.log();
-        if let Some(line) = log.lines().find(|l| l.contains("runs ended by")) {
-            break line.to_string();
-        }
-        assert!(Instant::now() < deadline, "no batching line in:\n{log}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let enders = server.wait_for_log_line("runs ended by");
     assert!(!enders.contains("occupancy"), "{enders}");
 }
 
@@ -201,7 +183,7 @@ fn a_synchronous_copy_has_landed_before_a_non_blocking_stream_reads_it() {
     } else {
         Server::start()
     };
-    passes_on("copy_order", &[], server);
+    passes_on("copy_order", &[], &server);
 }
 
 #[test]

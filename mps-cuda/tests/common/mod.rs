@@ -149,6 +149,23 @@ impl Server {
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
+
+    /// The first line of the server's log that contains `needle`, once it has one (within
+    /// 20 s).
+    pub(crate) fn wait_for_log_line(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log();
+            if let Some(line) = log.lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "log never said {needle:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {
