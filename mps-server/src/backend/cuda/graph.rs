@@ -12,8 +12,8 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use mps_core::Result;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use super::partition::Partition;
 use super::stream::CudaStream;
@@ -46,15 +46,27 @@ unsafe impl Send for Node {}
 // SAFETY: as above; nothing is reached through it but driver calls.
 unsafe impl Sync for Node {}
 
+/// A kernel node's launch as the graph holds it (kernel, geometry, context), read once: an
+/// update changes only the parameters.
+#[derive(Clone, Copy, Debug)]
+struct KernelBase(sys::CUDA_KERNEL_NODE_PARAMS);
+
+// SAFETY: plain data naming driver objects (the kernel, its context), which the driver accepts
+// from any thread; the parameter pointers are cleared before it is used.
+unsafe impl Send for KernelBase {}
+// SAFETY: as above; it is only read once set.
+unsafe impl Sync for KernelBase {}
+
 /// An executable graph, with what its nodes refer to, the graph it was made from and that
 /// graph's nodes in the order of the operations captured (empty where the capture was not one
-/// chain of them): updating a node's parameters names the node of the graph.
+/// chain of them): updating a node's parameters names the node of the graph. Each updated
+/// kernel node's launch is read from the graph at its first update only.
 #[derive(Debug)]
 pub struct CudaGraphExec {
     pub(super) raw: GraphExec,
     _keep: Arc<Keep>,
     _graph: Arc<Graph>,
-    nodes: Vec<Node>,
+    nodes: Vec<(Node, OnceLock<KernelBase>)>,
 }
 
 impl CudaBackend {
@@ -115,7 +127,11 @@ impl CudaBackend {
             raw: unsafe { GraphExec::from_raw(raw) },
             _keep: graph.keep.clone(),
             _graph: graph.raw.clone(),
-            nodes: chain(graph.raw.raw(), graph.keep.ops.len()).unwrap_or_default(),
+            nodes: chain(graph.raw.raw(), graph.keep.ops.len())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| (n, OnceLock::new()))
+                .collect(),
         })
     }
 
@@ -125,23 +141,30 @@ impl CudaBackend {
         index: usize,
         params: &[u8],
     ) -> Result<()> {
-        let node = exec.nodes.get(index).ok_or_else(|| {
+        let (node, base) = exec.nodes.get(index).ok_or_else(|| {
             mps_core::Error::invalid_value(format!(
                 "operation {index} of the graph is not a node of one captured chain"
             ))
         })?;
         self.ctx.enter()?;
-        // SAFETY: a plain C struct, all zero is valid; filled in by the driver below.
-        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-        // SAFETY: a kernel node of `exec.graph`, which is alive; `p` is writable.
-        let r = unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut p) };
-        self.ctx
-            .check(check_on(r, "cuGraphKernelNodeGetParams", || {
-                format!("operation {index} of a batched run's graph")
-            }))?;
-        // The node keeps its kernel, geometry and context; only the parameters change, passed
-        // packed as a launch passes them.
-        p.kernelParams = std::ptr::null_mut();
+        let mut p = match base.get() {
+            Some(b) => b.0,
+            None => {
+                // SAFETY: a plain C struct, all zero is valid; filled in by the driver below.
+                let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: a kernel node of `exec.graph`, which is alive; `p` is writable.
+                let r = unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut p) };
+                self.ctx
+                    .check(check_on(r, "cuGraphKernelNodeGetParams", || {
+                        format!("operation {index} of a batched run's graph")
+                    }))?;
+                // The node keeps its kernel, geometry and context; only the parameters change,
+                // passed packed as a launch passes them.
+                p.kernelParams = std::ptr::null_mut();
+                p.extra = std::ptr::null_mut();
+                base.get_or_init(|| KernelBase(p)).0
+            }
+        };
         let r = with_packed_params(params, |extra| {
             p.extra = extra;
             // SAFETY: `exec` was instantiated from `exec.graph`, which holds `node`; the packed
