@@ -206,3 +206,60 @@ fn zero_workers_serve_each_client_on_a_thread_of_its_own() {
         own(&server_threads(pid)) == 0
     });
 }
+
+/// A worker holding a client's batched run sleeps while the client pauses inside it, instead
+/// of spinning for the whole hold; the client's next command wakes it and completes the run,
+/// which is launched from its graph with exact results.
+#[test]
+fn a_held_run_costs_its_worker_no_cpu_while_the_client_pauses() {
+    let server = TestServer::start_with(&["--session-workers", "1", "--batch-hold-us", "5000000"]);
+    let pid = server.pid();
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 256u64;
+    let x = c.mem_alloc(n * 4).unwrap();
+    let out = c.host_alloc(n as usize * 4).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let post = |v: u32| {
+        let args = [
+            x.0.to_le_bytes().to_vec(),
+            v.to_le_bytes().to_vec(),
+            n.to_le_bytes().to_vec(),
+        ];
+        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+        let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
+        let block = mpsclient::Dim3 { x: 256, y: 1, z: 1 };
+        c.launch(fill, one, block, 0, s, &refs).unwrap();
+    };
+    let finish = |v: u32| {
+        // SAFETY: the host buffer holds n u32s; nothing else touches it meanwhile.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out, n as usize * 4) };
+        c.memcpy_dtoh(dst, x, s).unwrap();
+        c.stream_synchronize(s).unwrap();
+        // SAFETY: as above, read once the copy completed.
+        let got = unsafe { std::slice::from_raw_parts(out as *const u32, n as usize) };
+        assert!(got.iter().all(|w| *w == v), "{v}");
+    };
+    // The shape is learned, then made a graph.
+    for v in 0..2 {
+        post(v);
+        post(v + 1);
+        finish(v + 1);
+    }
+    post(7);
+    // The worker spins and yields for at most half a millisecond before it sleeps.
+    std::thread::sleep(Duration::from_millis(50));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(pid) - before;
+    post(8);
+    finish(8);
+    // A spinning worker would use the whole second (100 ticks).
+    assert!(
+        used <= 10,
+        "the server used {used} ticks of CPU over 1 s holding a run"
+    );
+    drop(c);
+    server.wait_for_log("launch batching: 1 runs launched from cached graphs, 1 not");
+}

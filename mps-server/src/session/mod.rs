@@ -77,10 +77,10 @@ pub(crate) struct Session<B: Backend> {
     /// Since when the ring has been empty while the core holds a batched run.
     hold_since: Option<std::time::Instant>,
     /// How long held commands wait for the client's next command once its ring is empty
-    /// (`Limits::batch_hold_us`). A client posts a request's commands back to back and ends a
-    /// run it waits for with a mark, which submits it at once; this bounds only a client that
-    /// stopped posting without one (descheduled, or waiting on something the server cannot
-    /// see).
+    /// (`Limits::batch_hold_us`). A client ends a run it waits for with a mark, which submits
+    /// it at once; the hold bounds how long a pause inside a run (the program's own work
+    /// between two launches, a descheduled thread) keeps the run together before its commands
+    /// go one by one, and how long a client that stopped posting without a mark waits.
     hold: Duration,
     spin: Duration,
     yield_for: Duration,
@@ -211,6 +211,13 @@ impl<B: Backend> Session<B> {
                 // A client not draining its completions: look again gently, as posting would.
                 Step::Blocked => std::thread::sleep(Duration::from_millis(1)),
                 Step::Waits => self.handle_held(),
+                Step::Holds(until) => {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    let ready = || self.has_work();
+                    self.channel
+                        .submit_bell()
+                        .wait(self.spin.min(left), left, ready);
+                }
                 Step::More => {}
             }
         }
@@ -258,7 +265,7 @@ impl<B: Backend> Session<B> {
                     let now = std::time::Instant::now();
                     let since = *self.hold_since.get_or_insert(now);
                     if now.duration_since(since) < self.hold {
-                        return Step::More;
+                        return Step::Holds(since + self.hold);
                     }
                     self.flush_run();
                     return Step::Idle;
@@ -477,6 +484,11 @@ pub(crate) enum Step {
     Idle,
     /// The budget ran out with commands possibly left.
     More,
+    /// The ring is empty while the core holds a batched run: nothing is due before this
+    /// instant unless the client posts. The worker sleeps rather than spins meanwhile (a held
+    /// run is not waited for; a mark ends it at once), so a client's pause inside a run costs
+    /// the CPUs nothing; the client's next command wakes it as a sleeping worker's would.
+    Holds(std::time::Instant),
     /// The client's completion ring is full: nothing is taken until it drains some.
     Blocked,
     /// The client changed its priority: it belongs with threads of the other priority.

@@ -16,7 +16,8 @@
 //!   so that the client's library rings it exactly as it would ring a thread of its own. The
 //!   client library knows nothing of workers. Each client's words are in its own segment, so
 //!   a hostile client can only make its worker wake for nothing (or leave itself unwoken); a
-//!   new client is announced on a word in server-private memory.
+//!   new client is announced on a word in server-private memory. A worker holding a client's
+//!   batched run while the client pauses sleeps the same way, until the hold runs out.
 //! * **Commands that wait.** A command that can wait for the device (a free, which synchronises
 //!   the client's streams first; a stream's destruction; a module load) is not handled by the
 //!   worker: the client leaves the worker with it for a waiting thread, which handles it and
@@ -345,10 +346,14 @@ fn work<B: Backend>(pool: &Arc<Pool<B>>, worker: &Worker<B>) {
             pool.waits,
             spin_first,
             outcome.blocked,
+            outcome.due,
         );
         // A wake-up that found nothing (a timeout, or a client ringing for nothing) goes
-        // straight back to sleep: a client ringing in a loop gets no spinning out of it.
-        spin_first = waited == Wake::Ready && mine.iter().any(|s| s.has_work());
+        // straight back to sleep: a client ringing in a loop gets no spinning out of it. A
+        // held run's time running out is not such a wake-up: the run is submitted next, and
+        // the client may post again soon.
+        spin_first =
+            (waited == Wake::Ready && mine.iter().any(|s| s.has_work())) || outcome.due.is_some();
     }
 }
 
@@ -358,6 +363,8 @@ pub(crate) struct Turn<B: Backend> {
     pub(crate) busy: bool,
     /// Some client's completion ring is full.
     pub(crate) blocked: bool,
+    /// The earliest instant at which a client's held run is due ([`Step::Holds`]).
+    pub(crate) due: Option<Instant>,
     /// Clients that are gone, to release.
     pub(crate) closed: Vec<Session<B>>,
     /// Clients that changed tier, to place again.
@@ -371,6 +378,7 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
     let mut out = Turn {
         busy: false,
         blocked: false,
+        due: None,
         closed: Vec::new(),
         moved: Vec::new(),
         waiting: Vec::new(),
@@ -380,6 +388,7 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
         match clients[i].step(TURN) {
             Step::Idle => {}
             Step::More => out.busy = true,
+            Step::Holds(t) => out.due = Some(out.due.map_or(t, |d| d.min(t))),
             Step::Blocked => out.blocked = true,
             Step::Closed => {
                 out.closed.push(clients.remove(i));
@@ -453,8 +462,9 @@ fn release<B: Backend>(session: Session<B>) {
     }
 }
 
-/// Waits until a client of `worker` has work or a client is handed to it: spins and yields
-/// first if `spin_first`, then sleeps on every client's doorbell and the worker's own word.
+/// Waits until a client of `worker` has work, a client is handed to it or `due` comes (a held
+/// run's time): spins and yields first if `spin_first`, then sleeps on every client's doorbell
+/// and the worker's own word.
 fn sleep<B: Backend>(
     worker: &Worker<B>,
     announced: u32,
@@ -462,18 +472,24 @@ fn sleep<B: Backend>(
     (spin, yield_for): (Duration, Duration),
     spin_first: bool,
     blocked: bool,
+    due: Option<Instant>,
 ) -> Wake {
     let ready =
         || worker.bell.load(Ordering::Relaxed) != announced || clients.iter().any(|s| s.has_work());
+    let start = Instant::now();
+    let (spin_end, yield_end) = (start + spin, start + spin + yield_for);
+    let (spin_end, yield_end) = match due {
+        Some(d) => (spin_end.min(d), yield_end.min(d)),
+        None => (spin_end, yield_end),
+    };
     if spin_first {
-        let start = Instant::now();
-        while start.elapsed() < spin {
+        while Instant::now() < spin_end {
             if ready() {
                 return Wake::Ready;
             }
             std::hint::spin_loop();
         }
-        while start.elapsed() < spin + yield_for {
+        while Instant::now() < yield_end {
             if ready() {
                 return Wake::Ready;
             }
@@ -499,6 +515,9 @@ fn sleep<B: Backend>(
         Wake::Ready
     } else {
         let nap = if blocked { FULL_POLL } else { NAP };
+        let nap = due.map_or(nap, |d| {
+            nap.min(d.saturating_duration_since(Instant::now()))
+        });
         wait_any(&words, nap).unwrap_or_else(|e| {
             // Cannot happen for a worker (the kernel was probed and a worker holds fewer words
             // than the limit); napping keeps its clients served if it does.
