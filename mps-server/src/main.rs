@@ -230,7 +230,7 @@ struct ClientLimitArgs {
     max_batch_bytes: u64,
     /// Microseconds commands held for a batched run wait for the client's next command once
     /// its ring is empty, before they are submitted one by one (a run the client waits for
-    /// ends at once, with its synchronise).
+    /// ends at once, with its synchronise; the session worker sleeps while it holds).
     #[arg(long, default_value_t = ClientLimits::default().batch_hold_us)]
     batch_hold_us: u64,
 }

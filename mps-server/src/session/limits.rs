@@ -49,7 +49,8 @@ pub struct Limits {
     /// Bytes of run shapes the batching keeps per client (also the most one run may hold).
     pub max_batch_bytes: u64,
     /// Microseconds commands held for a batched run wait for the client's next command once
-    /// its ring is empty, before they are submitted one by one.
+    /// its ring is empty, before they are submitted one by one. Long enough for the pauses of
+    /// a Python program between the launches of one request; the worker sleeps meanwhile.
     pub batch_hold_us: u64,
 }
 
@@ -72,7 +73,7 @@ impl Default for Limits {
             launch_batching: true,
             max_batch_entries: 32,
             max_batch_bytes: 1 << 20,
-            batch_hold_us: 20,
+            batch_hold_us: 200,
         }
     }
 }
