@@ -209,10 +209,18 @@ fn zero_workers_serve_each_client_on_a_thread_of_its_own() {
 
 /// A worker holding a client's batched run sleeps while the client pauses inside it, instead
 /// of spinning for the whole hold; the client's next command wakes it and completes the run,
-/// which is launched from its graph with exact results.
+/// which is launched from its graph with exact results. So does a thread of the client's own
+/// (`--session-workers 0`).
 #[test]
 fn a_held_run_costs_its_worker_no_cpu_while_the_client_pauses() {
-    let server = TestServer::start_with(&["--session-workers", "1", "--batch-hold-us", "5000000"]);
+    for workers in ["1", "0"] {
+        held_run_pauses(workers);
+    }
+}
+
+fn held_run_pauses(workers: &str) {
+    let server =
+        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
     let pid = server.pid();
     let c = server.client();
     let m = c.module_load(&ptx()).unwrap();
@@ -258,7 +266,7 @@ fn a_held_run_costs_its_worker_no_cpu_while_the_client_pauses() {
     // A spinning worker would use the whole second (100 ticks).
     assert!(
         used <= 10,
-        "the server used {used} ticks of CPU over 1 s holding a run"
+        "the server ({workers} workers) used {used} ticks of CPU over 1 s holding a run"
     );
     drop(c);
     server.wait_for_log("launch batching: 1 runs launched from cached graphs, 1 not");
