@@ -104,10 +104,12 @@ fn idle_clients_cost_the_server_no_cpu() {
     let before = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(2));
     let used = cpu_ticks(pid) - before;
-    // 200 idle clients: a clock tick or two of bookkeeping at most (a spinning thread per
-    // client would use the whole machine).
+    // 200 idle clients: each worker wakes once a second and looks at its 100 clients, about
+    // two ticks of a debug build over the 2 s, and the main thread a tick or two; 4 to 10
+    // ticks in all were seen on a 2-core machine. A worker spinning for its clients would use
+    // 200 ticks, a spinning thread per client the whole machine.
     assert!(
-        used <= 5,
+        used <= 20,
         "the server used {used} ticks of CPU over 2 s with idle clients"
     );
     drop(clients);
