@@ -485,9 +485,9 @@ pub(crate) enum Step {
     /// The budget ran out with commands possibly left.
     More,
     /// The ring is empty while the core holds a batched run: nothing is due before this
-    /// instant unless the client posts. The worker sleeps rather than spins meanwhile (a held
-    /// run is not waited for; a mark ends it at once), so a client's pause inside a run costs
-    /// the CPUs nothing; the client's next command wakes it as a sleeping worker's would.
+    /// instant unless the client posts. The worker waits as an idle one does, sleeping after
+    /// its spin, rather than spinning throughout (a held run is not waited for; a mark ends it
+    /// at once); the client's next command wakes it as a sleeping worker's would.
     Holds(std::time::Instant),
     /// The client's completion ring is full: nothing is taken until it drains some.
     Blocked,

@@ -476,12 +476,10 @@ fn sleep<B: Backend>(
 ) -> Wake {
     let ready =
         || worker.bell.load(Ordering::Relaxed) != announced || clients.iter().any(|s| s.has_work());
+    // Every phase ends by `due` at the latest.
+    let by_due = |t: Instant| due.map_or(t, |d| t.min(d));
     let start = Instant::now();
-    let (spin_end, yield_end) = (start + spin, start + spin + yield_for);
-    let (spin_end, yield_end) = match due {
-        Some(d) => (spin_end.min(d), yield_end.min(d)),
-        None => (spin_end, yield_end),
-    };
+    let (spin_end, yield_end) = (by_due(start + spin), by_due(start + spin + yield_for));
     if spin_first {
         while Instant::now() < spin_end {
             if ready() {
@@ -514,10 +512,9 @@ fn sleep<B: Backend>(
     let waited = if ready() {
         Wake::Ready
     } else {
+        let now = Instant::now();
         let nap = if blocked { FULL_POLL } else { NAP };
-        let nap = due.map_or(nap, |d| {
-            nap.min(d.saturating_duration_since(Instant::now()))
-        });
+        let nap = by_due(now + nap).saturating_duration_since(now);
         wait_any(&words, nap).unwrap_or_else(|e| {
             // Cannot happen for a worker (the kernel was probed and a worker holds fewer words
             // than the limit); napping keeps its clients served if it does.
