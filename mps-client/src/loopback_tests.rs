@@ -365,3 +365,48 @@ fn a_server_that_stops_short_of_its_attribute_count_is_an_error() {
         assert!(e.message.contains("reported 1 of its 2"), "{e}");
     });
 }
+
+#[test]
+fn commands_that_continue_a_held_run_go_unrung_until_the_one_that_completes_it() {
+    let (client, mut server) = pair();
+    let channel = server.channel.clone();
+    let bell = channel.submit_bell();
+    let rang = |before: u32| bell.value() != before;
+    // The server holds a run of the default stream and needs a ring from command 3 on.
+    channel.ring_stream().store(0, Ordering::SeqCst);
+    channel.ring_from().store(3, Ordering::SeqCst);
+    for seq in 1..=3u64 {
+        let before = bell.value();
+        launch(&client, ONE);
+        assert_eq!(server.next().0.seq, seq);
+        assert_eq!(rang(before), seq == 3, "launch {seq}");
+    }
+    // A command of another stream, and one that is waited for, ring whatever the word says.
+    channel.ring_from().store(100, Ordering::SeqCst);
+    let other = std::thread::scope(|s| {
+        let creating = s.spawn(|| client.stream_create(0));
+        let (create, _) = server.next();
+        server.complete(Completion::reply(create.seq, [5, 1, 0, 0]));
+        creating.join().unwrap().unwrap()
+    });
+    let before = bell.value();
+    let ptr = 0u64.to_le_bytes();
+    let n = 1u32.to_le_bytes();
+    let big = [0u8; 100];
+    let values = [ptr.as_ptr(), n.as_ptr(), big.as_ptr()];
+    // SAFETY: one pointer per parameter, each readable for its size.
+    unsafe { client.launch_raw(Function(7), ONE, ONE, 0, other, values.as_ptr()) }.unwrap();
+    assert!(
+        rang(before),
+        "a launch in another stream than the held run's"
+    );
+    server.next();
+    std::thread::scope(|s| {
+        let before = bell.value();
+        let waiter = s.spawn(|| client.stream_synchronize(Stream::DEFAULT));
+        let (mark, _) = server.next();
+        assert!(rang(before), "a mark");
+        server.progress(0, mark.seq);
+        waiter.join().unwrap().unwrap();
+    });
+}

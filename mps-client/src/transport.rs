@@ -123,6 +123,9 @@ pub(crate) struct Transport {
     receiver: Mutex<Receiver>,
     /// Set once the server is known to be gone.
     lost: AtomicBool,
+    /// A command was left unrung because the server said it needs no ring for it yet
+    /// ([`Channel::ring_from`]); the next wait rings first.
+    unrung: AtomicBool,
 }
 
 impl Transport {
@@ -142,6 +145,21 @@ impl Transport {
             receiver: Mutex::new(receiver),
             channel,
             lost: AtomicBool::new(false),
+            unrung: AtomicBool::new(false),
+        }
+    }
+
+    /// Rings the submission doorbell for the commands in the ring.
+    fn ring(&self) {
+        self.unrung.store(false, Ordering::Relaxed);
+        self.channel.submit_bell().ring();
+    }
+
+    /// Rings for commands left unrung, before waiting for anything: the server may sleep until
+    /// its hold runs out otherwise.
+    fn hurry(&self) {
+        if self.unrung.swap(false, Ordering::Relaxed) {
+            self.channel.submit_bell().ring();
         }
     }
 
@@ -181,7 +199,7 @@ impl Transport {
                 }
                 Ok(None) => {
                     if taken >= r.consumer.memory().capacity() / 2 {
-                        self.channel.submit_bell().ring();
+                        self.ring();
                     }
                     return Ok(());
                 }
@@ -212,6 +230,7 @@ impl Transport {
         poll: impl Fn() -> bool,
         mut ready: impl FnMut(&mut Completions) -> Option<Result<T>>,
     ) -> Result<T> {
+        self.hurry();
         let bell = self.channel.progress_bell();
         // Spin until `spin()` has passed since the wait began, whatever wakes us meanwhile (the
         // server rings the bell for every command it consumes); then yield between looks for a
@@ -297,6 +316,7 @@ impl Transport {
             }
             // The ring is full: drain completions (the server may be waiting for room there)
             // and wait for the server to consume.
+            self.hurry();
             let bell = self.channel.progress_bell();
             let seen = bell.value();
             self.drain(&mut lock(&self.receiver))?;
@@ -312,7 +332,20 @@ impl Transport {
         s.core.commit(seq, opcode, stream, fl);
         committed(&mut s.core, seq, slot);
         drop(s);
-        self.channel.submit_bell().ring();
+        // The ring's tail is published before the server's word is read, as the server clears
+        // the word before it reads the tail: one of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let held_anyway = fl & (flags::MARK | flags::REPLY) == 0
+            && opcode.may_join_run()
+            && seq < self.channel.ring_from().load(Ordering::SeqCst)
+            && stream.0 == self.channel.ring_stream().load(Ordering::SeqCst);
+        if held_anyway {
+            // The server holds a run this command may continue, and asked for no ring before
+            // the command that would complete it.
+            self.unrung.store(true, Ordering::Relaxed);
+        } else {
+            self.ring();
+        }
         Ok(seq)
     }
 

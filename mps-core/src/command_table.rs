@@ -12,13 +12,14 @@
 //!
 //! ```text
 //! /// What it does and what it replies.
-//! Name = opcode => "name" [ordered payload waits] { field: Type = word if check, .. },
+//! Name = opcode => "name" [ordered payload waits runs] { field: Type = word if check, .. },
 //! ```
 //!
 //! where the flags, the fields and the per-field `if` checks are each optional (a check that
 //! needs several words belongs to a type of them: a fill's value must fit its element). `ordered`: the command runs in stream order (and may carry `MARK`);
 //! `payload`: it may carry continuation slots; `waits`: handling it may wait for the device (see
-//! the server's session workers). An entry may end with `| Other = opcode => "other" by f`:
+//! the server's session workers); `runs`: it may join a batched run (the server's launch
+//! batching), so that a client may leave it unrung while the server holds a run. An entry may end with `| Other = opcode => "other" by f`:
 //! a second opcode for the same request, which `f(&request)` chooses when encoding (a launch in
 //! clusters is a launch laid out otherwise).
 
@@ -231,6 +232,18 @@ macro_rules! commands {
                     )+
                 }
             }
+
+            /// Whether commands of this kind may join a batched run on the server (with
+            /// neither `MARK` nor `REPLY`): what a client need not ring for while the server
+            /// holds a run that it may continue (see `Channel::ring_from` in mps-ipc).
+            $ovis const fn may_join_run(self) -> bool {
+                match self {
+                    $(
+                        $opcode::$variant $(| $opcode::$alias)? =>
+                            $crate::command_table::commands!(@has runs $($flag)*),
+                    )+
+                }
+            }
         }
 
         $(#[$rmeta])*
@@ -322,6 +335,7 @@ macro_rules! commands {
     (@has ordered ordered $($rest:ident)*) => { true };
     (@has payload payload $($rest:ident)*) => { true };
     (@has waits waits $($rest:ident)*) => { true };
+    (@has runs runs $($rest:ident)*) => { true };
     (@has $want:ident $other:ident $($rest:ident)*) => {
         $crate::command_table::commands!(@has $want $($rest)*)
     };

@@ -108,13 +108,13 @@ crate::command_table::commands! {
         /// Free a host buffer.
         HostFree = 5 => "host_free" [waits] { handle: u64 = 0 },
         /// Copy host to device.
-        CopyHtoD = 6 => "copy_htod" [ordered] { dst: u64 = 0, src: HostRef = 1, len: u64 = 3 },
+        CopyHtoD = 6 => "copy_htod" [ordered runs] { dst: u64 = 0, src: HostRef = 1, len: u64 = 3 },
         /// Copy device to host.
-        CopyDtoH = 7 => "copy_dtoh" [ordered] { dst: HostRef = 0, src: u64 = 2, len: u64 = 3 },
+        CopyDtoH = 7 => "copy_dtoh" [ordered runs] { dst: HostRef = 0, src: u64 = 2, len: u64 = 3 },
         /// Copy device to device.
-        CopyDtoD = 8 => "copy_dtod" [ordered] { copy: DeviceCopy = 0 },
+        CopyDtoD = 8 => "copy_dtod" [ordered runs] { copy: DeviceCopy = 0 },
         /// Fill device memory.
-        Memset = 9 => "memset" [ordered] { fill: Fill = 0 },
+        Memset = 9 => "memset" [ordered runs] { fill: Fill = 0 },
         /// A chunk of a module image: `len` bytes in the staging area at `staging_offset`;
         /// `last` loads the image gathered so far and replies with the module handle.
         ModuleData = 10 => "module_data" [waits] {
@@ -130,7 +130,7 @@ crate::command_table::commands! {
         ParamInfo = 13 => "param_info" [] { function: u64 = 0, first: u32 = 1 },
         /// Launch a kernel (in clusters of blocks, where the launch says so, as
         /// `LaunchCluster`: the session checks the clusters against the grid and the device).
-        Launch = 14 => "launch" [ordered payload] { spec: LaunchSpec<u64, &'a [u8]> = 0 }
+        Launch = 14 => "launch" [ordered payload runs] { spec: LaunchSpec<u64, &'a [u8]> = 0 }
             | /// Launch a kernel in clusters of blocks.
             LaunchCluster = 39 => "launch_cluster",
         /// Create a stream.

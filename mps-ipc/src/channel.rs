@@ -6,8 +6,8 @@
 //!   submission ring's tail and slots, the completion ring's head, the count of client threads
 //!   asleep, and the staging area for pageable copies and module images;
 //! * the **server segment**, which the client can only map read-only (it is sealed so): the
-//!   progress doorbell, the submission ring's head, the completion ring's tail and slots, and the
-//!   progress of every stream of the client.
+//!   progress doorbell, the submission ring's head, the completion ring's tail and slots, the
+//!   first command the server needs a ring for, and the progress of every stream of the client.
 //!
 //! Each index and doorbell word sits on its own cache line, so the two sides never write the
 //! same line.
@@ -38,6 +38,8 @@ const SUBMIT_SLOTS: usize = 4 * LINE;
 const PROGRESS_BELL: usize = 0;
 const SUBMIT_HEAD: usize = LINE;
 const COMPLETE_TAIL: usize = 2 * LINE;
+const RING_FROM: usize = 3 * LINE;
+const RING_STREAM: usize = 3 * LINE + 8;
 const STREAM_DONE: usize = 4 * LINE;
 const COMPLETE_SLOTS: usize = (STREAM_DONE + MAX_STREAMS * 8).next_multiple_of(PAGE);
 
@@ -201,6 +203,27 @@ impl Channel {
             Self::word(&self.server, PROGRESS_BELL),
             Self::word(&self.client, CLIENT_SLEEPERS),
         )
+    }
+
+    /// The sequence number from which the server needs the client to ring for commands that
+    /// may join a batched run ([`Opcode::may_join_run`], with neither `MARK` nor `REPLY`) in
+    /// stream [`Channel::ring_stream`]; 0: ring for every command. The server sets it while it holds a run that such commands may
+    /// continue, to the command that would complete the run, and clears it before it next
+    /// looks at the ring: the commands before it are held anyway, and need not each wake a
+    /// sleeping server thread. Only a hint: a client that rings regardless costs wake-ups, one
+    /// that never rings waits for the hold to run out. Each side orders its store before its
+    /// load of the other's word with a `SeqCst` fence (the client: its ring's tail, then this;
+    /// the server: this, then the tail), so that a command left unrung is seen by the server
+    /// unless the word still asked for no ring.
+    ///
+    /// [`Opcode::may_join_run`]: mps_core::protocol::Opcode::may_join_run
+    pub fn ring_from(&self) -> &AtomicU64 {
+        Self::word(&self.server, RING_FROM)
+    }
+
+    /// The stream of the run that [`Channel::ring_from`] is about (written before it).
+    pub fn ring_stream(&self) -> &AtomicU64 {
+        Self::word(&self.server, RING_STREAM)
     }
 
     /// The published progress of stream slot `slot` (sequence number of its latest completed

@@ -1271,7 +1271,7 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
     // scale among them, were launched from the graph.
     let log = server.wait_for_log(
         "launch batching: 27 runs launched from cached graphs, 1 not (graphs made: 1; shapes \
-         learned: 2; held runs that left their shape: 0)",
+         learned: 2; held runs that left their shape: 0;",
     );
     assert!(!log.contains("left the shape"), "{log}");
 }
@@ -1356,6 +1356,6 @@ fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
     );
     server.wait_for_log(
         "launch batching: 0 runs launched from cached graphs, 3 not (graphs made: 1; shapes \
-         learned: 1; held runs that left their shape: 1)",
+         learned: 1; held runs that left their shape: 1;",
     );
 }

@@ -273,3 +273,77 @@ fn held_run_pauses(workers: &str) {
     drop(c);
     server.wait_for_log("launch batching: 1 runs launched from cached graphs, 1 not");
 }
+
+/// While a worker holds a client's batched run, the run's further commands go unrung until
+/// the one that completes its shape, so that they cost the worker no wake-up each; the run is
+/// still launched from its graph with exact results. So with a thread of the client's own.
+#[test]
+fn a_held_runs_commands_ring_only_at_its_end() {
+    for workers in ["1", "0"] {
+        held_run_rings(workers);
+    }
+}
+
+fn held_run_rings(workers: &str) {
+    let server =
+        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 256u64;
+    let x = c.mem_alloc(n * 4).unwrap();
+    let out = c.host_alloc(n as usize * 4).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let post = |v: u32| {
+        let args = [
+            x.0.to_le_bytes().to_vec(),
+            v.to_le_bytes().to_vec(),
+            n.to_le_bytes().to_vec(),
+        ];
+        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+        let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
+        let block = mpsclient::Dim3 { x: 256, y: 1, z: 1 };
+        c.launch(fill, one, block, 0, s, &refs).unwrap();
+    };
+    // A run of three launches and a copy, ended by a synchronise.
+    let request = |v: u32, pause: bool| {
+        post(v);
+        if pause {
+            // The worker takes the first launch and holds it before the next comes.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        post(v + 1);
+        post(v + 2);
+        // SAFETY: the host buffer holds n u32s; nothing else touches it meanwhile.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out, n as usize * 4) };
+        c.memcpy_dtoh(dst, x, s).unwrap();
+        c.stream_synchronize(s).unwrap();
+        // SAFETY: as above, read once the copy completed.
+        let got = unsafe { std::slice::from_raw_parts(out as *const u32, n as usize) };
+        assert!(got.iter().all(|w| *w == v + 2), "{v}");
+    };
+    // The shape is learned, then made a graph.
+    request(0, false);
+    request(10, false);
+    const HELD: u32 = 10;
+    for i in 0..HELD {
+        request(100 + 10 * i, true);
+    }
+    drop(c);
+    let log = server.wait_for_log("doorbell rings: ");
+    let line = log
+        .lines()
+        .find(|l| l.contains("doorbell rings: "))
+        .unwrap();
+    let tail = line.split("doorbell rings: ").nth(1).unwrap();
+    let words: Vec<&str> = tail.split_whitespace().collect();
+    let (rings, commands): (u32, u32) = (words[0].parse().unwrap(), words[2].parse().unwrap());
+    // Each held request's second and third launches went unrung: its first launch, its copy
+    // (which completes the shape) and its synchronise rang. The server rang once itself, to
+    // wake the worker when the client hung up.
+    assert_eq!(commands + 1 - rings, 2 * HELD, "{workers} workers: {line}");
+    assert!(
+        line.contains(&format!("{HELD} runs launched from cached graphs")),
+        "{line}"
+    );
+}

@@ -82,6 +82,12 @@ pub(crate) struct Session<B: Backend> {
     /// between two launches, a descheduled thread) keeps the run together before its commands
     /// go one by one, and how long a client that stopped posting without a mark waits.
     hold: Duration,
+    /// The client was told that it need not ring before the held run's last command
+    /// ([`Channel::ring_from`]); cleared before the ring is next looked at.
+    ring_from_set: bool,
+    /// The sequence number of the last command taken, and how many were taken.
+    last_seq: u64,
+    taken: u64,
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
@@ -157,6 +163,9 @@ impl<B: Backend> Session<B> {
             held: None,
             hold_since: None,
             hold: Duration::from_micros(limits.batch_hold_us),
+            ring_from_set: false,
+            last_seq: 0,
+            taken: 0,
             spin,
             yield_for,
             registry,
@@ -211,12 +220,11 @@ impl<B: Backend> Session<B> {
                 // A client not draining its completions: look again gently, as posting would.
                 Step::Blocked => std::thread::sleep(Duration::from_millis(1)),
                 Step::Waits => self.handle_held(),
-                Step::Holds(until) => {
-                    let left = until.saturating_duration_since(std::time::Instant::now());
+                Step::Holds { due, unrung } => {
+                    let left = due.saturating_duration_since(std::time::Instant::now());
+                    let spin = if unrung { Duration::ZERO } else { self.spin };
                     let ready = || self.has_work();
-                    self.channel
-                        .submit_bell()
-                        .wait(self.spin.min(left), left, ready);
+                    self.channel.submit_bell().wait(spin.min(left), left, ready);
                 }
                 Step::More => {}
             }
@@ -238,6 +246,13 @@ impl<B: Backend> Session<B> {
     }
 
     fn take(&mut self, budget: u32, tier: bool) -> Step {
+        if self.ring_from_set {
+            // Cleared before the ring is read, as the client publishes its tail before it
+            // reads this: a command it left unrung is seen below, or it rings.
+            self.ring_from_set = false;
+            self.channel.ring_from().store(0, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
         for _ in 0..budget {
             if self.closing.load(Ordering::Relaxed) {
                 return Step::Closed;
@@ -265,7 +280,11 @@ impl<B: Backend> Session<B> {
                     let now = std::time::Instant::now();
                     let since = *self.hold_since.get_or_insert(now);
                     if now.duration_since(since) < self.hold {
-                        return Step::Holds(since + self.hold);
+                        let unrung = self.leave_unrung();
+                        return Step::Holds {
+                            due: since + self.hold,
+                            unrung,
+                        };
                     }
                     self.flush_run();
                     return Step::Idle;
@@ -274,6 +293,26 @@ impl<B: Backend> Session<B> {
             }
         }
         Step::More
+    }
+
+    /// Tells the client that commands that continue the held run need no ring before the one
+    /// that would complete a shape ([`Channel::ring_from`]), where that is two commands or
+    /// more away; whether it did. The worker then sleeps at once: what it holds does not go
+    /// before that command comes, a mark ends the run, or the hold runs out.
+    fn leave_unrung(&mut self) -> bool {
+        let Some((stream, left)) = self.core.run_to_complete() else {
+            return false;
+        };
+        if left < 2 {
+            return false;
+        }
+        self.channel.ring_stream().store(stream, Ordering::SeqCst);
+        let from = self.last_seq.saturating_add(left as u64);
+        self.channel.ring_from().store(from, Ordering::SeqCst);
+        self.ring_from_set = true;
+        // Published before the worker's last look at the ring before it sleeps.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        true
     }
 
     /// Submits the commands the core holds for a batched run, posting their errors.
@@ -388,6 +427,8 @@ impl<B: Backend> Session<B> {
 
     fn handle(&mut self, cmd: &Command) {
         self.hold_since = None;
+        self.last_seq = cmd.seq;
+        self.taken += 1;
         // Once accepted work failed, every later command fails the same way.
         let output = match self.outbox.fault() {
             Some(fault) => Output::Post(Completion::error(cmd.seq, CompletionKind::Reply, &fault)),
@@ -451,11 +492,14 @@ impl<B: Backend> Session<B> {
         ]
         .map(|c| c.load(Ordering::Relaxed));
         if hits + misses > 0 {
+            // The client bumps its doorbell's word once per ring.
+            let rings = self.channel.submit_bell().value();
             tracing::info!(
                 client = self.id,
                 "launch batching: {hits} runs launched from cached graphs, {misses} not \
                  (graphs made: {graphs}; shapes learned: {learned}; held runs that left \
-                 their shape: {diverged})"
+                 their shape: {diverged}; doorbell rings: {rings} for {} commands)",
+                self.taken
             );
         }
         if !enders.is_empty() {
@@ -484,11 +528,17 @@ pub(crate) enum Step {
     Idle,
     /// The budget ran out with commands possibly left.
     More,
-    /// The ring is empty while the core holds a batched run: nothing is due before this
-    /// instant unless the client posts. The worker waits as an idle one does, sleeping after
-    /// its spin, rather than spinning throughout (a held run is not waited for; a mark ends it
-    /// at once); the client's next command wakes it as a sleeping worker's would.
-    Holds(std::time::Instant),
+    /// The ring is empty while the core holds a batched run: nothing is due before `due`
+    /// unless the client posts. The worker waits as an idle one does, sleeping after its spin,
+    /// rather than spinning throughout (a held run is not waited for; a mark ends it at once);
+    /// the client's next command wakes it as a sleeping worker's would. Where `unrung`, the
+    /// client was told to leave the run's commands unrung until the one that completes it
+    /// ([`Channel::ring_from`]): spinning or yielding would only see them early, so the worker
+    /// sleeps at once.
+    Holds {
+        due: std::time::Instant,
+        unrung: bool,
+    },
     /// The client's completion ring is full: nothing is taken until it drains some.
     Blocked,
     /// The client changed its priority: it belongs with threads of the other priority.

@@ -344,7 +344,7 @@ fn work<B: Backend>(pool: &Arc<Pool<B>>, worker: &Worker<B>) {
             announced,
             &mine,
             pool.waits,
-            spin_first,
+            spin_first && !outcome.unrung_only,
             outcome.blocked,
             outcome.due,
         );
@@ -365,6 +365,9 @@ pub(crate) struct Turn<B: Backend> {
     pub(crate) blocked: bool,
     /// The earliest instant at which a client's held run is due ([`Step::Holds`]).
     pub(crate) due: Option<Instant>,
+    /// Every client that stayed holds a run whose commands it leaves unrung until the last
+    /// (`Step::Holds` with `unrung`): nothing is worth a spin or a yield.
+    pub(crate) unrung_only: bool,
     /// Clients that are gone, to release.
     pub(crate) closed: Vec<Session<B>>,
     /// Clients that changed tier, to place again.
@@ -379,6 +382,7 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
         busy: false,
         blocked: false,
         due: None,
+        unrung_only: true,
         closed: Vec::new(),
         moved: Vec::new(),
         waiting: Vec::new(),
@@ -386,10 +390,16 @@ pub(crate) fn turn<B: Backend>(clients: &mut Vec<Session<B>>) -> Turn<B> {
     let mut i = 0;
     while i < clients.len() {
         match clients[i].step(TURN) {
-            Step::Idle => {}
             Step::More => out.busy = true,
-            Step::Holds(t) => out.due = Some(out.due.map_or(t, |d| d.min(t))),
-            Step::Blocked => out.blocked = true,
+            Step::Holds { due, unrung } => {
+                out.due = Some(out.due.map_or(due, |d| d.min(due)));
+                out.unrung_only &= unrung;
+            }
+            Step::Idle => out.unrung_only = false,
+            Step::Blocked => {
+                out.blocked = true;
+                out.unrung_only = false;
+            }
             Step::Closed => {
                 out.closed.push(clients.remove(i));
                 continue;

@@ -471,6 +471,21 @@ impl<B: Backend> Batching<B> {
         (whole, self.candidates.iter().any(|i| len(i) > n))
     }
 
+    /// How many more commands the held run needs to make up a shape (the nearest of those it
+    /// may still become): 0 when it is not holding or makes one up already.
+    fn to_complete(&self) -> usize {
+        let n = self.held.len();
+        if n == 0 {
+            return 0;
+        }
+        self.candidates
+            .iter()
+            .map(|i| self.shapes[*i].key.len())
+            .filter(|len| *len > n)
+            .min()
+            .map_or(0, |len| len - n)
+    }
+
     /// Notes a command of the current run for learning.
     fn note(&mut self, desc: Desc) {
         if self.recent_overflow {
@@ -739,6 +754,13 @@ impl<B: Backend> SessionCore<B> {
     /// [`SessionCore::flush_held`] when the client stops posting).
     pub(crate) fn holds_run(&self) -> bool {
         self.batch.holds()
+    }
+
+    /// The stream of the held run and how many more commands would make up a shape of it, if
+    /// commands are held and some shape is still to be made up.
+    pub(crate) fn run_to_complete(&self) -> Option<(u64, usize)> {
+        let left = self.batch.to_complete();
+        (left > 0).then_some((self.batch.stream, left))
     }
 
     /// Errors of held commands submitted since the last call, in order: the shell posts them
