@@ -337,11 +337,17 @@ fn held_run_rings(workers: &str) {
         .unwrap();
     let tail = line.split("doorbell rings: ").nth(1).unwrap();
     let words: Vec<&str> = tail.split_whitespace().collect();
-    let (rings, commands): (u32, u32) = (words[0].parse().unwrap(), words[2].parse().unwrap());
+    let (rings, commands): (i64, i64) = (words[0].parse().unwrap(), words[2].parse().unwrap());
     // Each held request's second and third launches went unrung: its first launch, its copy
-    // (which completes the shape) and its synchronise rang. The server rang once itself, to
-    // wake the worker when the client hung up.
-    assert_eq!(commands + 1 - rings, 2 * HELD, "{workers} workers: {line}");
+    // (which completes the shape) and its synchronise rang. So may the second request's,
+    // held too where the worker took its first launch before the next came. The server rings
+    // once itself to wake the worker when the client hangs up, which the count may include.
+    let unrung = commands - rings;
+    let held = 2 * i64::from(HELD);
+    assert!(
+        (held - 1..=held + 2).contains(&unrung),
+        "{workers} workers: {unrung} commands unrung, where {held} were due: {line}"
+    );
     assert!(
         line.contains(&format!("{HELD} runs launched from cached graphs")),
         "{line}"

@@ -297,8 +297,9 @@ impl<B: Backend> Session<B> {
 
     /// Tells the client that commands that continue the held run need no ring before the one
     /// that would complete a shape ([`Channel::ring_from`]), where that is two commands or
-    /// more away; whether it did. The worker then sleeps at once: what it holds does not go
-    /// before that command comes, a mark ends the run, or the hold runs out.
+    /// more away; whether it did. The worker then sleeps at once where all its clients hold such
+    /// runs: what it holds does not go before that command comes, a mark ends the run, or the
+    /// hold runs out (unrung commands taken then start a new hold).
     fn leave_unrung(&mut self) -> bool {
         let Some((stream, left)) = self.core.run_to_complete() else {
             return false;
