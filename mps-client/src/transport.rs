@@ -158,8 +158,8 @@ impl Transport {
     /// Rings for commands left unrung, before waiting for anything: the server may sleep until
     /// its hold runs out otherwise.
     fn hurry(&self) {
-        if self.unrung.swap(false, Ordering::Relaxed) {
-            self.channel.submit_bell().ring();
+        if self.unrung.load(Ordering::Relaxed) {
+            self.ring();
         }
     }
 

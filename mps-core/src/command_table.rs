@@ -19,9 +19,9 @@
 //! needs several words belongs to a type of them: a fill's value must fit its element). `ordered`: the command runs in stream order (and may carry `MARK`);
 //! `payload`: it may carry continuation slots; `waits`: handling it may wait for the device (see
 //! the server's session workers); `runs`: it may join a batched run (the server's launch
-//! batching), so that a client may leave it unrung while the server holds a run. An entry may end with `| Other = opcode => "other" by f`:
-//! a second opcode for the same request, which `f(&request)` chooses when encoding (a launch in
-//! clusters is a launch laid out otherwise).
+//! batching), so that a client may leave it unrung while the server holds a run. An entry may
+//! end with `| Other = opcode => "other" by f`: a second opcode for the same request, which
+//! `f(&request)` chooses when encoding (a launch in clusters is a launch laid out otherwise).
 
 use crate::protocol::{Opcode, SLOT_BYTES};
 use crate::status::{Error, Result};

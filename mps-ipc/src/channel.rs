@@ -207,10 +207,10 @@ impl Channel {
 
     /// The sequence number from which the server needs the client to ring for commands that
     /// may join a batched run ([`Opcode::may_join_run`], with neither `MARK` nor `REPLY`) in
-    /// stream [`Channel::ring_stream`]; 0: ring for every command. The server sets it while it holds a run that such commands may
-    /// continue, to the command that would complete the run, and clears it before it next
-    /// looks at the ring: the commands before it are held anyway, and need not each wake a
-    /// sleeping server thread. Only a hint: a client that rings regardless costs wake-ups, one
+    /// stream [`Channel::ring_stream`]; 0: ring for every command. The server sets it while it
+    /// holds a run that such commands may continue, to the command that would complete the
+    /// run, and clears it before it next looks at the ring: the commands before it are held
+    /// anyway, and need not each wake a sleeping server thread. Only a hint: a client that rings regardless costs wake-ups, one
     /// that never rings waits for the hold to run out. Each side orders its store before its
     /// load of the other's word with a `SeqCst` fence (the client: its ring's tail, then this;
     /// the server: this, then the tail), so that a command left unrung is seen by the server

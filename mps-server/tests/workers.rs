@@ -220,57 +220,83 @@ fn a_held_run_costs_its_worker_no_cpu_while_the_client_pauses() {
     }
 }
 
-fn held_run_pauses(workers: &str) {
-    let server =
-        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
-    let pid = server.pid();
-    let c = server.client();
-    let m = c.module_load(&ptx()).unwrap();
-    let fill = c.module_get_function(m, "fill_u32").unwrap();
-    let n = 256u64;
-    let x = c.mem_alloc(n * 4).unwrap();
-    let out = c.host_alloc(n as usize * 4).unwrap();
-    let s = c.stream_create(0).unwrap();
-    let post = |v: u32| {
+/// A client that fills a device buffer of 256 words with `fill_u32` launches in a stream of
+/// its own and reads it back into a host buffer: runs that launch batching learns.
+struct Filler {
+    c: mpsclient::Client,
+    fill: mpsclient::Function,
+    x: mpsclient::DevicePtr,
+    out: *mut u8,
+    s: mpsclient::Stream,
+}
+
+impl Filler {
+    const WORDS: u64 = 256;
+
+    fn new(server: &TestServer) -> Filler {
+        let c = server.client();
+        let m = c.module_load(&ptx()).unwrap();
+        let fill = c.module_get_function(m, "fill_u32").unwrap();
+        let x = c.mem_alloc(Self::WORDS * 4).unwrap();
+        let out = c.host_alloc(Self::WORDS as usize * 4).unwrap();
+        let s = c.stream_create(0).unwrap();
+        Filler { c, fill, x, out, s }
+    }
+
+    /// Launches a fill of the buffer with `v`.
+    fn post(&self, v: u32) {
         let args = [
-            x.0.to_le_bytes().to_vec(),
+            self.x.0.to_le_bytes().to_vec(),
             v.to_le_bytes().to_vec(),
-            n.to_le_bytes().to_vec(),
+            Self::WORDS.to_le_bytes().to_vec(),
         ];
         let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
         let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
         let block = mpsclient::Dim3 { x: 256, y: 1, z: 1 };
-        c.launch(fill, one, block, 0, s, &refs).unwrap();
-    };
-    let finish = |v: u32| {
+        self.c
+            .launch(self.fill, one, block, 0, self.s, &refs)
+            .unwrap();
+    }
+
+    /// Copies the buffer to the host, synchronises the stream and checks that every word is
+    /// `v`.
+    fn finish(&self, v: u32) {
+        let n = Self::WORDS as usize;
         // SAFETY: the host buffer holds n u32s; nothing else touches it meanwhile.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out, n as usize * 4) };
-        c.memcpy_dtoh(dst, x, s).unwrap();
-        c.stream_synchronize(s).unwrap();
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.out, n * 4) };
+        self.c.memcpy_dtoh(dst, self.x, self.s).unwrap();
+        self.c.stream_synchronize(self.s).unwrap();
         // SAFETY: as above, read once the copy completed.
-        let got = unsafe { std::slice::from_raw_parts(out as *const u32, n as usize) };
+        let got = unsafe { std::slice::from_raw_parts(self.out as *const u32, n) };
         assert!(got.iter().all(|w| *w == v), "{v}");
-    };
+    }
+}
+
+fn held_run_pauses(workers: &str) {
+    let server =
+        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
+    let pid = server.pid();
+    let f = Filler::new(&server);
     // The shape is learned, then made a graph.
     for v in 0..2 {
-        post(v);
-        post(v + 1);
-        finish(v + 1);
+        f.post(v);
+        f.post(v + 1);
+        f.finish(v + 1);
     }
-    post(7);
+    f.post(7);
     // The worker spins and yields for at most half a millisecond before it sleeps.
     std::thread::sleep(Duration::from_millis(50));
     let before = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
     let used = cpu_ticks(pid) - before;
-    post(8);
-    finish(8);
+    f.post(8);
+    f.finish(8);
     // A spinning worker would use the whole second (100 ticks).
     assert!(
         used <= 10,
         "the server ({workers} workers) used {used} ticks of CPU over 1 s holding a run"
     );
-    drop(c);
+    drop(f);
     server.wait_for_log("launch batching: 1 runs launched from cached graphs, 1 not");
 }
 
@@ -287,40 +313,17 @@ fn a_held_runs_commands_ring_only_at_its_end() {
 fn held_run_rings(workers: &str) {
     let server =
         TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
-    let c = server.client();
-    let m = c.module_load(&ptx()).unwrap();
-    let fill = c.module_get_function(m, "fill_u32").unwrap();
-    let n = 256u64;
-    let x = c.mem_alloc(n * 4).unwrap();
-    let out = c.host_alloc(n as usize * 4).unwrap();
-    let s = c.stream_create(0).unwrap();
-    let post = |v: u32| {
-        let args = [
-            x.0.to_le_bytes().to_vec(),
-            v.to_le_bytes().to_vec(),
-            n.to_le_bytes().to_vec(),
-        ];
-        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
-        let one = mpsclient::Dim3 { x: 1, y: 1, z: 1 };
-        let block = mpsclient::Dim3 { x: 256, y: 1, z: 1 };
-        c.launch(fill, one, block, 0, s, &refs).unwrap();
-    };
+    let f = Filler::new(&server);
     // A run of three launches and a copy, ended by a synchronise.
     let request = |v: u32, pause: bool| {
-        post(v);
+        f.post(v);
         if pause {
             // The worker takes the first launch and holds it before the next comes.
             std::thread::sleep(Duration::from_millis(20));
         }
-        post(v + 1);
-        post(v + 2);
-        // SAFETY: the host buffer holds n u32s; nothing else touches it meanwhile.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out, n as usize * 4) };
-        c.memcpy_dtoh(dst, x, s).unwrap();
-        c.stream_synchronize(s).unwrap();
-        // SAFETY: as above, read once the copy completed.
-        let got = unsafe { std::slice::from_raw_parts(out as *const u32, n as usize) };
-        assert!(got.iter().all(|w| *w == v + 2), "{v}");
+        f.post(v + 1);
+        f.post(v + 2);
+        f.finish(v + 2);
     };
     // The shape is learned, then made a graph.
     request(0, false);
@@ -329,7 +332,7 @@ fn held_run_rings(workers: &str) {
     for i in 0..HELD {
         request(100 + 10 * i, true);
     }
-    drop(c);
+    drop(f);
     let log = server.wait_for_log("doorbell rings: ");
     let line = log
         .lines()
