@@ -16,9 +16,10 @@ N and mode: requests/s over all processes, the median of the processes' p50 and 
 p99 latency, how many processes were served (NVIDIA's MPS serves 48 clients), and whether every
 process's output checksum matched the first's. Where the time goes, per model, N and mode:
 each request's mean time in the forward pass (which queues its work) and in the
-synchronisation after it, the clients' CPU time per request, and over the timed window the
+synchronisation after it, the clients' CPU time per request, over the timed window the
 CPUs the service's own processes used (mps-server, or NVIDIA's daemons) and how busy the
-machine's CPUs were. Into OUT_DIR: bench.json (every process's
+machine's CPUs were, and the requests of the process served least and the slowest request of
+all (with when it began), which show a process left behind. Into OUT_DIR: bench.json (every process's
 result), bench.md (the medians over rounds, with mps against NVIDIA MPS and native as ratios,
 the range over rounds in brackets), each run's stderr, and the services' logs (mps's under
 mps-logs/MODE).
@@ -146,6 +147,10 @@ def summary(results, usage):
         "req_s": sum(r["requests"] / r["seconds"] for r in ok),
         "p50_ms": statistics.median(r["p50_ms"] for r in ok),
         "p99_ms": max(r["p99_ms"] for r in ok),
+        # The process served least, and the slowest request of all and when it began.
+        "fewest_requests": min(r["requests"] for r in ok),
+        **max(({"max_ms": r["max_ms"], "max_at_s": r["max_at_s"]} for r in ok if "max_ms" in r),
+              key=lambda m: m["max_ms"], default={}),
         "same_output": len({round(r["checksum"], 2) for r in ok}) == 1,
     }
 
@@ -184,9 +189,11 @@ def table(all_rounds, models, clients, modes):
 
 def time_table(all_rounds, models, clients, modes):
     """Where the time goes: medians over rounds of each mode's per-request figures."""
-    keys = ("req_s", "issue_ms", "wait_ms", "cpu_ms", "service_cpus", "cpu_busy")
+    keys = ("req_s", "issue_ms", "wait_ms", "cpu_ms", "service_cpus", "cpu_busy",
+            "fewest_requests", "max_ms", "max_at_s")
     lines = ["| model | N | mode | req/s | forward ms | synchronise ms | client CPU ms/request "
-             "| service CPUs | machine CPUs busy |", "|---" * 9 + "|"]
+             "| service CPUs | machine CPUs busy | fewest requests of a process "
+             "| slowest request ms (began at s) |", "|---" * 11 + "|"]
     for model in models:
         for n in clients:
             rows = [r[model][str(n)] for r in all_rounds if model in r and str(n) in r[model]]
@@ -198,7 +205,9 @@ def time_table(all_rounds, models, clients, modes):
                 med = {k: statistics.median(v) if v else float("nan") for k, v in vals.items()}
                 lines.append(f"| {model} | {n} | {m} | {med['req_s']:.0f} | {med['issue_ms']:.2f} "
                              f"| {med['wait_ms']:.2f} | {med['cpu_ms']:.2f} "
-                             f"| {med['service_cpus']:.2f} | {100 * med['cpu_busy']:.0f}% |")
+                             f"| {med['service_cpus']:.2f} | {100 * med['cpu_busy']:.0f}% "
+                             f"| {med['fewest_requests']:.0f} "
+                             f"| {med['max_ms']:.1f} ({med['max_at_s']:.2f}) |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,8 @@ trainer, started from a barrier.
         MODEL (mlp, resnet18, bert) in fp16 at batch 1, warmed up; writes DIR/ready.I, waits
         for DIR/go, then serves requests (one forward pass and a synchronisation each) for
         SECONDS, back to back or one every INTERVAL_MS; prints one JSON line: requests, seconds,
-        p50_ms, p99_ms, issue_ms and wait_ms (the mean time a request spends in the forward
+        p50_ms, p99_ms, max_ms and max_at_s (the slowest request and when it began, in seconds
+        from the start), issue_ms and wait_ms (the mean time a request spends in the forward
         pass, which queues the work, and in the synchronisation after it), cpu_ms (the
         process's CPU time, all its threads, per request) and a checksum of the last output.
     serve.py train DIR I
@@ -64,6 +65,7 @@ def infer(model_name, d, i, seconds, interval_ms=None):
     began = time.perf_counter()
     end = began + seconds
     next_at = began
+    slowest = (0.0, 0.0)
     with torch.no_grad():
         while True:
             if interval_ms:
@@ -77,6 +79,8 @@ def infer(model_name, d, i, seconds, interval_ms=None):
             torch.cuda.synchronize()
             e = time.perf_counter()
             lat.append(e - s)
+            if e - s > slowest[0]:
+                slowest = (e - s, s - began)
             issue += issued - s
             wait += e - issued
             if e >= end:
@@ -88,6 +92,7 @@ def infer(model_name, d, i, seconds, interval_ms=None):
     print(json.dumps({
         "requests": n, "seconds": e - began,
         "p50_ms": 1000 * lat[n // 2], "p99_ms": 1000 * lat[min(n - 1, int(n * 0.99))],
+        "max_ms": 1000 * slowest[0], "max_at_s": slowest[1],
         "issue_ms": 1000 * issue / n, "wait_ms": 1000 * wait / n, "cpu_ms": 1000 * cpu / n,
         "checksum": float(out.float().sum().item()),
     }), flush=True)
