@@ -152,6 +152,8 @@ def summary(results, usage):
         **max(({"max_ms": r["max_ms"], "max_at_s": r["max_at_s"]} for r in ok if "max_ms" in r),
               key=lambda m: m["max_ms"], default={}),
         "same_output": len({round(r["checksum"], 2) for r in ok}) == 1,
+        # Every process's own line, in the order started (None for one that failed).
+        "processes": results,
     }
 
 
@@ -245,7 +247,8 @@ def main():
                                          a.devices)
                         s = summary(r, usage)
                         results.setdefault(model, {}).setdefault(str(n), {})[mode] = s
-                        print(f"round {rnd} {mode} {model} N={n}: {json.dumps(s)}",
+                        brief = {k: v for k, v in s.items() if k != "processes"}
+                        print(f"round {rnd} {mode} {model} N={n}: {json.dumps(brief)}",
                               file=sys.stderr, flush=True)
             finally:
                 if service:

@@ -5,10 +5,11 @@ trainer, started from a barrier.
         MODEL (mlp, resnet18, bert) in fp16 at batch 1, warmed up; writes DIR/ready.I, waits
         for DIR/go, then serves requests (one forward pass and a synchronisation each) for
         SECONDS, back to back or one every INTERVAL_MS; prints one JSON line: requests, seconds,
-        p50_ms, p99_ms, max_ms and max_at_s (the slowest request and when it began, in seconds
-        from the start), issue_ms and wait_ms (the mean time a request spends in the forward
-        pass, which queues the work, and in the synchronisation after it), cpu_ms (the
-        process's CPU time, all its threads, per request) and a checksum of the last output.
+        p50_ms, p99_ms, max_ms, max_at_s and max_issue_ms (the slowest request, when it began, in
+        seconds from the start, and how long its forward pass took), issue_ms and wait_ms (the
+        mean time a request spends in the forward pass, which queues the work, and in the
+        synchronisation after it), cpu_ms (the process's CPU time, all its threads, per
+        request), a checksum of the last output and the process id.
     serve.py train DIR I
         ResNet-50, batch 64, AMP, SGD; writes DIR/ready.I after warming up, trains from DIR/go
         until DIR/stop exists; prints one JSON line: iterations, seconds.
@@ -65,7 +66,7 @@ def infer(model_name, d, i, seconds, interval_ms=None):
     began = time.perf_counter()
     end = began + seconds
     next_at = began
-    slowest = (0.0, 0.0)
+    slowest = (0.0, 0.0, 0.0)
     with torch.no_grad():
         while True:
             if interval_ms:
@@ -80,7 +81,7 @@ def infer(model_name, d, i, seconds, interval_ms=None):
             e = time.perf_counter()
             lat.append(e - s)
             if e - s > slowest[0]:
-                slowest = (e - s, s - began)
+                slowest = (e - s, s - began, issued - s)
             issue += issued - s
             wait += e - issued
             if e >= end:
@@ -92,9 +93,9 @@ def infer(model_name, d, i, seconds, interval_ms=None):
     print(json.dumps({
         "requests": n, "seconds": e - began,
         "p50_ms": 1000 * lat[n // 2], "p99_ms": 1000 * lat[min(n - 1, int(n * 0.99))],
-        "max_ms": 1000 * slowest[0], "max_at_s": slowest[1],
+        "max_ms": 1000 * slowest[0], "max_at_s": slowest[1], "max_issue_ms": 1000 * slowest[2],
         "issue_ms": 1000 * issue / n, "wait_ms": 1000 * wait / n, "cpu_ms": 1000 * cpu / n,
-        "checksum": float(out.float().sum().item()),
+        "checksum": float(out.float().sum().item()), "pid": os.getpid(),
     }), flush=True)
 
 
