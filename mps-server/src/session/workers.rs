@@ -5,7 +5,8 @@
 //!   below-normal worker runs at nice 10, so its clients' commands are taken after normal
 //!   clients' when the server's CPUs are busy. There are at most `count` workers per tier
 //!   (more only when every one already serves [`PER_WORKER`] clients, the most one can sleep
-//!   on), and a worker exists only while it has clients.
+//!   on), and a worker exists only while it has clients. The pool's threads are started by one
+//!   thread at the server's own nice value, as a thread inherits its starter's.
 //! * **Assignment.** A new client goes to the least-loaded worker of its tier; a client that
 //!   lowers its priority moves to the other tier; a client leaving frees its place.
 //! * **Turns.** A worker visits its clients in turn and takes at most [`TURN`] commands from
@@ -101,6 +102,8 @@ struct Pool<B: Backend> {
     waiters: AtomicUsize,
     /// Spin, then yield, before sleeping.
     waits: (Duration, Duration),
+    /// Starts the workers and waiting threads.
+    spawner: Spawner,
 }
 
 struct Worker<B: Backend> {
@@ -153,6 +156,7 @@ impl<B: Backend> Workers<B> {
             idle_waiters: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
             waits,
+            spawner: Spawner::start()?,
         });
         if count > 0 {
             for _ in 0..WAITERS {
@@ -176,6 +180,52 @@ impl<B: Backend> Workers<B> {
         } else {
             self.pool.place(session);
         }
+    }
+}
+
+/// Starts the pool's threads from a thread of its own, at the nice value the server started
+/// with, whichever thread asks. A thread inherits its starter's nice value, and a below-normal
+/// worker (nice 10) that started a waiting thread, or placed a client that had moved to the
+/// normal tier, would leave the new thread at nice 10, serving normal clients' commands after
+/// below-normal ones': going back to nice 0 takes CAP_SYS_NICE, which the server need not have.
+struct Spawner {
+    requests: crossbeam_channel::Sender<Spawn>,
+}
+
+struct Spawn {
+    name: String,
+    body: Box<dyn FnOnce() + Send>,
+    started: crossbeam_channel::Sender<std::io::Result<()>>,
+}
+
+impl Spawner {
+    /// The spawner; its thread ends when the spawner is dropped.
+    fn start() -> std::io::Result<Spawner> {
+        let (requests, incoming) = crossbeam_channel::unbounded::<Spawn>();
+        std::thread::Builder::new()
+            .name("session-spawn".into())
+            .spawn(move || {
+                for s in incoming {
+                    let r = std::thread::Builder::new().name(s.name).spawn(s.body);
+                    // The asker waits for exactly this answer.
+                    let _ = s.started.send(r.map(drop));
+                }
+            })?;
+        Ok(Spawner { requests })
+    }
+
+    /// Starts a thread named `name` running `body`, once it has started.
+    fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let (started, answer) = crossbeam_channel::bounded(1);
+        let gone = || std::io::Error::other("the thread that starts session threads has ended");
+        self.requests
+            .send(Spawn {
+                name,
+                body: Box::new(body),
+                started,
+            })
+            .map_err(|_| gone())?;
+        answer.recv().unwrap_or_else(|_| Err(gone()))
     }
 }
 
@@ -233,10 +283,10 @@ impl<B: Backend> Pool<B> {
     fn start_waiter(self: &Arc<Self>) -> std::io::Result<()> {
         let n = self.waiters.fetch_add(1, Ordering::SeqCst);
         let (queue, pool) = (self.queue.clone(), Arc::downgrade(self));
-        std::thread::Builder::new()
-            .name(format!("session-wait{n}"))
-            .spawn(move || wait_for_device(&queue, &pool))
-            .map(drop)
+        self.spawner
+            .spawn(format!("session-wait{n}"), move || {
+                wait_for_device(&queue, &pool)
+            })
             .inspect_err(|_| {
                 self.waiters.fetch_sub(1, Ordering::SeqCst);
             })
@@ -288,11 +338,11 @@ impl<B: Backend> Pool<B> {
             return;
         }
         let (pool, w) = (self.clone(), worker.clone());
-        match std::thread::Builder::new()
-            .name(worker.name.clone())
-            .spawn(move || work(&pool, &w))
+        match self
+            .spawner
+            .spawn(worker.name.clone(), move || work(&pool, &w))
         {
-            Ok(_) => state.running = true,
+            Ok(()) => state.running = true,
             Err(e) => {
                 state.load -= 1;
                 let session = state.inbox.pop();
@@ -540,4 +590,45 @@ fn sleep<B: Backend>(
         b.sleepers().fetch_sub(1, Ordering::SeqCst);
     }
     waited
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calling thread's nice value.
+    fn nice() -> i32 {
+        let tid = nix::unistd::gettid().as_raw();
+        // SAFETY: getpriority only reads its arguments; on Linux PRIO_PROCESS with a thread id
+        // reads that thread's nice value (-1 is a valid answer, not an error, for a thread).
+        unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, tid as u32) }
+    }
+
+    #[test]
+    fn threads_a_below_normal_thread_asks_for_start_at_the_servers_nice_value() {
+        let base = nice();
+        if base >= 10 {
+            eprintln!(
+                "skipped: this test runs at nice {base}, no lower than a below-normal worker"
+            );
+            return;
+        }
+        let spawner = Spawner::start().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let direct = std::thread::spawn(move || {
+            set_thread_nice(true);
+            assert_eq!(nice(), 10, "a thread may always lower its own priority");
+            spawner
+                .spawn("asked".into(), move || tx.send(nice()).unwrap())
+                .unwrap();
+            std::thread::spawn(nice).join().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            direct, 10,
+            "a thread started directly inherits its starter's nice value"
+        );
+        assert_eq!(rx.recv().unwrap(), base);
+    }
 }
