@@ -76,10 +76,12 @@ impl CudaBackend {
         self.follow_client(stream)?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // The busy sampler must not query the stream while it captures.
-        let r = self.live.begin_capture(&stream.capturing, || {
-            // SAFETY: a live stream of the client that is not capturing (the session checks).
-            unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) }
-        });
+        let r = self
+            .live
+            .begin_capture(stream.raw.get(), &stream.capturing, || {
+                // SAFETY: a live stream of the client that is not capturing (the session checks).
+                unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) }
+            });
         if r != sys::CUresult::CUDA_SUCCESS {
             stream.capturing.store(false, Ordering::Release);
         }

@@ -33,25 +33,41 @@ struct Live {
     busy: Arc<AtomicU64>,
     /// Submissions to the stream so far (raised by the backend on each).
     submitted: Arc<AtomicU64>,
-    /// `submitted` as it was when a query last found the stream idle.
-    idle_at: u64,
     /// Set while the stream captures a graph: it is not queried then.
     capturing: Arc<AtomicBool>,
+    /// Held while the sampler queries the stream, while a capture of it begins and as it leaves
+    /// the list, so that no query falls between the capture's flag and its start or after the
+    /// stream is destroyed. It is the stream's own: a query waiting in a busy driver holds up
+    /// no other stream's capture or destruction.
+    gate: Mutex<Gate>,
+}
+
+struct Gate {
+    /// `submitted` as it was when a query last found the stream idle.
+    idle_at: u64,
+    /// The stream left the list: it is never queried again.
+    gone: bool,
 }
 
 /// Every client stream, for busy-time sampling. A stream leaves the list before it is
-/// destroyed, under the lock the sampler holds while it queries.
+/// destroyed; the list's own lock is held only to add, find or remove an entry, or to copy the
+/// list, never across a driver call.
 #[derive(Default)]
-pub(super) struct LiveStreams(Mutex<Vec<Live>>);
+pub(super) struct LiveStreams(Mutex<Vec<Arc<Live>>>);
 
-// SAFETY: stream handles may be used from any thread; the list is locked.
-unsafe impl Send for LiveStreams {}
+// SAFETY: a stream handle may be used from any thread; an entry's changing state is atomic or
+// under its lock.
+unsafe impl Send for Live {}
 // SAFETY: as above.
-unsafe impl Sync for LiveStreams {}
+unsafe impl Sync for Live {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl LiveStreams {
-    fn lock(&self) -> MutexGuard<'_, Vec<Live>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn find(&self, raw: CUstream) -> Option<Arc<Live>> {
+        lock(&self.0).iter().find(|l| l.raw == raw).cloned()
     }
 
     /// Samples `raw` from now on, crediting `busy`, whenever `submitted` has risen since the
@@ -63,26 +79,44 @@ impl LiveStreams {
         submitted: &Arc<AtomicU64>,
         capturing: &Arc<AtomicBool>,
     ) {
-        self.lock().push(Live {
+        let idle_at = submitted.load(Ordering::Acquire);
+        lock(&self.0).push(Arc::new(Live {
             raw,
             busy: busy.clone(),
             submitted: submitted.clone(),
-            idle_at: submitted.load(Ordering::Acquire),
             capturing: capturing.clone(),
-        });
+            gate: Mutex::new(Gate {
+                idle_at,
+                gone: false,
+            }),
+        }));
     }
 
-    /// Stops sampling `raw`; call before destroying it.
+    /// Stops sampling `raw`; call before destroying it. Returns once no query of it is under
+    /// way.
     pub(super) fn remove(&self, raw: CUstream) {
-        self.lock().retain(|l| l.raw != raw);
+        let left = {
+            let mut live = lock(&self.0);
+            let at = live.iter().position(|l| l.raw == raw);
+            at.map(|i| live.swap_remove(i))
+        };
+        if let Some(l) = left {
+            lock(&l.gate).gone = true;
+        }
     }
 
-    /// Runs `begin` (which starts a capture of a stream) with `capturing` set, under the lock the
-    /// sampler queries under, so that no query of the stream can fall between the sampler's
-    /// look at the flag and the capture's start. The caller clears the flag once the capture
-    /// ended.
-    pub(super) fn begin_capture<R>(&self, capturing: &AtomicBool, begin: impl FnOnce() -> R) -> R {
-        let _sampler = self.lock();
+    /// Runs `begin` (which starts a capture of stream `raw`) with `capturing` set, under the
+    /// stream's own lock that its queries are made under, so that no query of the stream can
+    /// fall between the sampler's look at the flag and the capture's start. The caller clears
+    /// the flag once the capture ended.
+    pub(super) fn begin_capture<R>(
+        &self,
+        raw: CUstream,
+        capturing: &AtomicBool,
+        begin: impl FnOnce() -> R,
+    ) -> R {
+        let entry = self.find(raw);
+        let _gate = entry.as_ref().map(|l| lock(&l.gate));
         capturing.store(true, Ordering::Release);
         begin()
     }
@@ -90,18 +124,20 @@ impl LiveStreams {
     /// Credits `interval` to every client with work pending on one of its streams, asking each
     /// stream with `query` (`cuStreamQuery`).
     fn sample(&self, interval: Duration, mut query: impl FnMut(CUstream) -> CUresult) {
-        let mut live = self.lock();
+        let live = lock(&self.0).clone();
         let mut credited: Vec<*const AtomicU64> = Vec::new();
-        for s in live.iter_mut() {
+        for s in &live {
             // Read before the query: a submission after it is seen at the next sample.
             let submitted = s.submitted.load(Ordering::Acquire);
-            if submitted == s.idle_at || s.capturing.load(Ordering::Acquire) {
+            let mut gate = lock(&s.gate);
+            if gate.gone || submitted == gate.idle_at || s.capturing.load(Ordering::Acquire) {
                 continue;
             }
             let r = query(s.raw);
             if r == CUresult::CUDA_SUCCESS {
-                s.idle_at = submitted;
+                gate.idle_at = submitted;
             }
+            drop(gate);
             // Only "work pending" counts; a failure is the context's, which the thread's own
             // stream reports.
             let ptr = Arc::as_ptr(&s.busy);
@@ -188,7 +224,7 @@ mod tests {
         live.add(raw(2), &busy_b, &sub_b, &cap_b);
         sub_a.fetch_add(1, Ordering::Release);
         sub_b.fetch_add(1, Ordering::Release);
-        live.begin_capture(&cap_a, || ());
+        live.begin_capture(raw(1), &cap_a, || ());
         let mut asked = Vec::new();
         let tick = Duration::from_millis(5);
         live.sample(tick, |s| {
@@ -213,5 +249,53 @@ mod tests {
             CUresult::CUDA_SUCCESS
         });
         assert!(asked.is_empty(), "{asked:?}");
+    }
+
+    #[test]
+    fn a_query_waiting_in_the_driver_holds_up_no_other_streams_capture_or_destruction() {
+        let live = Arc::new(LiveStreams::default());
+        let busy = Arc::new(AtomicU64::new(0));
+        let caps: Vec<_> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        for (i, cap) in caps.iter().enumerate() {
+            let submitted = Arc::new(AtomicU64::new(0));
+            live.add(raw(i + 1), &busy, &submitted, cap);
+            submitted.fetch_add(1, Ordering::Release);
+        }
+        let (entered, in_query) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let sampler = {
+            let live = live.clone();
+            std::thread::spawn(move || {
+                let mut asked = Vec::new();
+                live.sample(Duration::from_millis(5), |s| {
+                    asked.push(s as usize);
+                    if s == raw(1) {
+                        entered.send(()).unwrap();
+                        released.recv().unwrap();
+                    }
+                    CUresult::CUDA_ERROR_NOT_READY
+                });
+                asked
+            })
+        };
+        in_query.recv().unwrap();
+        // While stream 1's query waits, stream 2 begins a capture and stream 3 leaves.
+        let (done, finished) = std::sync::mpsc::channel();
+        {
+            let (live, cap) = (live.clone(), caps[1].clone());
+            std::thread::spawn(move || {
+                live.begin_capture(raw(2), &cap, || ());
+                live.remove(raw(3));
+                done.send(()).unwrap();
+            });
+        }
+        let others = finished.recv_timeout(Duration::from_secs(10));
+        release.send(()).unwrap();
+        let asked = sampler.join().unwrap();
+        assert!(
+            others.is_ok(),
+            "another stream's query held up a capture and a removal"
+        );
+        assert_eq!(asked, [1], "a capturing or removed stream was queried");
     }
 }
