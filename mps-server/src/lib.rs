@@ -16,3 +16,9 @@ mod session;
 pub mod sm;
 
 pub use session::Limits;
+
+/// Locks `m`, taking its data even where a panic poisoned it: a panic while serving one client
+/// disconnects only that client, and the state it left locked stays usable for the others.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

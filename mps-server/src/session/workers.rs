@@ -5,8 +5,8 @@
 //!   below-normal worker runs at nice 10, so its clients' commands are taken after normal
 //!   clients' when the server's CPUs are busy. There are at most `count` workers per tier
 //!   (more only when every one already serves [`PER_WORKER`] clients, the most one can sleep
-//!   on), and a worker exists only while it has clients. The pool's threads are started by one
-//!   thread at the server's own nice value, as a thread inherits its starter's.
+//!   on), and a worker exists only while it has clients. Workers and waiting threads are
+//!   started by one thread at the server's own nice value, as a thread inherits its starter's.
 //! * **Assignment.** A new client goes to the least-loaded worker of its tier; a client that
 //!   lowers its priority moves to the other tier; a client leaving frees its place.
 //! * **Turns.** A worker visits its clients in turn and takes at most [`TURN`] commands from
@@ -32,13 +32,14 @@
 //! `count` 0 keeps one thread per client (the behaviour before workers), for comparison.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
+use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use mps_ipc::doorbell::{Doorbell, MAX_WAIT_ANY, Wake, wait_any, yield_contended};
 
 use super::{NAP, Session, Step, Watcher, set_thread_nice};
 use crate::backend::Backend;
+use crate::lock;
 
 /// Commands a worker takes from one client before it moves to the next.
 pub(crate) const TURN: u32 = 32;
@@ -227,10 +228,6 @@ impl Spawner {
             .map_err(|_| gone())?;
         answer.recv().unwrap_or_else(|_| Err(gone()))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Serves `session` on a thread of its own (`count` 0).

@@ -13,13 +13,14 @@
 //! capture mode.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use mps_core::{Error, Result};
 
 use super::context::Context;
+use crate::lock;
 use mps_driver::check_on;
 
 /// How often the health thread samples which streams have work pending.
@@ -60,10 +61,6 @@ pub(super) struct LiveStreams(Mutex<Vec<Arc<Live>>>);
 unsafe impl Send for Live {}
 // SAFETY: as above.
 unsafe impl Sync for Live {}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl LiveStreams {
     fn find(&self, raw: CUstream) -> Option<Arc<Live>> {

@@ -31,6 +31,7 @@ use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
+use crate::lock;
 use mps_core::alloc::RangeAllocator;
 use mps_core::{Error, Result, Status};
 use nix::sys::memfd::{MFdFlags, memfd_create};
@@ -81,10 +82,6 @@ impl std::fmt::Debug for DeviceMemory {
             .field("bytes", &self.bytes)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn no_memory(what: String) -> Error {
