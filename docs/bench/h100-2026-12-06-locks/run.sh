@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Real models through mps once the busy sampler queries each stream under its own lock
+# (725a988), beside NVIDIA MPS, on the GPU.
+#   STEP=e: ResNet-18 at N=64 through mps; ResNet-18 and BERT-base at N=32 beside NVIDIA MPS.
+#   STEP=f: the MLP, ResNet-18 and BERT-base at N=8 and N=16 beside NVIDIA MPS, one round.
+#   STEP=g: the gpu, graphs, e2e and workers suites.
+#   STEP=h: ResNet-18 at N=64 through mps, launch batching on and off; the MLP at N=8 beside
+#           NVIDIA MPS, batching on and off; BERT-base at N=32 through mps, batching on and off.
+# Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (release binaries).
+set -u
+STEP=${STEP:-e}
+MODES=${MODES:-nvidia-mps,mps}
+export NCCL_NVLS_ENABLE=0
+ROOT=$PWD; B=$ROOT/.device-bin; R=$ROOT/mps-cuda/tests/real; W=/tmp/$STEP; rm -rf $W; mkdir -p $W
+rm -rf /tmp/mps-real-nvidia-pipe /tmp/mps-real-pipe /tmp/mps-real-bench
+t0=$(date +%s)
+S() { echo "$(( $(date +%s)-t0 ))s $*" | tee -a $W/steps.txt; (cd /tmp && tar czf $OUT/$STEP.tgz $STEP); }
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } > $W/machine.txt
+bench() { # name timeout args...
+  local n=$1 t=$2; shift 2
+  (cd $R && timeout $t python3 bench.py $B $W/$n "$@" > $W/$n.txt 2>&1)
+  S "$n rc=$?"; rm -rf $W/$n/err; cat $W/$n/bench.md 2>/dev/null; grep "^round" $W/$n.txt | tail -20
+  grep -r "launch batching: [0-9]" $W/$n/mps-logs > $W/$n.batching.txt 2>/dev/null
+  [ $n = n64 ] || rm -rf $W/$n/mps-logs
+  pkill -x mps-control; pkill -x mps-server
+}
+if [ $STEP = e ]; then
+  bench n64 ${N64_TIMEOUT:-100} --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps
+  bench n32 ${N32_TIMEOUT:-200} --models resnet18,bert --clients 32 --rounds 1 --seconds 4 --modes $MODES
+elif [ $STEP = f ]; then
+  bench n8 ${N8_TIMEOUT:-170} --models mlp,resnet18,bert --clients 8 --rounds 1 --seconds 4 --modes $MODES
+  bench n16 ${N16_TIMEOUT:-200} --models mlp,resnet18,bert --clients 16 --rounds 1 --seconds 4 --modes $MODES
+elif [ $STEP = h ]; then
+  # Where the server's threads are 1 and 2.5 s into the first N=64 window (batching on): each
+  # thread's name, state, CPU ticks, kernel wait channel, system call and kernel stack.
+  threads() { for t in /proc/$1/task/*; do echo "$(basename $t) $(cat $t/comm) $(awk '{print $3, $14+$15}' $t/stat) $(cat $t/wchan) | $(cat $t/syscall)"; sed 's/^/    /' $t/stack 2>/dev/null; done; }
+  sampler() {
+    while [ ! -e /tmp/mps-real-bench/go ]; do sleep 0.1; done
+    sleep 1; threads $(pgrep -x mps-server | head -1) > $W/threads.server.1
+    sleep 1.5; threads $(pgrep -x mps-server | head -1) > $W/threads.server.2
+  }
+  sampler &
+  bench n64 ${N64_TIMEOUT:-130} --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
+  bench n8 ${N8_TIMEOUT:-100} --models mlp --clients 8 --rounds 1 --seconds 4 --modes nvidia-mps,mps,mps:--launch-batching=off
+  bench n32 ${N32_TIMEOUT:-130} --models bert --clients 32 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
+else
+  for s in ${SUITES:-gpu graphs e2e workers}; do
+    (cd $ROOT && timeout ${SUITE_TIMEOUT:-150} scripts/test-gpu run $s > $W/$s.txt 2>&1); S "$s rc=$?"
+    tail -4 $W/$s.txt; pkill -x mps-control; pkill -x mps-server
+  done
+fi
+echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-real-nvidia-pipe nvidia-cuda-mps-control >/dev/null 2>&1
+S done
