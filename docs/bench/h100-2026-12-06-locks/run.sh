@@ -4,7 +4,8 @@
 #   STEP=e: ResNet-18 at N=64 through mps; ResNet-18 and BERT-base at N=32 beside NVIDIA MPS.
 #   STEP=f: the MLP, ResNet-18 and BERT-base at N=8 and N=16 beside NVIDIA MPS, one round.
 #   STEP=g: the gpu, graphs, e2e and workers suites.
-#   STEP=h: ResNet-18 at N=64 through mps, launch batching on and off; the MLP at N=8 beside
+#   STEP=h: ResNet-18 at N=64 through mps: the defaults, launch batching off, 16 session
+#           workers (one a CPU, not four); the MLP at N=8 beside
 #           NVIDIA MPS, batching on and off; BERT-base at N=32 through mps, batching on and off.
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (release binaries).
 set -u
@@ -40,7 +41,8 @@ elif [ $STEP = h ]; then
     sleep 1.5; threads $(pgrep -x mps-server | head -1) > $W/threads.server.2
   }
   sampler &
-  bench n64 ${N64_TIMEOUT:-130} --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
+  bench n64 ${N64_TIMEOUT:-170} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
+    --modes mps,mps:--launch-batching=off,mps:--session-workers=16
   bench n8 ${N8_TIMEOUT:-100} --models mlp --clients 8 --rounds 1 --seconds 4 --modes nvidia-mps,mps,mps:--launch-batching=off
   bench n32 ${N32_TIMEOUT:-130} --models bert --clients 32 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
 else
