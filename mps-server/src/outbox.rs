@@ -74,6 +74,30 @@ impl Outbox {
         self.channel.progress_bell().ring();
     }
 
+    /// Whether the client is being disconnected.
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Commands the client has published that its session has not taken and could take now
+    /// (its completion ring has room for their answers); 0 once it is closing. Read from the
+    /// rings' shared words, for the stall report (`session/stall.rs`): it takes no lock a
+    /// posting thread may hold while it waits for room.
+    pub(crate) fn untaken(&self) -> u32 {
+        if self.closing() {
+            return 0;
+        }
+        if !self
+            .channel
+            .complete_producer()
+            .free()
+            .is_ok_and(|f| f >= 2)
+        {
+            return 0;
+        }
+        self.channel.submit_consumer().available().unwrap_or(0)
+    }
+
     /// Ends the session: records why (the first reason wins), stops the session thread and
     /// the stream workers, and shuts the socket so the client sees the hang-up at once.
     pub(crate) fn disconnect(&self, reason: String) {

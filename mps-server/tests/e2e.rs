@@ -1115,6 +1115,38 @@ fn copies_from_host_buffers_read_the_clients_pages_when_they_run() {
     c.host_free(hb).unwrap();
 }
 
+/// A command that stays in the server's hands for a second is logged with its kind and the
+/// client's pid, so that a client held in the server can be told from one whose work waits for
+/// the device.
+#[test]
+fn a_command_held_in_the_server_for_a_second_is_logged_with_its_kind() {
+    let server = TestServer::start();
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let spin = c.module_get_function(m, "spin_ns").unwrap();
+    let ctr = c.mem_alloc(4).unwrap();
+    let s = c.stream_create(0).unwrap();
+    let stall = "(mem_free) has been in the server's hands for";
+    // A free waits for the client's streams first: behind a kernel of 1.5 s, so does it.
+    c.launch(
+        spin,
+        grid(1),
+        grid(32),
+        0,
+        s,
+        &[&1_500_000_000u64.to_le_bytes(), &ctr.0.to_le_bytes()],
+    )
+    .unwrap();
+    assert!(!server.log().contains(stall), "{}", server.log());
+    c.mem_free(ctr).unwrap();
+    let log = server.wait_for_log(stall);
+    let line = log.lines().find(|l| l.contains(stall)).unwrap();
+    assert!(
+        line.contains(&format!("pid={}", std::process::id())),
+        "{line}"
+    );
+}
+
 /// Completion is written by the GPU itself into a page the client maps: with every thread of
 /// the server stopped (SIGSTOP), an event recorded behind a running kernel still completes.
 /// (The simulator's stream threads are the server's, so there it would not.)

@@ -7,6 +7,7 @@
 
 mod core;
 mod limits;
+mod stall;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -88,6 +89,8 @@ pub(crate) struct Session<B: Backend> {
     /// The sequence number of the last command taken, and how many were taken.
     last_seq: u64,
     taken: u64,
+    /// What the session handles now, for the socket watcher's stall report.
+    activity: Arc<stall::Activity>,
     spin: Duration,
     yield_for: Duration,
     registry: Arc<Registry>,
@@ -166,6 +169,7 @@ impl<B: Backend> Session<B> {
             ring_from_set: false,
             last_seq: 0,
             taken: 0,
+            activity: Arc::default(),
             spin,
             yield_for,
             registry,
@@ -177,7 +181,13 @@ impl<B: Backend> Session<B> {
     /// Makes the client known to the registry and its socket watched: called once, on the
     /// thread that will serve it, before its first command.
     pub(crate) fn start(&self, watcher: &Watcher) {
-        watcher.watch(self.socket.clone(), self.outbox.clone());
+        watcher.watch(watch::Watched {
+            socket: self.socket.clone(),
+            outbox: self.outbox.clone(),
+            activity: self.activity.clone(),
+            client: self.id,
+            pid: self.peer.pid,
+        });
         let ctx = self.core.context();
         self.registry.add(
             self.id,
@@ -263,13 +273,18 @@ impl<B: Backend> Session<B> {
                 self.flush_run();
                 return Step::Blocked;
             }
-            match self.take_one() {
+            let cmd = self.take_one();
+            if let Some(cmd) = &cmd {
+                self.activity.taking(self.taken + 1, cmd.opcode);
+            }
+            match cmd {
                 Some(cmd) if may_wait(cmd.opcode) => {
                     self.held = Some(cmd);
                     return Step::Waits;
                 }
                 Some(cmd) => {
                     self.handle(&cmd);
+                    self.activity.done(self.taken);
                     if cmd.opcode == Opcode::SetPriority as u16 && self.below_normal() != tier {
                         return Step::Retier;
                     }
@@ -332,6 +347,7 @@ impl<B: Backend> Session<B> {
     pub(crate) fn handle_held(&mut self) {
         let Some(cmd) = self.held.take() else { return };
         let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(&cmd)));
+        self.activity.done(self.taken);
         if handled.is_err() {
             self.outbox
                 .disconnect("an internal error in the server (a panic, logged above)".into());
