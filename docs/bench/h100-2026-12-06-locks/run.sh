@@ -22,6 +22,7 @@ bench() { # name timeout args...
   (cd $R && timeout $t python3 bench.py $B $W/$n "$@" > $W/$n.txt 2>&1)
   S "$n rc=$?"; rm -rf $W/$n/err; cat $W/$n/bench.md 2>/dev/null; grep "^round" $W/$n.txt | tail -20
   grep -r "launch batching: [0-9]" $W/$n/mps-logs > $W/$n.batching.txt 2>/dev/null
+  grep -r "in the server's hands for\|in its ring untaken" $W/$n/mps-logs > $W/$n.stalls.txt 2>/dev/null
   [ $n = n64 ] || rm -rf $W/$n/mps-logs
   pkill -x mps-control; pkill -x mps-server
 }
@@ -42,7 +43,7 @@ elif [ $STEP = h ]; then
   }
   sampler &
   bench n64 ${N64_TIMEOUT:-170} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
-    --modes mps,mps:--launch-batching=off,mps:--session-workers=16
+    --modes ${N64_MODES:-mps,mps:--launch-batching=off,mps:--session-workers=16}
   bench n8 ${N8_TIMEOUT:-100} --models mlp --clients 8 --rounds 1 --seconds 4 --modes nvidia-mps,mps,mps:--launch-batching=off
   bench n32 ${N32_TIMEOUT:-130} --models bert --clients 32 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
 else
