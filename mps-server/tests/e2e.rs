@@ -1127,14 +1127,15 @@ fn a_command_held_in_the_server_for_a_second_is_logged_with_its_kind() {
     let ctr = c.mem_alloc(4).unwrap();
     let s = c.stream_create(0).unwrap();
     let stall = "(mem_free) has been in the server's hands for";
-    // A free waits for the client's streams first: behind a kernel of 1.5 s, so does it.
+    // A free waits for the client's streams first: behind a kernel of 3 s, so does it (the
+    // watcher reports after 1 to 1.25 s, well before the free returns).
     c.launch(
         spin,
         grid(1),
         grid(32),
         0,
         s,
-        &[&1_500_000_000u64.to_le_bytes(), &ctr.0.to_le_bytes()],
+        &[&3_000_000_000u64.to_le_bytes(), &ctr.0.to_le_bytes()],
     )
     .unwrap();
     assert!(!server.log().contains(stall), "{}", server.log());
