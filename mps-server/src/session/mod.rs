@@ -335,7 +335,9 @@ impl<B: Backend> Session<B> {
     fn flush_run(&mut self) {
         self.hold_since = None;
         if self.core.holds_run() {
+            self.activity.flushing(self.taken);
             self.core.flush_held();
+            self.activity.done(self.taken);
             for c in self.core.take_batch_errors() {
                 self.outbox.post(c);
             }

@@ -22,6 +22,9 @@ const QUIET: Duration = Duration::from_secs(10);
 /// Set in [`Activity`]'s word while a command is in the server's hands.
 const IN_HAND: u64 = 1 << 16;
 
+/// The opcode field while the session submits a batched run it held (no command's opcode).
+const HELD_RUN: u16 = u16::MAX;
+
 /// What one client's session is doing: `taken << 17 | IN_HAND | opcode` while it handles its
 /// `taken`-th command, `taken << 17` between commands.
 #[derive(Debug, Default)]
@@ -32,6 +35,11 @@ impl Activity {
     pub(crate) fn taking(&self, taken: u64, opcode: u16) {
         self.0
             .store(taken << 17 | IN_HAND | u64::from(opcode), Ordering::Relaxed);
+    }
+
+    /// The session submits the batched run it held, whose last command is number `taken`.
+    pub(crate) fn flushing(&self, taken: u64) {
+        self.taking(taken, HELD_RUN);
     }
 
     /// The session is done with command number `taken`.
@@ -90,13 +98,21 @@ impl Watch {
         }
         let taken = word >> 17;
         let report = if in_hand && now.duration_since(self.changed) >= STALL {
-            let kind = Opcode::from_u16(word as u16).map_or("an unknown command", Opcode::name);
-            format!(
-                "command #{taken} of the client ({kind}) has been in the server's hands for \
-                 {:.1} s: a driver call that has not returned, or a wait for the device; the \
-                 client's later commands wait behind it",
-                now.duration_since(self.changed).as_secs_f64()
-            )
+            let held = now.duration_since(self.changed).as_secs_f64();
+            if word as u16 == HELD_RUN {
+                format!(
+                    "the held batched run that ends at command #{taken} of the client has been \
+                     in the server's hands for {held:.1} s: a driver call that has not \
+                     returned; the client's later commands wait behind it"
+                )
+            } else {
+                let kind = Opcode::from_u16(word as u16).map_or("an unknown command", Opcode::name);
+                format!(
+                    "command #{taken} of the client ({kind}) has been in the server's hands \
+                     for {held:.1} s: a driver call that has not returned, or a wait for the \
+                     device; the client's later commands wait behind it"
+                )
+            }
         } else if let Some(since) = self
             .untaken_since
             .filter(|s| now.duration_since(*s) >= STALL)
@@ -133,6 +149,20 @@ mod tests {
         assert!(r.starts_with("command #7 of the client (mem_free)"), "{r}");
         assert!(r.contains("for 1.2 s"), "{r}");
         assert_eq!(w.look(&a, 3, t0 + 5000 * MS), None, "reported once");
+    }
+
+    #[test]
+    fn a_held_run_kept_in_submission_is_named_as_such() {
+        let t0 = Instant::now();
+        let (a, mut w) = (Activity::default(), Watch::new(t0));
+        a.flushing(9);
+        assert_eq!(w.look(&a, 0, t0), None);
+        let r = w.look(&a, 0, t0 + 1500 * MS).expect("a report");
+        assert!(
+            r.starts_with("the held batched run that ends at command #9"),
+            "{r}"
+        );
+        assert!(r.contains("for 1.5 s"), "{r}");
     }
 
     #[test]
