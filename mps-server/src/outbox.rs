@@ -80,13 +80,10 @@ impl Outbox {
     }
 
     /// Commands the client has published that its session has not taken and could take now
-    /// (its completion ring has room for their answers); 0 once it is closing. Read from the
-    /// rings' shared words, for the stall report (`session/stall.rs`): it takes no lock a
-    /// posting thread may hold while it waits for room.
+    /// (its completion ring has room for their answers). Read from the rings' shared words,
+    /// for the stall report (`session/stall.rs`), which skips closing clients: it takes no
+    /// lock a posting thread may hold while it waits for room.
     pub(crate) fn untaken(&self) -> u32 {
-        if self.closing() {
-            return 0;
-        }
         if !self
             .channel
             .complete_producer()

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use mps_core::protocol::Opcode;
 
 /// How long commands stay in place before the watcher reports them.
-pub(crate) const STALL: Duration = Duration::from_secs(1);
+const STALL: Duration = Duration::from_secs(1);
 
 /// After a report, the least time before the next one of the same client: a client's own
 /// commands can make it stall at will, and its reports must not fill the server's log.
