@@ -6,7 +6,8 @@
 #   STEP=g: the gpu, graphs, e2e and workers suites.
 #   STEP=h: ResNet-18 at N=64 through mps: the defaults, launch batching off, 16 session
 #           workers (one a CPU, not four); the MLP at N=8 beside
-#           NVIDIA MPS, batching on and off; BERT-base at N=32 through mps, batching on and off.
+#           NVIDIA MPS, batching on and off; BERT-base at N=32 through mps, batching on and off
+#           and with session workers that sleep at once (no spinning or yielding).
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (release binaries).
 set -u
 STEP=${STEP:-e}
@@ -45,7 +46,8 @@ elif [ $STEP = h ]; then
   bench n64 ${N64_TIMEOUT:-170} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
     --modes ${N64_MODES:-mps,mps:--launch-batching=off,mps:--session-workers=16}
   bench n8 ${N8_TIMEOUT:-100} --models mlp --clients 8 --rounds 1 --seconds 4 --modes nvidia-mps,mps,mps:--launch-batching=off
-  bench n32 ${N32_TIMEOUT:-130} --models bert --clients 32 --rounds 1 --seconds 4 --modes mps,mps:--launch-batching=off
+  bench n32 ${N32_TIMEOUT:-170} --models bert --clients 32 --rounds 1 --seconds 4 \
+    --modes ${N32_MODES:-mps,mps:--launch-batching=off,mps:--spin-us=0,--yield-us=0}
 else
   for s in ${SUITES:-gpu graphs e2e workers}; do
     (cd $ROOT && timeout ${SUITE_TIMEOUT:-150} scripts/test-gpu run $s > $W/$s.txt 2>&1); S "$s rc=$?"
