@@ -4,8 +4,8 @@
 #   STEP=e: ResNet-18 at N=64 through mps; ResNet-18 and BERT-base at N=32 beside NVIDIA MPS.
 #   STEP=f: the MLP, ResNet-18 and BERT-base at N=8 and N=16 beside NVIDIA MPS, one round.
 #   STEP=g: the gpu, graphs, e2e and workers suites.
-#   STEP=h: ResNet-18 at N=64 through mps: the defaults, launch batching off, 16 session
-#           workers (one a CPU, not four); the MLP at N=8 beside
+#   STEP=h: ResNet-18 at N=64 through mps: the defaults, launch batching off, a green context
+#           per client; 64 busy streams of one native process (fair.c); the MLP at N=8 beside
 #           NVIDIA MPS, batching on and off; BERT-base at N=32 through mps, batching on and off
 #           and with session workers that sleep at once (no spinning or yielding).
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (release binaries).
@@ -44,7 +44,11 @@ elif [ $STEP = h ]; then
   }
   sampler &
   bench n64 ${N64_TIMEOUT:-170} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
-    --modes ${N64_MODES:-mps,mps:--launch-batching=off,mps:--session-workers=16}
+    --modes ${N64_MODES:-mps,mps:--launch-batching=off,mps:--context-per-client=on}
+  # The same in one native process: 64 threads, each a stream, one context.
+  cuda_h=$(ls /usr/local/cuda/include/cuda.h 2>/dev/null || find / -name cuda.h -path '*cu13/include/*' 2>/dev/null | head -1)
+  cc -O2 -I$(dirname $cuda_h) $ROOT/docs/bench/h100-2026-12-06-locks/fair.c -o $W/fair -lcuda -lpthread
+  for c in 32 8; do CUDA_DEVICE_MAX_CONNECTIONS=$c timeout 30 $W/fair 64 4 20 > $W/fair.$c.txt 2>&1; S "fair $c rc=$?"; head -4 $W/fair.$c.txt; done
   bench n8 ${N8_TIMEOUT:-100} --models mlp --clients 8 --rounds 1 --seconds 4 --modes nvidia-mps,mps,mps:--launch-batching=off
   bench n32 ${N32_TIMEOUT:-170} --models bert --clients 32 --rounds 1 --seconds 4 \
     --modes ${N32_MODES:-mps,mps:--launch-batching=off,mps:--spin-us=0,--yield-us=0}
