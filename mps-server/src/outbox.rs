@@ -27,6 +27,10 @@ pub(crate) struct Outbox {
     socket: Arc<UnixStream>,
 }
 
+/// Free completion slots a session needs before it takes a command: one for the command's
+/// answer and one for a fault report.
+pub(crate) const ANSWER_ROOM: u32 = 2;
+
 impl Outbox {
     pub(crate) fn new(
         channel: Channel,
@@ -80,7 +84,7 @@ impl Outbox {
     }
 
     /// Commands the client has published that its session has not taken and could take now
-    /// (its completion ring has room for their answers). Read from the rings' shared words,
+    /// (its completion ring has [`ANSWER_ROOM`]). Read from the rings' shared words,
     /// for the stall report (`session/stall.rs`), which skips closing clients: it takes no
     /// lock a posting thread may hold while it waits for room.
     pub(crate) fn untaken(&self) -> u32 {
@@ -88,7 +92,7 @@ impl Outbox {
             .channel
             .complete_producer()
             .free()
-            .is_ok_and(|f| f >= 2)
+            .is_ok_and(|f| f >= ANSWER_ROOM)
         {
             return 0;
         }

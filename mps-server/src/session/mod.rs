@@ -356,13 +356,13 @@ impl<B: Backend> Session<B> {
         }
     }
 
-    /// Whether the completion ring has room for this command's answer and a fault report.
+    /// Whether the completion ring has [`ANSWER_ROOM`](crate::outbox::ANSWER_ROOM).
     /// A corrupt ring reads as room: posting then finds the corruption and disconnects.
     fn completion_room(&self) -> bool {
         let ring = self.completions.memory();
         let tail = ring.tail().load(Ordering::Relaxed);
         let head = ring.head().load(Ordering::Acquire);
-        ring.capacity().wrapping_sub(tail.wrapping_sub(head)) >= 2
+        ring.capacity().wrapping_sub(tail.wrapping_sub(head)) >= crate::outbox::ANSWER_ROOM
     }
 
     /// Whether the client has something for its session to look at: a command, or its end.

@@ -97,8 +97,9 @@ impl Watch {
             return None;
         }
         let taken = word >> 17;
-        let report = if in_hand && now.duration_since(self.changed) >= STALL {
-            let held = now.duration_since(self.changed).as_secs_f64();
+        let held = now.duration_since(self.changed);
+        let report = if in_hand && held >= STALL {
+            let held = held.as_secs_f64();
             if word as u16 == HELD_RUN {
                 format!(
                     "the held batched run that ends at command #{taken} of the client has been \
