@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod control;
+mod cpu_pressure;
 pub mod intake;
 mod outbox;
 pub mod process;
@@ -15,7 +16,7 @@ pub mod server;
 mod session;
 pub mod sm;
 
-pub use session::Limits;
+pub use session::{BatchPacing, Limits};
 
 /// Locks `m`, taking its data even where a panic poisoned it: a panic while serving one client
 /// disconnects only that client, and the state it left locked stays usable for the others.

@@ -9,7 +9,6 @@ use clap::{Parser, ValueEnum};
 use mps_core::units::parse_size;
 use mps_ipc::channel::Layout;
 use mps_ipc::trust;
-use mps_server::Limits as ClientLimits;
 use mps_server::backend::Backend;
 use mps_server::backend::cuda::{self, CudaBackend};
 use mps_server::backend::sim::{FaultScope, SimBackend, SimConfig};
@@ -19,6 +18,7 @@ use mps_server::process::{
 };
 use mps_server::recovery::{self, Successor};
 use mps_server::server::{Server, ServerConfig};
+use mps_server::{BatchPacing, Limits as ClientLimits};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum BackendChoice {
@@ -233,6 +233,11 @@ struct ClientLimitArgs {
     /// ends at once, with its synchronise; the session worker sleeps while it holds).
     #[arg(long, default_value_t = ClientLimits::default().batch_hold_us)]
     batch_hold_us: u64,
+    /// On: launch batching holds the runs of a client that posts its commands slowly (a Python
+    /// program's launches) only while threads wait for the machine's CPUs; off: whatever the
+    /// CPUs' load. Runs posted in a burst are held either way (see docs/OPERATE.md).
+    #[arg(long, value_enum, default_value = "off")]
+    batch_pacing: Switch,
 }
 
 /// Reads `--sm-range`: FROM-TO, whole percentages with FROM below TO.
@@ -275,6 +280,10 @@ impl ClientLimitArgs {
             max_batch_entries: self.max_batch_entries,
             max_batch_bytes: self.max_batch_bytes,
             batch_hold_us: self.batch_hold_us,
+            batch_pacing: match self.batch_pacing {
+                Switch::On => BatchPacing::CpuLoad,
+                Switch::Off => BatchPacing::Off,
+            },
         }
     }
 }

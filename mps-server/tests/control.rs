@@ -1229,6 +1229,8 @@ fn launch_batching_counters_reach_get_client_list() {
             "--server-arg=on",
             "--server-arg=--batch-hold-us",
             "--server-arg=10000000",
+            "--server-arg=--batch-pacing",
+            "--server-arg=off",
         ],
     );
     let c = d.client();

@@ -1296,8 +1296,14 @@ fn infer_requests(server: &TestServer, requests: u32) {
 /// ends with its synchronise).
 #[test]
 fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() {
-    let server =
-        TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "10000000"]);
+    let server = TestServer::start_with(&[
+        "--launch-batching",
+        "on",
+        "--batch-hold-us",
+        "10000000",
+        "--batch-pacing",
+        "off",
+    ]);
     infer_requests(&server, 30);
     // Request 1's run, with the memset before it, is a shape of its own; request 2 taught the
     // requests' shape and 3 made its graph (a miss); the other 27, request 10 with its other
@@ -1313,7 +1319,7 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
 /// `--launch-batching off` turns it off (never batched).
 #[test]
 fn launch_batching_is_on_by_default_and_off_turns_it_off() {
-    let server = TestServer::start_with(&["--batch-hold-us", "10000000"]);
+    let server = TestServer::start_with(&["--batch-hold-us", "10000000", "--batch-pacing", "off"]);
     infer_requests(&server, 12);
     let log = server.wait_for_log("client disconnected");
     assert!(log.contains("runs launched from cached graphs"), "{log}");
@@ -1329,7 +1335,14 @@ fn launch_batching_is_on_by_default_and_off_turns_it_off() {
 #[test]
 fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
     // A hold long enough that how fast this client posts cannot split a run it completes.
-    let server = TestServer::start_with(&["--launch-batching", "on", "--batch-hold-us", "200000"]);
+    let server = TestServer::start_with(&[
+        "--launch-batching",
+        "on",
+        "--batch-hold-us",
+        "200000",
+        "--batch-pacing",
+        "off",
+    ]);
     let c = server.client();
     let m = c.module_load(&ptx()).unwrap();
     let fill = c.module_get_function(m, "fill_u32").unwrap();

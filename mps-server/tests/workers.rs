@@ -273,8 +273,14 @@ impl Filler {
 }
 
 fn held_run_pauses(workers: &str) {
-    let server =
-        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
+    let server = TestServer::start_with(&[
+        "--session-workers",
+        workers,
+        "--batch-hold-us",
+        "5000000",
+        "--batch-pacing",
+        "off",
+    ]);
     let pid = server.pid();
     let f = Filler::new(&server);
     // The shape is learned, then made a graph.
@@ -311,8 +317,14 @@ fn a_held_runs_commands_ring_only_at_its_end() {
 }
 
 fn held_run_rings(workers: &str) {
-    let server =
-        TestServer::start_with(&["--session-workers", workers, "--batch-hold-us", "5000000"]);
+    let server = TestServer::start_with(&[
+        "--session-workers",
+        workers,
+        "--batch-hold-us",
+        "5000000",
+        "--batch-pacing",
+        "off",
+    ]);
     let f = Filler::new(&server);
     // A run of three launches and a copy, ended by a synchronise.
     let request = |v: u32, pause: bool| {

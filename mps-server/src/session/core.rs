@@ -22,7 +22,7 @@ use mps_core::{Error, Result, Status};
 use mps_ipc::channel::Channel;
 use mps_ipc::segment::Segment;
 
-use super::limits::Limits;
+use super::limits::{BatchPacing, Limits};
 use super::tables::{FunctionEntry, HandleIssuer, Streams, ensure_room};
 use crate::backend::{Backend, ClientContext, HostGates, Op, Publish};
 use crate::quota::Charges;
@@ -172,6 +172,7 @@ impl<B: Backend> SessionCore<B> {
             graphs: graphs::Graphs::new(limits.max_graphs),
             batch: batch::Batching::new(
                 limits.launch_batching,
+                limits.batch_pacing,
                 limits.max_batch_entries,
                 limits.max_batch_bytes,
             ),
@@ -650,7 +651,7 @@ impl<B: Backend> SessionCore<B> {
         self.ctx.gates.open_all();
         let graphs = self.release_graphs();
         // Held work is dropped with the client; cached graphs go before its streams.
-        self.batch = batch::Batching::new(false, 0, 0);
+        self.batch = batch::Batching::new(false, BatchPacing::Off, 0, 0);
         let SessionCore {
             backend,
             channel,

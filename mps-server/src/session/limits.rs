@@ -52,6 +52,34 @@ pub struct Limits {
     /// its ring is empty, before they are submitted one by one. Long enough for the pauses of
     /// a Python program between the launches of one request; the worker sleeps meanwhile.
     pub batch_hold_us: u64,
+    /// Whether the batching holds a run that its client posts slowly only while the machine's
+    /// CPUs are contended (see `session/core/batch.rs`, "Holding must pay"); off by default.
+    pub batch_pacing: BatchPacing,
+}
+
+/// When launch batching holds the runs of a client that posts each command well after the last
+/// (see `session/core/batch.rs`, "Holding must pay"). Runs posted in a burst are held either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchPacing {
+    /// Whatever the CPUs' load.
+    Off,
+    /// Only while threads wait for the machine's CPUs (`cpu_pressure.rs`).
+    CpuLoad,
+    /// As if the CPUs were, or were not, contended.
+    #[cfg(test)]
+    Assume { contended: bool },
+}
+
+impl BatchPacing {
+    /// Whether a slowly posted run may be held now.
+    pub(crate) fn holds_slow_runs(self) -> bool {
+        match self {
+            BatchPacing::Off => true,
+            BatchPacing::CpuLoad => crate::cpu_pressure::contended(),
+            #[cfg(test)]
+            BatchPacing::Assume { contended } => contended,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -74,6 +102,7 @@ impl Default for Limits {
             max_batch_entries: 32,
             max_batch_bytes: 1 << 20,
             batch_hold_us: 200,
+            batch_pacing: BatchPacing::Off,
         }
     }
 }

@@ -35,7 +35,7 @@ use crate::backend::{Backend, ClientContext};
 use crate::outbox::Outbox;
 use crate::registry::{ClientEntry, Registry};
 
-pub use limits::Limits;
+pub use limits::{BatchPacing, Limits};
 pub(crate) use tables::HandleIssuer;
 pub(crate) use watch::Watcher;
 pub(crate) use workers::Workers;

@@ -32,7 +32,17 @@
 //!   launched from a graph in between double the appearances in the same way. A real model's
 //!   runs can begin alike and then differ (a copy's address that moves from one request to
 //!   the next), so without this every run of them was held and sent again command by command,
-//!   while no graph was ever made to stop the holding.
+//!   while no graph was ever made to stop the holding. And a held run costs its client the
+//!   time the run took to arrive: the device could have been running its first commands
+//!   meanwhile. Where the client posts its commands in a burst, faster than the server could
+//!   submit them one by one, that time is short and the graph wins; where it posts each
+//!   command well after the last (a Python program's launches, `BURST_GAP` apart or more
+//!   between them on average), command-by-command submission keeps up with it and holding only
+//!   delays the run. With pacing on (`Limits::batch_pacing`), such a *slow* shape is held only
+//!   while the machine's CPUs are contended (`crate::cpu_pressure`): then the server's time
+//!   per command is taken from the clients, and one graph launch per run gives it back. How
+//!   fast a run came is measured each time it appears, as the time the server waited for the
+//!   client's next command (its own handling excluded).
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
 //!   graph cannot be made or launched, the held commands are submitted one by one instead, so
@@ -62,6 +72,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use mps_core::Result;
 use mps_core::protocol::{
@@ -71,6 +82,7 @@ use mps_core::protocol::{
 
 use super::{Answer, DONE, SessionCore};
 use crate::backend::{Backend, Op};
+use crate::session::limits::BatchPacing;
 
 /// One command of a run, as a shape records it: everything that its graph node fixes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,12 +218,17 @@ struct Shape<B: Backend> {
     /// Shapes the client had learned when its graph was made.
     learned_at: u64,
     last_used: u64,
+    /// Its commands came `BURST_GAP` apart or more on average when it last appeared.
+    slow: bool,
 }
 
 impl<B: Backend> Shape<B> {
-    /// Whether its graph exists or is due at its next appearance: only then are its runs held.
-    fn worth_holding(&self, build_at: u32) -> bool {
-        !self.unbuildable && (self.exec.is_some() || self.seen + 1 >= build_at)
+    /// Whether its graph exists or is due at its next appearance, and it came in a burst when
+    /// last seen or `hold_slow`: only then are its runs held.
+    fn worth_holding(&self, build_at: u32, hold_slow: bool) -> bool {
+        !self.unbuildable
+            && (self.exec.is_some() || self.seen + 1 >= build_at)
+            && (hold_slow || !self.slow)
     }
 
     /// Whether it has a graph that has served no run but the one it was made for.
@@ -234,6 +251,11 @@ const DEPARTURES: u32 = 8;
 /// Commands after which a run ends (see "Long runs go in pieces"): enough that a request's
 /// work is one run, few enough that a graph of them is made in about a millisecond.
 pub(crate) const MAX_RUN: usize = 256;
+
+/// The mean time the server waits for each next command of a run at or above which the run
+/// counts as posted slowly: about what the driver takes to launch a kernel, so a client that
+/// posts faster outruns the server's command-by-command submission.
+const BURST_GAP: Duration = Duration::from_micros(2);
 
 /// Held runs of a client that left their shape whose divergence the log describes.
 const DIVERGENCES_LOGGED: u64 = 3;
@@ -311,6 +333,7 @@ fn divergence(want: Option<&Desc>, got: &Desc) -> String {
 /// One client's batching state.
 pub(super) struct Batching<B: Backend> {
     enabled: bool,
+    pacing: BatchPacing,
     max_entries: usize,
     max_bytes: u64,
     /// The stream of the run being held and of `recent`.
@@ -340,12 +363,23 @@ pub(super) struct Batching<B: Backend> {
     pub(super) offered: Option<Desc>,
     /// What ended the client's runs that no shape made whole, and how often.
     enders: Vec<(Ender, u64)>,
+    /// When the server last finished with a command of the current run.
+    last_offer: Option<Instant>,
+    /// The time the server waited for the current run's commands after its first, and the
+    /// number of those waits.
+    waited: (Duration, u32),
 }
 
 impl<B: Backend> Batching<B> {
-    pub(super) fn new(enabled: bool, max_entries: usize, max_bytes: u64) -> Self {
+    pub(super) fn new(
+        enabled: bool,
+        pacing: BatchPacing,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Self {
         Batching {
             enabled,
+            pacing,
             max_entries,
             max_bytes,
             stream: 0,
@@ -363,7 +397,27 @@ impl<B: Backend> Batching<B> {
             errors: Vec::new(),
             offered: None,
             enders: Vec::new(),
+            last_offer: None,
+            waited: (Duration::ZERO, 0),
         }
+    }
+
+    /// Counts the time since the server finished with the run's last command as a wait for
+    /// this one, or starts the count where this one begins a run.
+    fn arrived(&mut self) {
+        match self.last_offer {
+            Some(last) if !self.recent.is_empty() || self.holds() => {
+                self.waited.0 += last.elapsed();
+                self.waited.1 += 1;
+            }
+            _ => self.waited = (Duration::ZERO, 0),
+        }
+    }
+
+    /// Whether the current run's commands came `BURST_GAP` apart or more on average.
+    fn run_was_slow(&self) -> bool {
+        let (waited, waits) = self.waited;
+        waits > 0 && waited >= BURST_GAP * waits
     }
 
     /// Counts `why` as the end of the current run, if one is open.
@@ -449,9 +503,10 @@ impl<B: Backend> Batching<B> {
     /// each is compared, so a long run costs one comparison per command and candidate.
     fn matching(&self, desc: &Desc) -> Vec<usize> {
         let n = self.held.len();
+        let hold_slow = self.pacing.holds_slow_runs();
         let fits = |i: &usize| {
             let s = &self.shapes[*i];
-            s.worth_holding(self.build_at)
+            s.worth_holding(self.build_at, hold_slow)
                 && s.stream == self.stream
                 && s.key.get(n).is_some_and(|k| k.same_work(desc))
         };
@@ -512,6 +567,7 @@ impl<B: Backend> Batching<B> {
             return;
         }
         self.tick += 1;
+        let slow = self.run_was_slow();
         let recent = &self.recent;
         let same = |key: &[Desc]| {
             key.len() == recent.len() && key.iter().zip(recent).all(|(k, r)| k.same_work(r))
@@ -524,6 +580,7 @@ impl<B: Backend> Batching<B> {
             // A run not held (its shape not yet worth a graph), or held and left unlaunched.
             known.seen = known.seen.saturating_add(1);
             known.last_used = self.tick;
+            known.slow = slow;
             self.recent.clear();
             return;
         }
@@ -552,6 +609,7 @@ impl<B: Backend> Batching<B> {
             made_at: 0,
             learned_at: 0,
             last_used: self.tick,
+            slow,
         });
         self.bytes += bytes;
         self.bound();
@@ -614,6 +672,7 @@ impl<B: Backend> SessionCore<B> {
             self.end_run();
             self.batch.stream = cmd.stream;
         }
+        self.batch.arrived();
         let mut next = self.batch.matching(&desc);
         if next.is_empty() && self.batch.holds() {
             // The run left every shape it followed: what was held goes now, as a graph if it
@@ -645,6 +704,7 @@ impl<B: Backend> SessionCore<B> {
             self.batch.ended_by(Ender::Length);
             self.end_run();
         }
+        self.batch.last_offer = Some(Instant::now());
         DONE
     }
 
@@ -778,9 +838,11 @@ impl<B: Backend> SessionCore<B> {
         self.batch.recent_overflow = false;
         self.batch.tick += 1;
         let generation = self.ctx.sm.generation.load(Ordering::Acquire);
+        let slow = self.batch.run_was_slow();
         let shape = &mut self.batch.shapes[i];
         shape.last_used = self.batch.tick;
         shape.seen = shape.seen.saturating_add(1);
+        shape.slow = slow;
         let cached = shape
             .exec
             .clone()

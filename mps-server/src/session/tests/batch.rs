@@ -7,10 +7,12 @@ use super::*;
 use crate::backend::sim::SimBackend;
 use crate::registry::Stats;
 
-/// The default limits, named for what these tests rely on: launch batching on.
+/// The default limits, named for what these tests rely on: launch batching on, holding runs
+/// however fast the test posts them (pacing has tests of its own).
 fn batching() -> Limits {
     Limits {
         launch_batching: true,
+        batch_pacing: BatchPacing::Off,
         ..Limits::default()
     }
 }
@@ -832,4 +834,45 @@ fn a_cached_graph_is_given_the_parameters_that_changed_and_launches_in_clusters_
     quiet(&mut c, &launch(f, &k_params(0)), s);
     assert!(!c.core.holds_run());
     c.send(&Request::Mark, s, flags::MARK);
+}
+
+/// Graph launches of 8 runs of 3 launches posted `gap` apart, by a client that sees the CPUs
+/// `contended` or not.
+fn runs_posted(contended: bool, gap: Duration) -> usize {
+    let server = Server::new(Recorder::new(16));
+    let limits = Limits {
+        batch_pacing: BatchPacing::Assume { contended },
+        ..batching()
+    };
+    let mut c = server.client(limits);
+    let (f, s) = kernel_and_stream(&mut c);
+    for _ in 0..8 {
+        for i in 0..3 {
+            if i > 0 {
+                std::thread::sleep(gap);
+            }
+            quiet(&mut c, &launch(f, &k_params(i)), s);
+        }
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    let sent = server.backend.take();
+    sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count()
+}
+
+/// A run whose commands the server waits for (`BURST_GAP` apart or more) is held for a graph
+/// only while the CPUs are contended: while they are free, submitting each command as it comes
+/// lets the device start on the run at once. A run posted in a burst is held either way.
+#[test]
+fn a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
+    let slow = Duration::from_micros(200);
+    // Learned at the first run, its graph made at the second and launched again after.
+    assert_eq!(runs_posted(true, slow), 7, "contended CPUs");
+    assert_eq!(runs_posted(false, slow), 0, "free CPUs");
+    // A run that this thread lost its CPU in the middle of counts as slow: the next goes
+    // command by command, and holding resumes after it.
+    let burst = runs_posted(false, Duration::ZERO);
+    assert!(
+        burst >= 5,
+        "a burst on free CPUs: {burst} of 7 runs from a graph"
+    );
 }

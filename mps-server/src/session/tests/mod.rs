@@ -17,7 +17,7 @@ use mps_ipc::channel::{Channel, Layout};
 use mps_ipc::segment::Segment;
 
 use super::core::{Output, Released, SessionCore, Shared};
-use super::limits::Limits;
+use super::limits::{BatchPacing, Limits};
 use super::tables::HandleIssuer;
 use crate::backend::sim::{SimBackend, SimConfig};
 use crate::backend::{Backend, ClientContext, DeviceInfo, FaultSink, Op, Publish};
