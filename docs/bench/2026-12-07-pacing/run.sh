@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Batch pacing (launch batching holds a slowly posted run only while CPUs are contended) on the
 # GPU, and the N=64 hold, one command:
-#   1. fair.c: 64 threads of one native process, each a stream of one context, spin kernels over
+#   1. The MLP, ResNet-18 and BERT-base at N=8 beside NVIDIA MPS: pacing off (the default) and on.
+#   2. fair.c: 64 threads of one native process, each a stream of one context, spin kernels over
 #      all SMs, with 32 and with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS).
-#   2. ResNet-18 at N=64 through mps with a green context per client (N64_MODES: others).
-#   3. The MLP, ResNet-18 and BERT-base at N=8 beside NVIDIA MPS: pacing off (the default) and on.
+#   3. ResNet-18 at N=64 through mps with a green context per client (N64_MODES: others).
 # /proc/pressure/cpu is sampled each second throughout (pressure.txt, beside steps.txt's times).
 # Results in $OUT/p.tgz, re-made after each part. Carry .device-bin (release binaries).
 set -u
@@ -26,6 +26,8 @@ bench() { # name timeout args...
   rm -rf $W/$n/mps-logs
   pkill -x mps-control; pkill -x mps-server
 }
+bench n8 ${N8_TIMEOUT:-300} --models mlp,resnet18,bert --clients 8 --rounds 1 --seconds 4 \
+  --modes ${N8_MODES:-nvidia-mps,mps,mps:--batch-pacing=on}
 cuda_h=$(ls /usr/local/cuda/include/cuda.h 2>/dev/null || find / -name cuda.h -path '*cu13/include/*' 2>/dev/null | head -1)
 cc -O2 -I$(dirname $cuda_h) $ROOT/docs/bench/h100-2026-12-06-locks/fair.c -o $W/fair -lcuda -lpthread
 for c in 32 8; do CUDA_DEVICE_MAX_CONNECTIONS=$c timeout 30 $W/fair 64 4 20 > $W/fair.$c.txt 2>&1; S "fair $c rc=$?"; head -1 $W/fair.$c.txt
@@ -33,8 +35,6 @@ for c in 32 8; do CUDA_DEVICE_MAX_CONNECTIONS=$c timeout 30 $W/fair 64 4 20 > $W
   echo "longest:"; tail -n +2 $W/fair.$c.txt | sort -n -k4 | tail -2; done
 bench n64 ${N64_TIMEOUT:-100} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
   --modes ${N64_MODES:-mps:--context-per-client=on}
-bench n8 ${N8_TIMEOUT:-300} --models mlp,resnet18,bert --clients 8 --rounds 1 --seconds 4 \
-  --modes ${N8_MODES:-nvidia-mps,mps,mps:--batch-pacing=on}
 kill $PRESSURE
 echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-real-nvidia-pipe nvidia-cuda-mps-control >/dev/null 2>&1
 S done
