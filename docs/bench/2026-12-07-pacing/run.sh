@@ -26,7 +26,7 @@ bench() { # name timeout args...
   rm -rf $W/$n/mps-logs
   pkill -x mps-control; pkill -x mps-server
 }
-bench n8 ${N8_TIMEOUT:-300} --models mlp,resnet18,bert --clients 8 --rounds 1 --seconds 4 \
+bench n8 ${N8_TIMEOUT:-300} --models ${N8_MODELS:-mlp,resnet18,bert} --clients 8 --rounds 1 --seconds 4 \
   --modes ${N8_MODES:-nvidia-mps,mps,mps:--batch-pacing=on}
 cuda_h=$(ls /usr/local/cuda/include/cuda.h 2>/dev/null || find / -name cuda.h -path '*cu13/include/*' 2>/dev/null | head -1)
 cc -O2 -I$(dirname $cuda_h) $ROOT/docs/bench/h100-2026-12-06-locks/fair.c -o $W/fair -lcuda -lpthread
