@@ -7,9 +7,10 @@
 //! per run gives it back.
 //!
 //! A thread samples the kernel's pressure stall information (`/proc/pressure/cpu`, the time at
-//! least one runnable thread waited for a CPU) every 25 ms (`PERIOD`); where the kernel has none, the
-//! threads running or runnable (`/proc/loadavg`) against the CPUs this process may use. The
-//! answer covers the last 100 ms (`WINDOW` periods), so a moment's burst does not flip it.
+//! least one runnable thread waited for a CPU) every 25 ms (`PERIOD`); where the kernel has
+//! none, the threads running or runnable (`/proc/loadavg`) against the CPUs this process may
+//! use. The answer covers the last 100 ms (`WINDOW` periods), so a moment's burst does not flip
+//! it.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,18 +130,24 @@ fn judge(source: Source, window: &[(Instant, f64)]) -> bool {
 }
 
 fn sample(source: Source) {
+    // A pressure total is judged by its growth over `WINDOW` periods, which takes a reading
+    // more than the mean of `WINDOW` runnable counts.
+    let readings = match source {
+        Source::Pressure => WINDOW + 1,
+        Source::LoadAvg => WINDOW,
+    };
     let mut window: std::collections::VecDeque<(Instant, f64)> =
-        std::collections::VecDeque::with_capacity(WINDOW + 1);
+        std::collections::VecDeque::with_capacity(readings + 1);
     let mut was = true;
     loop {
         match read(source) {
             Some(r) => window.push_back((Instant::now(), r)),
             None => window.clear(),
         }
-        while window.len() > WINDOW + usize::from(source == Source::Pressure) {
+        while window.len() > readings {
             window.pop_front();
         }
-        if window.len() > WINDOW - usize::from(source == Source::LoadAvg) {
+        if window.len() == readings {
             let now = judge(source, window.make_contiguous());
             if now != was {
                 tracing::debug!("CPUs {}", if now { "contended" } else { "free" });

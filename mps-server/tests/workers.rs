@@ -272,15 +272,21 @@ impl Filler {
     }
 }
 
-fn held_run_pauses(workers: &str) {
-    let server = TestServer::start_with(&[
+/// A server with `workers` session workers that holds a batched run through pauses of up to
+/// 5 s, however slowly the test posts it.
+fn holding_server(workers: &str) -> TestServer {
+    TestServer::start_with(&[
         "--session-workers",
         workers,
         "--batch-hold-us",
         "5000000",
         "--batch-pacing",
         "off",
-    ]);
+    ])
+}
+
+fn held_run_pauses(workers: &str) {
+    let server = holding_server(workers);
     let pid = server.pid();
     let f = Filler::new(&server);
     // The shape is learned, then made a graph.
@@ -317,14 +323,7 @@ fn a_held_runs_commands_ring_only_at_its_end() {
 }
 
 fn held_run_rings(workers: &str) {
-    let server = TestServer::start_with(&[
-        "--session-workers",
-        workers,
-        "--batch-hold-us",
-        "5000000",
-        "--batch-pacing",
-        "off",
-    ]);
+    let server = holding_server(workers);
     let f = Filler::new(&server);
     // A run of three launches and a copy, ended by a synchronise.
     let request = |v: u32, pause: bool| {
