@@ -4,8 +4,13 @@
  * each thread's requests and its longest request, fewest first: a thread held for seconds
  * while the others are served shows as a count of 0 or 1 and a longest request of seconds.
  *
+ * With CLUSTER=k (k > 1), one launch of each request (the ninth, as in a ResNet-18 request
+ * through mps) is a cluster launch (cuLaunchKernelEx, clusters of k blocks, SHMEM bytes of
+ * dynamic shared memory a block, 0 by default): whether cluster launches among many busy
+ * streams of one context stop returning. CLUSTER needs an sm_90 device or later.
+ *
  *   cc -O2 -I/usr/local/cuda/include fair.c -o fair -lcuda -lpthread
- *   CUDA_DEVICE_MAX_CONNECTIONS=32 ./fair [THREADS=64] [SECONDS=4] [LAUNCHES=20]
+ *   CUDA_DEVICE_MAX_CONNECTIONS=32 [CLUSTER=2 SHMEM=0] ./fair [THREADS=64] [SECONDS=4] [LAUNCHES=20]
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -34,10 +39,10 @@ static const char *PTX =
 
 static CUcontext ctx;
 static CUfunction fn;
-static int sms, launches;
+static int sms, launches, cluster, shmem;
 static double seconds;
 
-struct result { long requests; double longest; };
+struct result { long requests; double longest; double slowest_launch; };
 
 static double now(void) {
     struct timespec t;
@@ -57,7 +62,20 @@ static void *client(void *arg) {
         for (int i = 0; i < launches; i++) {
             unsigned long long ns = 20000 + rand_r(&seed) % 180000;
             void *params[] = {&ns};
-            CHECK(cuLaunchKernel(fn, sms, 1, 1, 128, 1, 1, 0, s, params, NULL));
+            if (cluster > 1 && i == 8) {
+                CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
+                attr.value.clusterDim.x = cluster;
+                attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+                CUlaunchConfig cfg = {.gridDimX = sms / cluster * cluster, .gridDimY = 1,
+                                      .gridDimZ = 1, .blockDimX = 128, .blockDimY = 1,
+                                      .blockDimZ = 1, .sharedMemBytes = shmem, .hStream = s,
+                                      .attrs = &attr, .numAttrs = 1};
+                double l0 = now();
+                CHECK(cuLaunchKernelEx(&cfg, fn, params, NULL));
+                if (now() - l0 > res->slowest_launch) res->slowest_launch = now() - l0;
+            } else {
+                CHECK(cuLaunchKernel(fn, sms, 1, 1, 128, 1, 1, 0, s, params, NULL));
+            }
         }
         CHECK(cuStreamSynchronize(s));
         double took = now() - t0;
@@ -77,6 +95,8 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 64;
     seconds = argc > 2 ? atof(argv[2]) : 4;
     launches = argc > 3 ? atoi(argv[3]) : 20;
+    cluster = getenv("CLUSTER") ? atoi(getenv("CLUSTER")) : 0;
+    shmem = getenv("SHMEM") ? atoi(getenv("SHMEM")) : 0;
     CUdevice dev;
     CUmodule mod;
     CHECK(cuInit(0));
@@ -86,14 +106,18 @@ int main(int argc, char **argv) {
     CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     CHECK(cuModuleLoadData(&mod, PTX));
     CHECK(cuModuleGetFunction(&fn, mod, "spin"));
+    if (shmem > 48 * 1024)
+        CHECK(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem));
     pthread_t *t = calloc(threads, sizeof *t);
     struct result *r = calloc(threads, sizeof *r);
     for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, client, &r[i]);
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     qsort(r, threads, sizeof *r, by_requests);
-    printf("threads %d, %d launches a request, %d SMs, CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
-           threads, launches, sms, getenv("CUDA_DEVICE_MAX_CONNECTIONS") ?: "(unset)");
+    printf("threads %d, %d launches a request, %d SMs, CUDA_DEVICE_MAX_CONNECTIONS=%s, "
+           "cluster %d, shared memory %d\n", threads, launches, sms,
+           getenv("CUDA_DEVICE_MAX_CONNECTIONS") ?: "(unset)", cluster, shmem);
     for (int i = 0; i < threads; i++)
-        printf("%ld requests, longest %.3f s\n", r[i].requests, r[i].longest);
+        printf("%ld requests, longest %.3f s, slowest cluster launch call %.3f s\n",
+               r[i].requests, r[i].longest, r[i].slowest_launch);
     return 0;
 }

@@ -3,8 +3,10 @@
 #   1. ResNet-18 at N=64 through mps (defaults). At the server's first stall line, each server
 #      thread's kernel state (/proc) and then every thread's backtrace (cuda-gdb attached once;
 #      the server keeps its symbols). The attach pauses the server: this run's numbers are not a
-#      measurement.
-#   2. MODELS at N (N=16 by default) beside NVIDIA MPS: batch pacing off (the default) and on.
+#      measurement. Then the same under NVIDIA MPS (N64_MODES).
+#   2. fair.c with one cluster launch a request (CLUSTER=2), without and with 100 KB of dynamic
+#      shared memory a block: whether NVIDIA's driver holds cluster launches of one context.
+#   3. MODELS at N (N=16 by default) beside NVIDIA MPS: batch pacing off (the default) and on.
 # Results in $OUT/h.tgz, re-made after each part. Carry .device-bin (release binaries).
 set -u
 export NCCL_NVLS_ENABLE=0
@@ -36,9 +38,18 @@ if [ ${SKIP_N64:-0} = 0 ]; then
       fi; sleep 0.2
     done
   ) &
-  bench n64 ${N64_TIMEOUT:-200} --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps
+  bench n64 ${N64_TIMEOUT:-200} --models resnet18 --clients 64 --rounds 1 --seconds 4 \
+    --modes ${N64_MODES:-mps,nvidia-mps}
   wait
 fi
+cuda_h=$(ls /usr/local/cuda/include/cuda.h 2>/dev/null || find / -name cuda.h -path '*cu13/include/*' 2>/dev/null | head -1)
+cc -O2 -I$(dirname $cuda_h) $ROOT/docs/bench/h100-2026-12-06-locks/fair.c -o $W/fair -lcuda -lpthread
+for sh in 0 100000; do
+  CUDA_DEVICE_MAX_CONNECTIONS=32 CLUSTER=2 SHMEM=$sh timeout 30 $W/fair 64 4 20 > $W/fair.cluster.$sh.txt 2>&1
+  S "fair cluster shmem $sh rc=$?"; head -1 $W/fair.cluster.$sh.txt; tail -n +2 $W/fair.cluster.$sh.txt | sort -n | head -2
+  echo "longest:"; tail -n +2 $W/fair.cluster.$sh.txt | sort -n -k4 | tail -1
+  echo "slowest launch call:"; tail -n +2 $W/fair.cluster.$sh.txt | sort -n -k8 | tail -1
+done
 bench n${N:-16} ${NT:-330} --models ${MODELS:-mlp,resnet18,bert} --clients ${N:-16} --rounds 1 --seconds 4 \
   --modes ${MODES:-nvidia-mps,mps,mps:--batch-pacing=on}
 echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-real-nvidia-pipe nvidia-cuda-mps-control >/dev/null 2>&1
