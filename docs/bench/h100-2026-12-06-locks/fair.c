@@ -4,8 +4,8 @@
  * each thread's requests and its longest request, fewest first: a thread held for seconds
  * while the others are served shows as a count of 0 or 1 and a longest request of seconds.
  *
- * With CLUSTER=k (k > 1), one launch of each request (the ninth, as in a ResNet-18 request
- * through mps) is a cluster launch (cuLaunchKernelEx, clusters of k blocks, SHMEM bytes of
+ * With CLUSTER=k (k > 1), one launch of each request (the ninth; LAUNCHES must be 9 or more)
+ * is a cluster launch (cuLaunchKernelEx, clusters of k blocks, SHMEM bytes of
  * dynamic shared memory a block, 0 by default): whether cluster launches among many busy
  * streams of one context stop returning. CLUSTER needs an sm_90 device or later.
  *
@@ -72,7 +72,8 @@ static void *client(void *arg) {
                                       .attrs = &attr, .numAttrs = 1};
                 double l0 = now();
                 CHECK(cuLaunchKernelEx(&cfg, fn, params, NULL));
-                if (now() - l0 > res->slowest_launch) res->slowest_launch = now() - l0;
+                double call = now() - l0;
+                if (call > res->slowest_launch) res->slowest_launch = call;
             } else {
                 CHECK(cuLaunchKernel(fn, sms, 1, 1, 128, 1, 1, 0, s, params, NULL));
             }

@@ -3,7 +3,8 @@
 #   1. ResNet-18 at N=64 through mps (defaults). At the server's first stall line, each server
 #      thread's kernel state (/proc) and then every thread's backtrace (cuda-gdb attached once;
 #      the server keeps its symbols) where GDB_ATTACH=1. The attach pauses the server: that
-#      run's numbers are not a measurement (and on 2026-12-07 cuda-gdb printed no backtraces). Then the same under NVIDIA MPS (N64_MODES).
+#      run's numbers are not a measurement (and on 2026-12-07 cuda-gdb printed no backtraces).
+#      Then the same under NVIDIA MPS (N64_MODES).
 #   2. fair.c with one cluster launch a request (CLUSTER=2), without and with 100 KB of dynamic
 #      shared memory a block: whether NVIDIA's driver holds cluster launches of one context.
 #   3. MODELS at N (N=16 by default) beside NVIDIA MPS: batch pacing off (the default) and on.
@@ -33,10 +34,13 @@ if [ ${SKIP_N64:-0} = 0 ]; then
   (
     for i in $(seq 1 400); do
       if grep -rqs "in the server's hands for" $W/n64/mps-logs; then
-        p=$(pgrep -x mps-server | head -1); echo "stall seen at $(date -u +%T.%N)" > $W/gdb.when
+        p=$(pgrep -x mps-server | head -1); echo "stall seen at $(date -u +%T.%N)" > $W/stall.when
         threads $p > $W/threads.stall
-        [ ${GDB_ATTACH:-0} = 1 ] && timeout 90 $GDB -batch -p $p -ex "set pagination off" -ex "info threads" -ex "thread apply all bt 16" > $W/bt.txt 2>&1
-        echo "gdb done at $(date -u +%T.%N) rc=$?" >> $W/gdb.when; break
+        if [ ${GDB_ATTACH:-0} = 1 ]; then
+          timeout 90 $GDB -batch -p $p -ex "set pagination off" -ex "info threads" -ex "thread apply all bt 16" > $W/bt.txt 2>&1
+          echo "gdb done at $(date -u +%T.%N) rc=$?" >> $W/stall.when
+        fi
+        break
       fi; sleep 0.2
     done
   ) &
