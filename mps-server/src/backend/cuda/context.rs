@@ -49,7 +49,10 @@ impl Context {
     }
 
     /// Makes the context current on the calling thread (once per thread).
+    /// Waits first while another thread's call needs the driver to itself
+    /// ([`super::exclusive`]): every entry point that makes a driver call comes here.
     pub(super) fn bind(&self) {
+        super::exclusive::hold_back();
         BOUND.with(|b| {
             if !b.get() {
                 // SAFETY: the context lives as long as the backend (the primary context is

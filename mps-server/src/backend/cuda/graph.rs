@@ -15,6 +15,7 @@ use mps_core::Result;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
+use super::exclusive::exclusive;
 use super::partition::Partition;
 use super::stream::CudaStream;
 use super::{CudaBackend, with_packed_params};
@@ -80,7 +81,7 @@ impl CudaBackend {
             .live
             .begin_capture(stream.raw.get(), &stream.capturing, || {
                 // SAFETY: a live stream of the client that is not capturing (the session checks).
-                unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) }
+                exclusive(|| unsafe { sys::cuStreamBeginCapture_v2(stream.raw.get(), mode) })
             });
         if r != sys::CUresult::CUDA_SUCCESS {
             stream.capturing.store(false, Ordering::Release);
@@ -115,7 +116,7 @@ impl CudaBackend {
         self.ctx.enter()?;
         let flags = sys::CUgraphInstantiate_flags(0);
         // SAFETY: a live captured graph.
-        let r = unsafe { result::graph::instantiate(graph.raw.raw(), flags) };
+        let r = exclusive(|| unsafe { result::graph::instantiate(graph.raw.raw(), flags) });
         let raw = self
             .ctx
             .check(r.call_on("cuGraphInstantiateWithFlags", || {

@@ -26,6 +26,7 @@
 
 mod context;
 mod device;
+mod exclusive;
 mod graph;
 mod health;
 mod host;
