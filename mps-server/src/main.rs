@@ -236,7 +236,7 @@ struct ClientLimitArgs {
     /// On: launch batching holds the runs of a client that posts its commands slowly (a Python
     /// program's launches) only while threads wait for the machine's CPUs; off: whatever the
     /// CPUs' load. Runs posted in a burst are held either way (see docs/OPERATE.md).
-    #[arg(long, value_enum, default_value = "off")]
+    #[arg(long, value_enum, default_value = "on")]
     batch_pacing: Switch,
 }
 

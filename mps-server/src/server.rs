@@ -121,6 +121,11 @@ impl<B: Backend> Server<B> {
         registry.ledger().set_max_device_bytes(cfg.max_device_bytes);
         let registry = Arc::new(registry);
         let recovery = Recovery::watch(&*backend, &listener, path.clone(), registry.clone())?;
+        // The CPU gauge's thread starts with the server, not with the first client that asks,
+        // so that the threads a server holds do not grow once it serves.
+        if cfg.client_limits.batch_pacing == crate::session::BatchPacing::CpuLoad {
+            crate::cpu_pressure::contended();
+        }
         let workers = Workers::new(cfg.session_workers, (cfg.spin, cfg.yield_for))
             .map_err(|e| Error::internal(format!("cannot start the session workers: {e}")))?;
         let cfg_limits = cfg.limits;

@@ -53,7 +53,7 @@ pub struct Limits {
     /// a Python program between the launches of one request; the worker sleeps meanwhile.
     pub batch_hold_us: u64,
     /// Whether the batching holds a run that its client posts slowly only while the machine's
-    /// CPUs are contended (see `session/core/batch.rs`, "Holding must pay"); off by default.
+    /// CPUs are contended (see `session/core/batch.rs`, "Holding must pay"); on by default.
     pub batch_pacing: BatchPacing,
 }
 
@@ -102,7 +102,7 @@ impl Default for Limits {
             max_batch_entries: 32,
             max_batch_bytes: 1 << 20,
             batch_hold_us: 200,
-            batch_pacing: BatchPacing::Off,
+            batch_pacing: BatchPacing::CpuLoad,
         }
     }
 }
