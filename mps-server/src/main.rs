@@ -96,6 +96,11 @@ struct Args {
     /// streams serve them all; see docs/OPERATE.md).
     #[arg(long, value_enum, default_value = "off")]
     context_per_client: Switch,
+    /// On a GPU: once a stream capture's start or a graph's instantiation has waited 200 µs for
+    /// the driver's lock, the server's other driver calls wait for it (1 ms at most each
+    /// time), so that many busy clients cannot hold it off for seconds (see docs/OPERATE.md).
+    #[arg(long, value_enum, default_value = "off")]
+    driver_writer_priority: Switch,
     /// Microseconds a session worker spins for new commands before it yields.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
@@ -382,6 +387,7 @@ fn start_cuda(args: &Args, cfg: ServerConfig, handoff: Option<&UnixStream>) -> R
         info.cc.1,
         info.total_mem
     );
+    cuda::prioritise_driver_writers(args.driver_writer_priority == Switch::On);
     if args.context_per_client == Switch::On {
         tracing::info!(
             "each client on the whole device gets a green context of its own over every SM \

@@ -10,7 +10,8 @@
 //! clients were held for seconds (docs/bench/h100-2026-12-07-stacks). So a thread about to make such a call says so here, and
 //! a thread about to make any other driver call ([`hold_back`], from `Context::bind`) waits once
 //! such a call has been pending for `PATIENCE` with none ending, for `MOST_HELD` at most: the
-//! calls in flight end, the writer gets the lock, and the others go on.
+//! calls in flight end, the writer gets the lock, and the others go on. This is
+//! `--driver-writer-priority on`; off, the default, leaves the driver's lock as it is.
 //!
 //! Holding back at once, for every such call, ended that hold too but cost ResNet-18 11% and
 //! BERT-base 21% of their requests at 16 clients (one round on an H100): the writer's wait for
@@ -18,8 +19,11 @@
 //! costs one load of a line that only writers write.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Whether writers are announced at all (`--driver-writer-priority`).
+static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Threads in, or about to enter, a call that takes the driver's lock for writing. The driver's
 /// lock is the process's, whatever the context (a green context per client was held the same
@@ -54,6 +58,9 @@ fn stamp() -> u64 {
 /// threads' driver calls until it returns. `call` must make no other driver call through the
 /// backend's entry points.
 pub(super) fn exclusive<R>(call: impl FnOnce() -> R) -> R {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return call();
+    }
     struct Done;
     impl Drop for Done {
         fn drop(&mut self) {
@@ -65,6 +72,12 @@ pub(super) fn exclusive<R>(call: impl FnOnce() -> R) -> R {
     WRITERS.fetch_add(1, Ordering::SeqCst);
     let _done = Done;
     call()
+}
+
+/// Turns the priority of the driver's writers on or off for the whole process; set before the
+/// server serves.
+pub fn prioritise_driver_writers(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
 }
 
 /// Waits while a call that takes the driver's lock for writing has been pending for longer
@@ -112,7 +125,6 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::Mutex;
-    use std::sync::atomic::AtomicBool;
 
     /// The counts are the process's: one test at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
@@ -157,6 +169,7 @@ mod tests {
     #[test]
     fn a_writers_clock_starts_at_the_first_look_and_restarts_when_it_ends() {
         let _serial = lock(&SERIAL);
+        prioritise_driver_writers(true);
         let writer = Writer::inside();
         assert_eq!(PENDING_SINCE.load(Ordering::SeqCst), 0, "no look yet");
         // The first look starts the clock and goes on at once.
@@ -179,6 +192,7 @@ mod tests {
     #[test]
     fn a_call_is_held_back_for_a_bounded_time_however_long_the_writer_waits() {
         let _serial = lock(&SERIAL);
+        prioritise_driver_writers(true);
         let writer = Writer::inside();
         hold_back();
         let since = PENDING_SINCE.load(Ordering::SeqCst);
@@ -194,8 +208,18 @@ mod tests {
     }
 
     #[test]
+    fn with_the_priority_off_nothing_is_announced_or_held() {
+        let _serial = lock(&SERIAL);
+        prioritise_driver_writers(false);
+        let seen = exclusive(|| WRITERS.load(Ordering::SeqCst));
+        prioritise_driver_writers(true);
+        assert_eq!(seen, 0, "a writer was announced with the priority off");
+    }
+
+    #[test]
     fn an_exclusive_call_that_panics_releases_the_others() {
         let _serial = lock(&SERIAL);
+        prioritise_driver_writers(true);
         let r =
             std::panic::catch_unwind(|| exclusive(|| panic!("a driver call's wrapper panicked")));
         assert!(r.is_err());

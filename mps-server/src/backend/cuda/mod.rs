@@ -27,6 +27,7 @@
 mod context;
 mod device;
 mod exclusive;
+pub use exclusive::prioritise_driver_writers;
 mod graph;
 mod health;
 mod host;
