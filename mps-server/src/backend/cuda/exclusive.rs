@@ -7,11 +7,12 @@
 //! many session workers making driver calls the readers overlap without a gap, and a writer
 //! waits for as long as the calls keep coming: on an H100 with 64 ResNet-18 clients starting at
 //! once, 57 of 192 sampled stacks of the server's workers waited in those two calls while their
-//! clients were held for seconds (docs/bench/h100-2026-12-07-stacks). So a thread about to make such a call says so here, and
-//! a thread about to make any other driver call ([`hold_back`], from `Context::bind`) waits once
-//! such a call has been pending for `PATIENCE` with none ending, for `MOST_HELD` at most: the
-//! calls in flight end, the writer gets the lock, and the others go on. This is
-//! `--driver-writer-priority on`; off, the default, leaves the driver's lock as it is.
+//! clients were held for seconds (docs/bench/h100-2026-12-07-stacks). So a thread about to make
+//! such a call says so here, and a thread about to make any other driver call ([`hold_back`],
+//! from `Context::bind`) waits once such a call has been pending for `PATIENCE` with none
+//! ending, for `MOST_HELD` at most: the calls in flight end, the writer gets the lock, and the
+//! others go on. This is `--driver-writer-priority on`; off, the default, leaves the driver's
+//! lock as it is.
 //!
 //! Holding back at once, for every such call, ended that hold too but cost ResNet-18 11% and
 //! BERT-base 21% of their requests at 16 clients (one round on an H100): the writer's wait for
@@ -123,15 +124,12 @@ fn pending() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock;
     use std::sync::Arc;
     use std::sync::Mutex;
 
     /// The counts are the process's: one test at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
-
-    fn lock(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
-        m.lock().unwrap_or_else(|e| e.into_inner())
-    }
 
     /// A thread inside an exclusive call until `end`.
     struct Writer {
