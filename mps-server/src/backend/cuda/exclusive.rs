@@ -70,7 +70,10 @@ pub(super) fn exclusive<R>(call: impl FnOnce() -> R) -> R {
             WRITERS.fetch_sub(1, Ordering::Release);
         }
     }
-    WRITERS.fetch_add(1, Ordering::SeqCst);
+    if WRITERS.fetch_add(1, Ordering::SeqCst) == 0 {
+        // A clock left by a look that raced the last writer's end is not this writer's.
+        PENDING_SINCE.store(0, Ordering::Release);
+    }
     let _done = Done;
     call()
 }
@@ -202,6 +205,27 @@ mod tests {
         assert!(held >= MOST_HELD, "held {held:?}");
         let again = PENDING_SINCE.load(Ordering::SeqCst);
         assert!(again > since, "the clock did not start again");
+        writer.end();
+    }
+
+    #[test]
+    fn the_first_writer_after_none_starts_a_clock_of_its_own() {
+        let _serial = lock(&SERIAL);
+        prioritise_driver_writers(true);
+        // A look that raced the last writer's end left its clock behind.
+        PENDING_SINCE.store(1, Ordering::SeqCst);
+        let writer = Writer::inside();
+        assert_eq!(
+            PENDING_SINCE.load(Ordering::SeqCst),
+            0,
+            "an old clock survived"
+        );
+        let t = Instant::now();
+        hold_back();
+        assert!(
+            t.elapsed() < MOST_HELD,
+            "held back for a writer just announced"
+        );
         writer.end();
     }
 
