@@ -11,8 +11,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../mps-cuda/tests/real"))
-from serve import build  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../../../mps-cuda/tests/real"))
+from serve import warmed  # noqa: E402
 
 mark = getattr(ctypes.CDLL(None), "trace_mark", None)
 
@@ -23,14 +24,9 @@ def mk(label):
 
 
 name, n = sys.argv[1], int(sys.argv[2])
-model, x = build(name)
-model = model.half().cuda().eval()
-x = x.cuda() if name == "bert" else x.half().cuda()
+model, x = warmed(name)
+mk("warmup")
 with torch.no_grad():
-    for _ in range(20):
-        model(x)
-    torch.cuda.synchronize()
-    mk("warmup")
     t = time.perf_counter()
     for _ in range(n):
         model(x)
