@@ -1240,18 +1240,20 @@ fn a_bad_value_of_a_client_variable_fails_the_connection_naming_it() {
     }
 }
 
-/// A small inference server's loop (4 KiB in from a host buffer, 12 dependent `saxpy_f32`,
-/// 4 KiB out to a host buffer, synchronise), `requests` times, the output checked after each;
-/// the tenth request scales by 2 instead of 1. Returns when the client has left.
+/// A small inference server's loop, `requests` times, the output checked after each: a memset
+/// of a scratch buffer (one of two, taking turns, to the request's number), 4 KiB in from a host
+/// buffer, 12 dependent `saxpy_f32` (y += x; every third request in half the blocks of twice
+/// the threads), one more adding the scratch buffer, 4 KiB out to a host buffer, synchronise;
+/// the tenth request scales by 2 instead of 1. A cached graph of the requests' run must be given
+/// each memset's buffer and value and each launch's geometry. Returns when the client has left.
 fn infer_requests(server: &TestServer, requests: u32) {
     let c = server.client();
     let m = c.module_load(&ptx()).unwrap();
     let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
     let n = 1024usize;
-    let (x, y) = (
-        c.mem_alloc(n as u64 * 4).unwrap(),
-        c.mem_alloc(n as u64 * 4).unwrap(),
-    );
+    let bytes = n as u64 * 4;
+    let (x, y) = (c.mem_alloc(bytes).unwrap(), c.mem_alloc(bytes).unwrap());
+    let scratch = [c.mem_alloc(bytes).unwrap(), c.mem_alloc(bytes).unwrap()];
     let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
     // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory used by this thread
     // only; the output is read after the stream is synchronised.
@@ -1265,35 +1267,48 @@ fn infer_requests(server: &TestServer, requests: u32) {
         *v = (i % 7) as f32;
     }
     let s = c.stream_create(0).unwrap();
-    c.memset_d32(y, 0, n as u64, s).unwrap();
-    let mut total = 0.0f32;
+    // In bytes, so that it is not the same work as the requests' memsets.
+    c.memset_d8(y, 0, bytes, s).unwrap();
+    let saxpy_on = |alpha: f32, x: u64, blocks: u32, threads: u32| {
+        let args: [&[u8]; 4] = [
+            &alpha.to_le_bytes(),
+            &x.to_le_bytes(),
+            &y.0.to_le_bytes(),
+            &(n as u64).to_le_bytes(),
+        ];
+        c.launch(saxpy, grid(blocks), grid(threads), 0, s, &args)
+            .unwrap();
+    };
+    let (mut total, mut added) = (0.0f32, 0.0f32);
     for request in 1..=requests {
         let alpha = if request == 10 { 2.0f32 } else { 1.0 };
+        let z = scratch[request as usize % 2];
+        c.memset_d32(z, (request as f32).to_bits(), n as u64, s)
+            .unwrap();
         c.memcpy_htod(x, f32_bytes(inputs), s).unwrap();
+        let (blocks, threads) = if request % 3 == 0 { (2, 512) } else { (4, 256) };
         for _ in 0..12 {
-            let args: [&[u8]; 4] = [
-                &alpha.to_le_bytes(),
-                &x.0.to_le_bytes(),
-                &y.0.to_le_bytes(),
-                &(n as u64).to_le_bytes(),
-            ];
-            c.launch(saxpy, grid(4), grid(256), 0, s, &args).unwrap();
+            saxpy_on(alpha, x.0, blocks, threads);
         }
+        saxpy_on(1.0, z.0, 4, 256);
         c.memcpy_dtoh(bytemuck::cast_slice_mut(outputs), y, s)
             .unwrap();
         c.stream_synchronize(s).unwrap();
         total += 12.0 * alpha;
+        added += request as f32;
         for (i, v) in outputs.iter().enumerate() {
-            assert_eq!(*v, (i % 7) as f32 * total, "request {request}, element {i}");
+            let want = (i % 7) as f32 * total + added;
+            assert_eq!(*v, want, "request {request}, element {i}");
         }
     }
 }
 
 /// With `--launch-batching on`, a request repeated command for command is launched from one
 /// cached graph, with every output exact, and so is a request whose kernels take another
-/// parameter: the graph is given it for that launch, and the next request's output shows the
-/// old one back. The hold is long so that how fast this client posts cannot split a run (each
-/// ends with its synchronise).
+/// parameter or geometry, or whose memset fills another buffer with another value: the graph's
+/// nodes are given them for that launch, and the next request's output shows the old ones
+/// back. The hold is long so that how fast this client posts cannot split a run (each ends with
+/// its synchronise).
 #[test]
 fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() {
     let server = TestServer::start_with(&[
@@ -1398,7 +1413,7 @@ fn launch_batching_submits_a_held_run_when_the_client_stops_posting() {
     // is not its second, so it left the shape there and went command by command too.
     server.wait_for_log(
         "a run left the shape it followed at command 2 of 4: a copy from the device with other \
-         addresses, values or sizes",
+         addresses or sizes",
     );
     server.wait_for_log(
         "launch batching: 0 runs launched from cached graphs, 3 not (graphs made: 1; shapes \

@@ -463,15 +463,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// An executable graph of `graph`, which it no longer needs: it keeps alive what its work
     /// refers to.
     fn graph_instantiate(&self, graph: &Self::Graph) -> Result<Self::GraphExec>;
-    /// Gives the kernel launch at `index` of the work `exec` was made from (its `index`-th
-    /// captured operation) the packed parameters `params`, of the same kernel's layout. Only
-    /// launches of `exec` submitted after this call see them, as CUDA documents for
-    /// `cuGraphExecKernelNodeSetParams`; launches already submitted keep what they had.
-    fn graph_exec_set_params(
+    /// Gives operation `index` of the work `exec` was made from (its `index`-th captured
+    /// operation) the work of `op`, which the session found the same but for what a node of an
+    /// executable graph may change: a kernel launch of the same kernel, clusters and parameter
+    /// layout with another geometry, shared memory or parameters; a memset of the same size
+    /// elsewhere or with another value. Only launches of `exec` submitted after this call see
+    /// it, as CUDA documents for `cuGraphExecKernelNodeSetParams` and
+    /// `cuGraphExecMemsetNodeSetParams`; launches already submitted keep what they had. An
+    /// update the backend cannot make is an error, and leaves the graph unfit for the work.
+    fn graph_exec_update(
         &self,
         exec: &Self::GraphExec,
         index: usize,
-        params: &[u8],
+        op: &Op<'_, Self>,
     ) -> Result<()>;
 }
 

@@ -35,6 +35,7 @@ struct Keep {
 pub struct CudaGraph {
     raw: Arc<Graph>,
     keep: Arc<Keep>,
+    ctx: CaptureCtx,
 }
 
 /// A node of a captured graph.
@@ -47,27 +48,44 @@ unsafe impl Send for Node {}
 // SAFETY: as above; nothing is reached through it but driver calls.
 unsafe impl Sync for Node {}
 
-/// A kernel node's launch as the graph holds it (kernel, geometry, context), read once: an
-/// update changes only the parameters.
+/// A node as the graph holds it, read at its first update: a kernel node's launch (kernel,
+/// context; an update gives it geometry and parameters), or a memset node's (an update gives it
+/// destination and value).
 #[derive(Clone, Copy, Debug)]
-struct KernelBase(sys::CUDA_KERNEL_NODE_PARAMS);
+enum NodeBase {
+    Kernel(sys::CUDA_KERNEL_NODE_PARAMS),
+    Memset(sys::CUDA_MEMSET_NODE_PARAMS),
+}
 
-// SAFETY: plain data naming driver objects (the kernel, its context), which the driver accepts
-// from any thread; the parameter pointers are cleared before it is used.
-unsafe impl Send for KernelBase {}
+// SAFETY: plain data naming driver objects (the kernel, its context) and device addresses,
+// which the driver accepts from any thread; a kernel's parameter pointers are cleared before
+// it is used.
+unsafe impl Send for NodeBase {}
 // SAFETY: as above; it is only read once set.
-unsafe impl Sync for KernelBase {}
+unsafe impl Sync for NodeBase {}
+
+/// The context a graph's work was captured in (the green context of the client's partition,
+/// or the server's), which a memset node's update must name again.
+#[derive(Clone, Copy, Debug)]
+struct CaptureCtx(sys::CUcontext);
+
+// SAFETY: a context handle the driver accepts from any thread; the graph keeps its partition,
+// and so the context, alive.
+unsafe impl Send for CaptureCtx {}
+// SAFETY: as above.
+unsafe impl Sync for CaptureCtx {}
 
 /// An executable graph, with what its nodes refer to, the graph it was made from and that
 /// graph's nodes in the order of the operations captured (empty where the capture was not one
-/// chain of them): updating a node's parameters names the node of the graph. Each updated
-/// kernel node's launch is read from the graph at its first update only.
+/// chain of them): updating a node names the node of the graph. Each updated node is read from
+/// the graph at its first update only.
 #[derive(Debug)]
 pub struct CudaGraphExec {
     pub(super) raw: GraphExec,
     _keep: Arc<Keep>,
     _graph: Arc<Graph>,
-    nodes: Vec<(Node, OnceLock<KernelBase>)>,
+    ctx: CaptureCtx,
+    nodes: Vec<(Node, OnceLock<NodeBase>)>,
 }
 
 impl CudaBackend {
@@ -99,6 +117,10 @@ impl CudaBackend {
             ops: stream.capture.borrow_mut().take().unwrap_or_default(),
             _partition: stream.partition.borrow().clone(),
         };
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live stream; `ctx` is writable. A failure leaves it null, and a memset
+        // node's update then fails with the driver's reason.
+        unsafe { sys::cuStreamGetCtx(stream.raw.get(), &mut ctx) };
         // SAFETY: a live stream that is capturing.
         let r = unsafe { result::stream::end_capture(stream.raw.get()) };
         stream.capturing.store(false, Ordering::Release);
@@ -109,6 +131,7 @@ impl CudaBackend {
             // SAFETY: the capture made this graph, which nothing else destroys.
             raw: Arc::new(unsafe { Graph::from_raw(raw) }),
             keep: Arc::new(keep),
+            ctx: CaptureCtx(ctx),
         })
     }
 
@@ -130,6 +153,7 @@ impl CudaBackend {
             raw: unsafe { GraphExec::from_raw(raw) },
             _keep: graph.keep.clone(),
             _graph: graph.raw.clone(),
+            ctx: graph.ctx,
             nodes: chain(graph.raw.raw(), graph.keep.ops.len())
                 .unwrap_or_default()
                 .into_iter()
@@ -138,47 +162,102 @@ impl CudaBackend {
         })
     }
 
-    pub(super) fn set_params(
+    pub(super) fn update(
         &self,
         exec: &CudaGraphExec,
         index: usize,
-        params: &[u8],
+        op: &Op<'_, CudaBackend>,
     ) -> Result<()> {
+        let what = || format!("operation {index} of a batched run's graph");
         let (node, base) = exec.nodes.get(index).ok_or_else(|| {
             mps_core::Error::invalid_value(format!(
                 "operation {index} of the graph is not a node of one captured chain"
             ))
         })?;
         self.ctx.enter()?;
-        let mut p = match base.get() {
-            Some(b) => b.0,
+        let base = match base.get() {
+            Some(b) => *b,
             None => {
-                // SAFETY: a plain C struct, all zero is valid; filled in by the driver below.
-                let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-                // SAFETY: a kernel node of `exec.graph`, which is alive; `p` is writable.
-                let r = unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut p) };
-                self.ctx
-                    .check(check_on(r, "cuGraphKernelNodeGetParams", || {
-                        format!("operation {index} of a batched run's graph")
-                    }))?;
-                // The node keeps its kernel, geometry and context; only the parameters change,
-                // passed packed as a launch passes them.
-                p.kernelParams = std::ptr::null_mut();
-                p.extra = std::ptr::null_mut();
-                base.get_or_init(|| KernelBase(p)).0
+                let read = self.read_node(*node, op, what)?;
+                *base.get_or_init(|| read)
             }
         };
-        let r = with_packed_params(params, |extra| {
-            p.extra = extra;
-            // SAFETY: `exec` was instantiated from `exec.graph`, which holds `node`; the packed
-            // buffer has the kernel's layout (the session checked it against the launch it
-            // replaces) and is copied by the driver during the call, within `extra`'s life.
-            unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.raw.raw(), node.0, &p) }
-        });
-        self.ctx
-            .check(check_on(r, "cuGraphExecKernelNodeSetParams", || {
-                format!("operation {index} of a batched run's graph")
-            }))
+        let (r, call) = match (base, op) {
+            (NodeBase::Kernel(mut p), Op::Launch(l)) => {
+                // The node keeps its kernel and context; geometry, shared memory and the
+                // parameters (packed, as a launch passes them) are the run's.
+                let (g, b) = (l.grid, l.block);
+                (p.gridDimX, p.gridDimY, p.gridDimZ) = (g.x, g.y, g.z);
+                (p.blockDimX, p.blockDimY, p.blockDimZ) = (b.x, b.y, b.z);
+                p.sharedMemBytes = l.shared_mem;
+                let r = with_packed_params(&l.params, |extra| {
+                    p.extra = extra;
+                    // SAFETY: `exec` was instantiated from the graph that holds `node`, a
+                    // kernel node; the packed buffer has the kernel's layout (the session
+                    // checked the launch against the one it replaces) and is copied by the
+                    // driver during the call, within `extra`'s life.
+                    unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.raw.raw(), node.0, &p) }
+                });
+                (r, "cuGraphExecKernelNodeSetParams")
+            }
+            (NodeBase::Memset(mut p), Op::Memset(f))
+                if (p.elementSize, p.width, p.height)
+                    == (u32::from(f.elem_size), f.count as usize, 1) =>
+            {
+                (p.dst, p.value) = (f.dst, f.value);
+                // SAFETY: as above, for a memset node of the same size; the destination was
+                // checked against the client's allocations, made in the server's context, and
+                // the node runs in the context it was captured in.
+                let r = unsafe {
+                    sys::cuGraphExecMemsetNodeSetParams(exec.raw.raw(), node.0, &p, exec.ctx.0)
+                };
+                (r, "cuGraphExecMemsetNodeSetParams")
+            }
+            _ => {
+                return Err(mps_core::Error::invalid_value(format!(
+                    "{} cannot take the run's work: it is another kind of node",
+                    what()
+                )));
+            }
+        };
+        self.ctx.check(check_on(r, call, what))
+    }
+
+    /// The node as the graph holds it, read as the kind of node `op` would update.
+    fn read_node(
+        &self,
+        node: Node,
+        op: &Op<'_, CudaBackend>,
+        what: impl Fn() -> String,
+    ) -> Result<NodeBase> {
+        match op {
+            Op::Launch(_) => {
+                // SAFETY: a plain C struct, all zero is valid; filled in by the driver below.
+                let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: a node of a live graph (the executable graph holds it); `p` is
+                // writable. The driver refuses a node of another kind.
+                let r = unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut p) };
+                self.ctx
+                    .check(check_on(r, "cuGraphKernelNodeGetParams", what))?;
+                // Updates pass parameters packed, as a launch does.
+                p.kernelParams = std::ptr::null_mut();
+                p.extra = std::ptr::null_mut();
+                Ok(NodeBase::Kernel(p))
+            }
+            Op::Memset(_) => {
+                // SAFETY: as above.
+                let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                let r = unsafe { sys::cuGraphMemsetNodeGetParams(node.0, &mut p) };
+                self.ctx
+                    .check(check_on(r, "cuGraphMemsetNodeGetParams", what))?;
+                Ok(NodeBase::Memset(p))
+            }
+            _ => Err(mps_core::Error::invalid_value(format!(
+                "{}: only kernel launches and memsets are given new work",
+                what()
+            ))),
+        }
     }
 }
 

@@ -687,13 +687,13 @@ impl Backend for CudaBackend {
         self.instantiate(graph)
     }
 
-    fn graph_exec_set_params(
+    fn graph_exec_update(
         &self,
         exec: &CudaGraphExec,
         index: usize,
-        params: &[u8],
+        op: &Op<'_, Self>,
     ) -> Result<()> {
-        self.set_params(exec, index, params)
+        self.update(exec, index, op)
     }
 
     fn event_create(&self) -> Result<CudaEvent> {

@@ -18,7 +18,6 @@ mod kernels;
 pub mod memory;
 mod occupancy;
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -827,33 +826,31 @@ impl Backend for SimBackend {
         })
     }
 
-    fn graph_exec_set_params(
+    fn graph_exec_update(
         &self,
         exec: &SimGraphExec,
         index: usize,
-        params: &[u8],
+        op: &Op<'_, Self>,
     ) -> Result<()> {
         let mut ops = exec.ops.lock().unwrap_or_else(|p| p.into_inner());
-        let new = match ops.get(index) {
-            Some(Op::Launch(l)) if l.params.len() == params.len() => {
-                Op::Launch(l.as_ref().map(Arc::clone, |_| Cow::Owned(params.to_vec())))
-            }
-            Some(Op::Launch(l)) => {
-                return Err(Error::invalid_value(format!(
-                    "{} bytes of parameters for a launch that takes {}",
-                    params.len(),
-                    l.params.len()
-                )));
-            }
+        match (ops.get(index), op) {
+            (Some(Op::Launch(was)), Op::Launch(l))
+                if Arc::ptr_eq(&was.function, &l.function)
+                    && was.params.len() == l.params.len()
+                    && was.cluster == l.cluster => {}
+            (Some(Op::Memset(was)), Op::Memset(f))
+                if (was.elem_size, was.count) == (f.elem_size, f.count) => {}
             _ => {
                 return Err(Error::invalid_value(format!(
-                    "operation {index} of the graph is not a kernel launch"
+                    "operation {index} of the graph is not a launch of the same kernel or a \
+                     memset of the same size"
                 )));
             }
-        };
+        }
+        // Launches already submitted keep the work they were given.
         let mut copy: Vec<Op<'static, SimBackend>> =
             ops.iter().map(|op| op.duplicate().into_owned()).collect();
-        copy[index] = new.into_owned();
+        copy[index] = op.duplicate().into_owned();
         *ops = Arc::new(copy);
         Ok(())
     }

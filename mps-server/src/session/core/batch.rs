@@ -52,13 +52,14 @@
 //!   SMs apply to it; a shape's graph is made again after the client's SM placement changed,
 //!   since kernel nodes keep the partition they were captured in.
 //! * **Parameters are given anew.** A command continues a shape when it is the same work
-//!   (`Desc::same_work`): a copy or memset exactly, a launch of the same kernel in the same
-//!   geometry, shared memory and clusters with parameters of the same length, whatever their
-//!   values. Before a hit, each launch whose parameters differ from those the graph holds is
-//!   given the run's (`Backend::graph_exec_set_params`); a launch of the graph already
-//!   submitted keeps its own. A real model's runs differ in just this way from one request to
-//!   the next: its activations move, and reach its kernels as parameters. A graph that refuses
-//!   an update is dropped and its shape is not held again.
+//!   (`Desc::same_work`): a copy exactly; a memset of the same size, wherever and with whatever
+//!   value; a launch of the same kernel in the same clusters with parameters of the same
+//!   length, whatever its geometry, shared memory and parameters' values. Before a hit, each
+//!   node whose work differs from the run's is given the run's (`Backend::graph_exec_update`);
+//!   a launch of the graph already submitted keeps its own. A real model's runs differ in
+//!   just this way from one request to the next: its activations and workspaces move, and
+//!   reach its kernels as parameters and its libraries' memsets as destinations. A graph that
+//!   refuses an update is dropped and its shape is not held again.
 //! * **Long runs go in pieces.** A run ends after `MAX_RUN` commands, as if a terminator
 //!   followed: a client that posts thousands of launches before it synchronises has them
 //!   learned and launched `MAX_RUN` at a time, where one run of all of them would outgrow what
@@ -136,29 +137,42 @@ impl Desc {
         })
     }
 
-    /// Whether `other` is the same work but perhaps for a launch's parameters: the same kernel
-    /// in the same geometry, shared memory and clusters, its parameters as long (a launch's
-    /// node in a cached graph is given the run's own parameters before the graph is launched).
+    /// Whether `other` is the same work but for what a cached graph's node is given anew per
+    /// run: a launch of the same kernel in the same clusters with parameters as long (its
+    /// geometry, shared memory and parameter values may differ), a memset of the same size
+    /// (anywhere, with any value), a copy exactly.
     fn same_work(&self, other: &Desc) -> bool {
         match (self, other) {
             (Desc::Launch(a), Desc::Launch(b)) => {
-                (
-                    a.function,
-                    a.grid,
-                    a.block,
-                    a.shared_mem,
-                    a.cluster,
-                    a.params.len(),
-                ) == (
-                    b.function,
-                    b.grid,
-                    b.block,
-                    b.shared_mem,
-                    b.cluster,
-                    b.params.len(),
-                )
+                (a.function, a.cluster, a.params.len()) == (b.function, b.cluster, b.params.len())
             }
+            (Desc::Memset(a), Desc::Memset(b)) => (a.elem_size, a.count) == (b.elem_size, b.count),
             (a, b) => a == b,
+        }
+    }
+
+    /// Whether a graph node made as this command would do other work than `op`, the same work
+    /// (see [`Desc::same_work`]).
+    fn differs<B: Backend>(&self, op: &Op<'_, B>) -> bool {
+        match (self, op) {
+            (Desc::Launch(a), Op::Launch(b)) => {
+                (a.grid, a.block, a.shared_mem) != (b.grid, b.block, b.shared_mem)
+                    || *a.params != *b.params
+            }
+            (Desc::Memset(a), Op::Memset(b)) => a != b,
+            _ => false,
+        }
+    }
+
+    /// Becomes `op`, the same work, as the graph node made of it or given it does.
+    fn follow<B: Backend>(&mut self, op: &Op<'_, B>) {
+        match (self, op) {
+            (Desc::Launch(a), Op::Launch(b)) => {
+                (a.grid, a.block, a.shared_mem) = (b.grid, b.block, b.shared_mem);
+                a.params.copy_from_slice(&b.params);
+            }
+            (Desc::Memset(a), Op::Memset(b)) => *a = *b,
+            _ => {}
         }
     }
 
@@ -305,28 +319,25 @@ fn divergence(want: Option<&Desc>, got: &Desc) -> String {
         (Desc::Launch(a), Desc::Launch(b)) if a.function != b.function => {
             "a launch of another kernel".into()
         }
-        (Desc::Launch(a), Desc::Launch(b)) if (a.grid, a.block) != (b.grid, b.block) => format!(
-            "the same kernel in grid {:?} and block {:?}, not {:?} and {:?}",
-            b.grid, b.block, a.grid, a.block
-        ),
-        (Desc::Launch(a), Desc::Launch(b)) if a.shared_mem != b.shared_mem => format!(
-            "the same kernel with {} bytes of shared memory, not {}",
-            b.shared_mem, a.shared_mem
-        ),
         (Desc::Launch(a), Desc::Launch(b)) if a.cluster != b.cluster => format!(
             "the same kernel in clusters {:?}, not {:?}",
             b.cluster, a.cluster
         ),
-        // Launches differ in their parameters' length alone, since their values do not count.
+        // Launches differ in their parameters' length alone, since their geometry and values
+        // do not count.
         (Desc::Launch(a), Desc::Launch(b)) => format!(
             "the same kernel with {} bytes of parameters, not {}",
             b.params.len(),
             a.params.len()
         ),
+        (Desc::Memset(a), Desc::Memset(b)) => format!(
+            "a memset of {} elements of {} bytes, not {} of {}",
+            b.count, b.elem_size, a.count, a.elem_size
+        ),
         (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
             format!("{} where the shape had {}", b.kind(), a.kind())
         }
-        (_, b) => format!("{} with other addresses, values or sizes", b.kind()),
+        (_, b) => format!("{} with other addresses or sizes", b.kind()),
     }
 }
 
@@ -365,6 +376,8 @@ pub(super) struct Batching<B: Backend> {
     enders: Vec<(Ender, u64)>,
     /// When the server last finished with a command of the current run.
     last_offer: Option<Instant>,
+    /// When the command being handled arrived, if it may join a run.
+    arrival: Instant,
     /// The time the server waited for the current run's commands after its first, and the
     /// number of those waits.
     waited: (Duration, u32),
@@ -398,16 +411,17 @@ impl<B: Backend> Batching<B> {
             offered: None,
             enders: Vec::new(),
             last_offer: None,
+            arrival: Instant::now(),
             waited: (Duration::ZERO, 0),
         }
     }
 
-    /// Counts the time since the server finished with the run's last command as a wait for
-    /// this one, or starts the count where this one begins a run.
+    /// Counts the time from the server's finishing with the run's last command to this one's
+    /// arrival as a wait for it, or starts the count where this one begins a run.
     fn arrived(&mut self) {
         match self.last_offer {
             Some(last) if !self.recent.is_empty() || self.holds() => {
-                self.waited.0 += last.elapsed();
+                self.waited.0 += self.arrival.saturating_duration_since(last);
                 self.waited.1 += 1;
             }
             _ => self.waited = (Duration::ZERO, 0),
@@ -447,12 +461,15 @@ impl<B: Backend> Batching<B> {
         out.join(", ")
     }
 
-    /// What `req` is in a run, if batching is on and it may join one.
-    pub(super) fn describe(&self, cmd: &Command, req: &Request<'_>) -> Option<Desc> {
+    /// What `req` is in a run, if batching is on and it may join one; notes when such a
+    /// command arrived, so that the server's own checks of it do not count as a wait.
+    pub(super) fn describe(&mut self, cmd: &Command, req: &Request<'_>) -> Option<Desc> {
         if !self.enabled || cmd.flags & (flags::MARK | flags::REPLY) != 0 {
             return None;
         }
-        Desc::of(req)
+        let desc = Desc::of(req)?;
+        self.arrival = Instant::now();
+        Some(desc)
     }
 
     /// Whether commands are held.
@@ -848,7 +865,7 @@ impl<B: Backend> SessionCore<B> {
             .clone()
             .filter(|_| shape.generation == generation);
         let exec = match cached {
-            Some(exec) => match self.give_params(i, &exec, &held) {
+            Some(exec) => match self.give_work(i, &exec, &held) {
                 Ok(()) => {
                     self.stats.batch_hit();
                     exec
@@ -856,7 +873,7 @@ impl<B: Backend> SessionCore<B> {
                 Err(err) => {
                     tracing::debug!(
                         client = self.ctx.id,
-                        "a batched run's graph cannot take the run's parameters ({err}); its \
+                        "a batched run's graph cannot take the run's work ({err}); its \
                          runs are submitted command by command"
                     );
                     let shape = &mut self.batch.shapes[i];
@@ -873,11 +890,9 @@ impl<B: Backend> SessionCore<B> {
                     Ok(exec) => {
                         self.stats.batch_instantiated();
                         let shape = &mut self.batch.shapes[i];
-                        // The graph holds this run's parameters.
+                        // The graph holds this run's work.
                         for (d, h) in shape.key.iter_mut().zip(&held) {
-                            if let (Desc::Launch(want), Op::Launch(got)) = (d, &h.op) {
-                                want.params.copy_from_slice(&got.params);
-                            }
+                            d.follow(&h.op);
                         }
                         shape.exec = Some(exec.clone());
                         shape.generation = generation;
@@ -917,17 +932,15 @@ impl<B: Backend> SessionCore<B> {
         }
     }
 
-    /// Gives the launches of shape `i`'s graph `exec` the parameters of the held run where they
-    /// differ from those it holds (launches of it already submitted keep theirs), and records
-    /// them as the graph's. A failure leaves the graph part updated: the caller drops it.
-    fn give_params(&mut self, i: usize, exec: &B::GraphExec, held: &[Held<B>]) -> Result<()> {
+    /// Gives the nodes of shape `i`'s graph `exec` the work of the held run where it differs
+    /// from theirs (launches of the graph already submitted keep theirs), and records it as the
+    /// graph's. A failure leaves the graph part updated: the caller drops it.
+    fn give_work(&mut self, i: usize, exec: &B::GraphExec, held: &[Held<B>]) -> Result<()> {
         let shape = &mut self.batch.shapes[i];
         for (k, (d, h)) in shape.key.iter_mut().zip(held).enumerate() {
-            if let (Desc::Launch(want), Op::Launch(got)) = (d, &h.op)
-                && *want.params != *got.params
-            {
-                self.backend.graph_exec_set_params(exec, k, &got.params)?;
-                want.params.copy_from_slice(&got.params);
+            if d.differs(&h.op) {
+                self.backend.graph_exec_update(exec, k, &h.op)?;
+                d.follow(&h.op);
             }
         }
         Ok(())

@@ -17,13 +17,7 @@ fn batching() -> Limits {
     }
 }
 
-/// A launch of `function` in a grid of `blocks` blocks: runs whose launches differ in their
-/// grids are different shapes (parameters alone are not).
-fn launch_in(function: u64, params: &[u8], blocks: u32) -> Request<'_> {
-    launch_in_clusters(function, params, blocks, None)
-}
-
-/// As [`launch_in`], in `cluster` (none: not in clusters).
+/// A launch of `function` in a grid of `blocks` blocks, in `cluster` (none: not in clusters).
 fn launch_in_clusters(
     function: u64,
     params: &[u8],
@@ -219,6 +213,44 @@ fn a_run_with_other_parameters_is_served_by_the_cached_graph_with_its_own() {
     r.sync();
     assert_eq!(u32s(&r.output.1, 2 * n)[n..], vec![7; n]);
     assert_eq!(r.c.core.stats().batch_diverged.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_run_whose_memset_moves_is_served_by_the_cached_graph_with_its_own() {
+    let server = sim();
+    let mut r = Rig::new(&server, batching());
+    let n = r.n as usize;
+    // A memset of x or y, then a copy of both out.
+    let run = |r: &mut Rig, dst: u64, value: u32, count: u64| {
+        let fill = Fill {
+            dst,
+            value,
+            elem_size: 4,
+            count,
+        };
+        let (s, x, y) = (r.s, r.copy_out(r.x, 0), r.copy_out(r.y, r.n * 4));
+        quiet(&mut r.c, &Request::Memset { fill }, s);
+        quiet(&mut r.c, &x, s);
+        quiet(&mut r.c, &y, s);
+        r.sync();
+        u32s(&r.output.1, 2 * n)
+    };
+    let both = |x: u32, y: u32| [vec![x; n], vec![y; n]].concat();
+    let (x, y, len) = (r.x, r.y, r.n);
+    r.fill_now(x, 0);
+    for _ in 0..3 {
+        assert_eq!(run(&mut r, x, 7, len), both(7, 0));
+    }
+    assert_eq!(r.counters(), [1, 1, 1, 1]);
+    // Elsewhere, with another value: the graph's memset is given the run's.
+    assert_eq!(run(&mut r, y, 9, len), both(7, 9));
+    assert_eq!(run(&mut r, x, 3, len), both(3, 9));
+    assert_eq!(r.counters(), [3, 1, 1, 1]);
+    // Half as many elements is other work, done as asked.
+    let mut half = both(5, 9);
+    half[n / 2..n].fill(3);
+    assert_eq!(run(&mut r, x, 5, len / 2), half);
+    assert_eq!(r.counters()[0], 3);
 }
 
 #[test]
@@ -420,6 +452,17 @@ fn k_params(i: u8) -> Vec<u8> {
     (0..12).map(|b| b ^ i).collect()
 }
 
+/// The recorder's kernel `k` of a module of its own for each of `n` shapes: runs that launch
+/// other kernels are other shapes (other geometry or parameters alone are not).
+fn kernels(c: &mut Client<Recorder>, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            let m = c.load_module(PTX).unwrap();
+            c.function(m, "k")
+        })
+        .collect()
+}
+
 /// The recorder's kernel `k` and a stream of the client's own.
 fn kernel_and_stream(c: &mut Client<Recorder>) -> (u64, u64) {
     let m = c.load_module(PTX).unwrap();
@@ -540,11 +583,12 @@ fn the_cache_keeps_within_its_entries_and_bytes() {
     };
     let mut c = server.client(limits);
     let (f, s) = kernel_and_stream(&mut c);
+    let shapes = kernels(&mut c, 4);
     // Four shapes, each run three times (learned, made a graph, launched from it).
-    for shape in 0..4u8 {
+    for (shape, &g) in shapes.iter().enumerate() {
         for _ in 0..3 {
             for i in 0..3 {
-                quiet(&mut c, &launch_in(f, &k_params(i), 1 + u32::from(shape)), s);
+                quiet(&mut c, &launch(g, &k_params(i)), s);
             }
             c.send(&Request::Mark, s, flags::MARK);
         }
@@ -652,11 +696,12 @@ fn unloading_a_module_forgets_the_shapes_that_launch_its_kernels() {
 fn graphs_that_serve_only_their_own_run_stop_being_made() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
-    let (f, s) = kernel_and_stream(&mut c);
-    let runs = |c: &mut Client<Recorder>, shape: u8, times: usize| {
+    let s = c.stream();
+    let shapes = kernels(&mut c, 31);
+    let runs = |c: &mut Client<Recorder>, shape: usize, times: usize| {
         for _ in 0..times {
             for i in 0..3 {
-                quiet(c, &launch_in(f, &k_params(i), 1 + u32::from(shape)), s);
+                quiet(c, &launch(shapes[shape], &k_params(i)), s);
             }
             c.send(&Request::Mark, s, flags::MARK);
         }
@@ -697,12 +742,13 @@ fn runs_that_begin_alike_and_then_differ_stop_being_held() {
     let server = Server::new(Recorder::new(16));
     let mut c = server.client(batching());
     let (f, s) = kernel_and_stream(&mut c);
-    // Each run the same first launch, then one in a grid of its own. Whether the first launch
-    // was held back, run by run.
-    let mut run = |n: u8| {
+    let others = kernels(&mut c, 40);
+    // Each run the same first launch, then one of a kernel of its own. Whether the first
+    // launch was held back, run by run.
+    let mut run = |n: usize| {
         quiet(&mut c, &launch(f, &k_params(0)), s);
         let held = c.core.holds_run();
-        quiet(&mut c, &launch_in(f, &k_params(1), 2 + u32::from(n)), s);
+        quiet(&mut c, &launch(others[n], &k_params(1)), s);
         c.send(&Request::Mark, s, flags::MARK);
         held
     };
@@ -812,7 +858,11 @@ fn a_cached_graph_is_given_the_parameters_that_changed_and_launches_in_clusters_
     // launched; the same parameters again need no update.
     cluster_run(&mut c, f, s, 7);
     cluster_run(&mut c, f, s, 7);
-    assert_eq!(*b.updates.lock().unwrap(), vec![(2, k_params(7))]);
+    let want = Updated::Launch {
+        grid: one(),
+        params: k_params(7),
+    };
+    assert_eq!(*b.updates.lock().unwrap(), vec![(2, want)]);
     assert_eq!(counters(c.core.stats()), [3, 1, 1, 1]);
     let sent = b.take();
     assert_eq!(
@@ -834,6 +884,53 @@ fn a_cached_graph_is_given_the_parameters_that_changed_and_launches_in_clusters_
     quiet(&mut c, &launch(f, &k_params(0)), s);
     assert!(!c.core.holds_run());
     c.send(&Request::Mark, s, flags::MARK);
+}
+
+#[test]
+fn a_cached_graph_is_given_the_geometry_and_the_memsets_that_changed() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    let (a, b) = (c.alloc(64), c.alloc(64));
+    let fill = |dst, value, count| Fill {
+        dst,
+        value,
+        elem_size: 4,
+        count,
+    };
+    // A launch in a grid of `blocks`, then a memset.
+    let run = |c: &mut Client<Recorder>, blocks: u32, memset: Fill| {
+        quiet(c, &launch_in_clusters(f, &k_params(0), blocks, None), s);
+        quiet(c, &Request::Memset { fill: memset }, s);
+        c.send(&Request::Mark, s, flags::MARK);
+    };
+    for _ in 0..3 {
+        run(&mut c, 1, fill(a, 0, 16));
+    }
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    // Another grid, then another destination and value: the same shape, its nodes given the
+    // run's work; the same work again needs no update.
+    run(&mut c, 4, fill(a, 0, 16));
+    run(&mut c, 4, fill(b, 5, 16));
+    run(&mut c, 4, fill(b, 5, 16));
+    let grid = Dim3 { x: 4, y: 1, z: 1 };
+    let params = k_params(0);
+    assert_eq!(
+        *server.backend.updates.lock().unwrap(),
+        vec![
+            (0, Updated::Launch { grid, params }),
+            (1, Updated::Memset(fill(b, 5, 16)))
+        ]
+    );
+    assert_eq!(counters(c.core.stats()), [4, 1, 1, 1]);
+    // A memset of another size is other work: the run leaves the shape.
+    run(&mut c, 4, fill(b, 5, 8));
+    assert_eq!(counters(c.core.stats())[0], 4);
+    assert_eq!(c.core.stats().batch_diverged.load(Ordering::Relaxed), 1);
+    // Memsets reached the backend on their own at the first run, in the capture at the
+    // second, and at the last.
+    let memsets = server.backend.take();
+    assert_eq!(memsets.iter().filter(|s| s.op == Opcode::Memset).count(), 3);
 }
 
 /// Graph launches of 8 runs of 3 launches posted `gap` apart, by a client that sees the CPUs

@@ -22,7 +22,7 @@ use super::tables::HandleIssuer;
 use crate::backend::sim::{SimBackend, SimConfig};
 use crate::backend::{Backend, ClientContext, DeviceInfo, FaultSink, Op, Publish};
 use crate::registry::{Defaults, Registry};
-use recorder::{Recorder, Submitted};
+use recorder::{Recorder, Submitted, Updated};
 
 mod against_client;
 mod batch;

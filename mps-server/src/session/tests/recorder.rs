@@ -30,10 +30,18 @@ pub(super) struct Recorder {
     /// Refuse the submission of every command from this one on, outside a capture, as a dead
     /// context would (0: none).
     pub(super) refuse_from_seq: AtomicU64,
-    /// Parameter updates of executable graphs: the launch's index and its new parameters.
-    pub(super) updates: Mutex<Vec<(usize, Vec<u8>)>>,
-    /// Refuse every parameter update of an executable graph.
+    /// Updates of executable graphs' nodes: the operation's index and its new work.
+    pub(super) updates: Mutex<Vec<(usize, Updated)>>,
+    /// Refuse every update of an executable graph.
     pub(super) refuse_updates: AtomicBool,
+}
+
+/// The work an executable graph's node was given.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Updated {
+    Launch { grid: Dim3, params: Vec<u8> },
+    Memset(Fill),
+    Other,
 }
 
 /// A graph or executable graph of the recorder, counted while it lives.
@@ -315,11 +323,19 @@ impl Backend for Recorder {
         Ok(LiveGraph::new(&self.live_graphs))
     }
 
-    fn graph_exec_set_params(&self, _exec: &LiveGraph, index: usize, params: &[u8]) -> Result<()> {
+    fn graph_exec_update(&self, _exec: &LiveGraph, index: usize, op: &Op<'_, Self>) -> Result<()> {
         if self.refuse_updates.load(Ordering::Relaxed) {
             return Err(Error::invalid_value("the recorder refuses the update"));
         }
-        self.updates.lock().unwrap().push((index, params.to_vec()));
+        let updated = match op {
+            Op::Launch(l) => Updated::Launch {
+                grid: l.grid,
+                params: l.params.to_vec(),
+            },
+            Op::Memset(f) => Updated::Memset(*f),
+            _ => Updated::Other,
+        };
+        self.updates.lock().unwrap().push((index, updated));
         Ok(())
     }
 }
