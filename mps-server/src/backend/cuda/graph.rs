@@ -22,11 +22,20 @@ use super::{CudaBackend, with_packed_params};
 use crate::backend::Op;
 use mps_driver::{Call, Graph, GraphExec, check_on};
 
+/// What a stream's capture has recorded so far: what its commands refer to, and how many
+/// there were (each a node of a capture of copies, memsets and launches).
+#[derive(Debug, Default)]
+pub(super) struct Captured {
+    pub(super) keep: Vec<Op<'static, CudaBackend>>,
+    pub(super) ops: usize,
+}
+
 /// What a graph's nodes refer to: kernels (and so their modules), host buffers, and the SM
-/// partition they were captured in.
+/// partition they were captured in; and the number of operations captured.
 #[derive(Debug)]
 struct Keep {
-    ops: Vec<Op<'static, CudaBackend>>,
+    _ops: Vec<Op<'static, CudaBackend>>,
+    captured: usize,
     _partition: Option<Arc<Partition>>,
 }
 
@@ -107,14 +116,16 @@ impl CudaBackend {
         self.ctx.check(check_on(r, "cuStreamBeginCapture", || {
             format!("a stream of client {}", stream.client)
         }))?;
-        *stream.capture.borrow_mut() = Some(Vec::new());
+        *stream.capture.borrow_mut() = Some(Captured::default());
         Ok(())
     }
 
     pub(super) fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
         self.ctx.bind();
+        let captured = stream.capture.borrow_mut().take().unwrap_or_default();
         let keep = Keep {
-            ops: stream.capture.borrow_mut().take().unwrap_or_default(),
+            _ops: captured.keep,
+            captured: captured.ops,
             _partition: stream.partition.borrow().clone(),
         };
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
@@ -143,10 +154,7 @@ impl CudaBackend {
         let raw = self
             .ctx
             .check(r.call_on("cuGraphInstantiateWithFlags", || {
-                format!(
-                    "a graph of {} kernel launches and host copies",
-                    graph.keep.ops.len()
-                )
+                format!("a graph of {} captured operations", graph.keep.captured)
             }))?;
         Ok(CudaGraphExec {
             // SAFETY: made here, destroyed by nothing else.
@@ -154,7 +162,7 @@ impl CudaBackend {
             _keep: graph.keep.clone(),
             _graph: graph.raw.clone(),
             ctx: graph.ctx,
-            nodes: chain(graph.raw.raw(), graph.keep.ops.len())
+            nodes: chain(graph.raw.raw(), graph.keep.captured)
                 .unwrap_or_default()
                 .into_iter()
                 .map(|n| (n, OnceLock::new()))

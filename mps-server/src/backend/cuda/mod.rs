@@ -639,8 +639,9 @@ impl Backend for CudaBackend {
             }
             Op::Nop => {}
         }
-        if let (Some(keep), Some(captured)) = (keep, stream.capture.borrow_mut().as_mut()) {
-            captured.extend(keep);
+        if let Some(captured) = stream.capture.borrow_mut().as_mut() {
+            captured.ops += 1;
+            captured.keep.extend(keep.flatten());
         }
         if let Some(p) = publish {
             let dev = self.progress_address(stream, &p)?;

@@ -39,8 +39,8 @@ pub struct CudaStream {
     /// The host and device addresses of the progress word this stream's marked commands last
     /// published to (0, 0: none yet), so that a marked command looks nothing up.
     progress: Cell<(usize, u64)>,
-    /// While the stream captures: what the captured commands refer to (see `graph`).
-    pub(super) capture: RefCell<Option<Vec<crate::backend::Op<'static, CudaBackend>>>>,
+    /// While the stream captures: what it has recorded (see `graph`).
+    pub(super) capture: RefCell<Option<super::graph::Captured>>,
     /// Set while the stream captures, so that the busy sampler does not query it (a query of a
     /// capturing stream invalidates the capture).
     pub(super) capturing: Arc<AtomicBool>,
