@@ -18,7 +18,12 @@
 //! * **Launching.** When the held commands make up a whole known shape, the run goes to its
 //!   stream as one graph launch: the shape's executable graph if it has one (a hit), else one
 //!   made now by capturing the held commands in the stream, then kept (an instantiation). A
-//!   run is therefore launched from a graph from its third appearance on.
+//!   run is therefore launched from a graph from its third appearance on. A shape launched
+//!   before its run ends (no longer shape continues it) does not end the run: what follows
+//!   begins new held commands, but the run is learned whole when it ends. Otherwise a short
+//!   shape learned while a program warmed up (its runs cut short by module loads and
+//!   allocations) would cut each later run into pieces of its length, one graph launch each,
+//!   and the run as it now comes would never be learned.
 //! * **Graphs must pay.** Making a graph costs far more than launching a run command by
 //!   command, so a graph launched only for the run it was made for is a loss. A shape's graph
 //!   is made at its second appearance. A graph that served no run but that one while the
@@ -355,6 +360,9 @@ pub(super) struct Batching<B: Backend> {
     recent_bytes: u64,
     /// The run grew past what one shape may hold: it is not learned.
     recent_overflow: bool,
+    /// Commands at the start of `recent` that one shape's graph launch made up: a run that is
+    /// that shape and no more is known already.
+    launched: usize,
     shapes: Vec<Shape<B>>,
     /// While commands are held: the shapes (indices into `shapes`) that begin with them.
     candidates: Vec<usize>,
@@ -400,6 +408,7 @@ impl<B: Backend> Batching<B> {
             recent: Vec::new(),
             recent_bytes: 0,
             recent_overflow: false,
+            launched: 0,
             shapes: Vec::new(),
             candidates: Vec::new(),
             build_at: BUILD_AT_FIRST,
@@ -436,7 +445,9 @@ impl<B: Backend> Batching<B> {
 
     /// Counts `why` as the end of the current run, if one is open.
     pub(super) fn ended_by(&mut self, why: Ender) {
-        if !self.enabled || (self.recent.is_empty() && !self.recent_overflow && !self.holds()) {
+        // A run that one shape's graph made up whole, and no more, was not cut short.
+        let whole = self.recent.len() == self.launched;
+        if !self.enabled || (whole && !self.recent_overflow && !self.holds()) {
             return;
         }
         match self.enders.iter_mut().find(|(e, _)| *e == why) {
@@ -577,8 +588,9 @@ impl<B: Backend> Batching<B> {
     fn learn(&mut self) {
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);
+        let launched = std::mem::replace(&mut self.launched, 0);
         let stream = self.stream;
-        if overflow || self.recent.len() < 2 {
+        if overflow || self.recent.len() < 2 || self.recent.len() == launched {
             // `recent` keeps its room for the next run: most runs teach nothing new.
             self.recent.clear();
             return;
@@ -849,10 +861,10 @@ impl<B: Backend> SessionCore<B> {
     /// Launches the held commands, which make up shape `i`, as its graph.
     fn launch_run(&mut self, i: usize) {
         let held = std::mem::take(&mut self.batch.held);
-        // The run is whole: what follows begins a new one.
-        self.batch.recent.clear();
-        self.batch.recent_bytes = 0;
-        self.batch.recent_overflow = false;
+        // What follows begins new held commands; the run goes on, to be learned whole.
+        if held.len() == self.batch.recent.len() {
+            self.batch.launched = held.len();
+        }
         self.batch.tick += 1;
         let generation = self.ctx.sm.generation.load(Ordering::Acquire);
         let slow = self.batch.run_was_slow();

@@ -767,6 +767,43 @@ fn runs_that_begin_alike_and_then_differ_stop_being_held() {
     assert!(sent.iter().all(|s| s.op != Opcode::GraphLaunch));
 }
 
+/// A short shape learned first (as a program's first runs are cut short while it warms up)
+/// does not cut the longer runs that begin with it into pieces: a run that went on after the
+/// short shape's graph was launched is learned whole, and its own graph then serves it.
+#[test]
+fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    let g = kernels(&mut c, 1)[0];
+    let run = |c: &mut Client<Recorder>, kernels: &[u64]| {
+        for (i, &k) in kernels.iter().enumerate() {
+            quiet(c, &launch(k, &k_params(i as u8)), s);
+        }
+        c.send(&Request::Mark, s, flags::MARK);
+    };
+    for _ in 0..3 {
+        run(&mut c, &[f, f]);
+    }
+    assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
+    // The short shape's graph serves the first two launches; the run is learned at its end.
+    run(&mut c, &[f, f, g, g]);
+    assert_eq!(counters(c.core.stats()), [2, 1, 1, 2]);
+    // Held past the short shape, it makes its own graph, then is launched from it.
+    run(&mut c, &[f, f, g, g]);
+    assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
+    server.backend.take();
+    run(&mut c, &[f, f, g, g]);
+    assert_eq!(counters(c.core.stats()), [3, 2, 2, 2]);
+    let sent = server.backend.take();
+    let ops: Vec<Opcode> = sent.iter().map(|s| s.op).collect();
+    assert_eq!(ops, [Opcode::GraphLaunch, Opcode::Mark]);
+    // The short shape still serves a run that is just it.
+    run(&mut c, &[f, f]);
+    assert_eq!(counters(c.core.stats()), [4, 2, 2, 2]);
+    assert_eq!(c.core.stats().batch_learned.load(Ordering::Relaxed), 2);
+}
+
 /// A client that posts far more launches than a run holds before it synchronises has them
 /// learned and launched a run's length at a time: the first piece is learned, the second makes
 /// the graph, the third is launched from it, and what is left over goes on its own.

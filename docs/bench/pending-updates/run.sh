@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Batched runs whose memsets move and whose kernels change geometry, served by one graph whose
+# nodes are given the run's work (cuGraphExecMemsetNodeSetParams, cuGraphExecKernelNodeSetParams
+# with the grid), one command per STEP:
+#   STEP=one  the graphs, gpu, e2e and workers suites (scripts/test-gpu run); ResNet-18 and
+#             BERT-base at N=16 beside NVIDIA MPS; BERT-base at N=32 beside NVIDIA MPS; within
+#             DEADLINE (570) seconds.
+#   STEP=rounds  the MLP, ResNet-18 and BERT-base at N=16, 8 and 32 (CLIENTS) beside NVIDIA
+#             MPS and the build before these changes (.device-bin/old: 60637be's mps-server and
+#             mps-control), in ROUNDS (2) rounds, as DEADLINE allows.
+#   STEP=rest mps-bench infer and infer-graph at N=8 and 16 beside NVIDIA MPS; the latency
+#             client beside trainers (qos.py); ResNet-18 at N=64.
+# Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (scripts/test-gpu build,
+# and mps-bench beside it).
+set -u
+export NCCL_NVLS_ENABLE=0
+STEP=${STEP:-one}
+ROOT=$PWD; B=$ROOT/.device-bin; R=$ROOT/mps-cuda/tests/real; W=/tmp/$STEP; rm -rf $W; mkdir -p $W
+t0=$(date +%s)
+S() { echo "$(( $(date +%s)-t0 ))s $*" | tee -a $W/steps.txt; (cd /tmp && tar czf $OUT/$STEP.tgz $STEP); }
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; uname -r; } > $W/machine.txt
+cat $W/machine.txt
+nvidia_quit() { echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-real-nvidia-pipe nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
+left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - t0) )); }
+bench() { # name timeout args...
+  local n=$1 t=$2; shift 2
+  [ "$(left)" -lt 30 ] && { S "$n skipped: no time left"; return; }
+  [ "$t" -gt "$(left)" ] && t=$(( $(left) - 5 ))
+  nvidia_quit; rm -rf /tmp/mps-real-nvidia-pipe /tmp/mps-real-pipe /tmp/mps-real-bench
+  (cd $R && timeout $t python3 bench.py $B $W/$n "$@" > $W/$n.txt 2>&1)
+  S "$n rc=$?"; rm -rf $W/$n/err; cat $W/$n/bench.md 2>/dev/null; grep "^round" $W/$n.txt | tail -20
+  grep -r "launch batching:" $W/$n/mps-logs > $W/$n.batching.txt 2>/dev/null
+  grep -r "in the server's hands for\|in its ring untaken" $W/$n/mps-logs > $W/$n.stalls.txt 2>/dev/null
+  wc -l $W/$n.stalls.txt; rm -rf $W/$n/mps-logs
+  pkill -x mps-control; pkill -x mps-server
+}
+suites() { # timeout suites...
+  local t=$1; shift
+  timeout $t scripts/test-gpu run "$@" > $W/suites.txt 2>&1
+  S "suites rc=$?"; grep -E "^== |^test result|FAILED|panicked" $W/suites.txt | tail -30
+  sed -n '/^== summary/,$p' $W/suites.txt
+}
+case $STEP in
+one)
+  suites ${NTS:-200} graphs gpu e2e workers
+  bench n16 ${NT16:-150} --models resnet18,bert --clients 16 --rounds 1 --seconds 4 \
+    --modes nvidia-mps,mps
+  bench n32 ${NT32:-150} --models bert --clients 32 --rounds 1 --seconds 4 --modes nvidia-mps,mps
+  ;;
+rounds)
+  for n in ${CLIENTS:-16 8 32}; do
+    bench n$n 560 --models ${MODELS:-mlp,resnet18,bert} --clients $n --rounds ${ROUNDS:-2} \
+      --seconds 4 --modes ${MODES:-nvidia-mps,mps@old,mps}
+  done
+  ;;
+rest)
+  timeout 80 $B/mps-bench run --modes nvidia-mps,mps --workloads infer,infer-graph --clients 8,16 \
+    --ptx $ROOT/kernels/test_kernels.ptx --server $B/mps-server --out $W/mb > $W/mb.txt 2>&1
+  S "mps-bench rc=$?"; grep "^|" $W/mb.txt | head -20
+  (cd $R && timeout 200 python3 qos.py $B $W/qos > $W/qos.txt 2>&1)
+  S "qos rc=$?"; tail -30 $W/qos.txt
+  pkill -x mps-control; pkill -x mps-server
+  bench n64 200 --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps
+  ;;
+esac
+nvidia_quit
+pkill -x mps-control; pkill -x mps-server
+S done
