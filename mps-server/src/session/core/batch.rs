@@ -23,7 +23,9 @@
 //!   begins new held commands, but the run is learned whole when it ends. Otherwise a short
 //!   shape learned while a program warmed up (its runs cut short by module loads and
 //!   allocations) would cut each later run into pieces of its length, one graph launch each,
-//!   and the run as it now comes would never be learned.
+//!   and the run as it now comes would never be learned. Held commands that made up a shape
+//!   while a longer one still followed go as that shape's graph if the run then leaves every
+//!   longer shape or stops before one is whole.
 //! * **Graphs must pay.** Making a graph costs far more than launching a run command by
 //!   command, so a graph launched only for the run it was made for is a loss. A shape's graph
 //!   is made at its second appearance. A graph that served no run but that one while the
@@ -366,6 +368,10 @@ pub(super) struct Batching<B: Backend> {
     shapes: Vec<Shape<B>>,
     /// While commands are held: the shapes (indices into `shapes`) that begin with them.
     candidates: Vec<usize>,
+    /// While commands are held: the longest shape that the first of them made up whole while a
+    /// longer one still followed, and how many commands it has. If the run then leaves every
+    /// longer shape, or stops before one is whole, those commands still go as its graph.
+    prefix: Option<(usize, usize)>,
     /// A shape's graph is made at this appearance (see "Graphs must pay").
     build_at: u32,
     /// Held runs that left their shape since a run was last launched from a graph, or since
@@ -411,6 +417,7 @@ impl<B: Backend> Batching<B> {
             launched: 0,
             shapes: Vec::new(),
             candidates: Vec::new(),
+            prefix: None,
             build_at: BUILD_AT_FIRST,
             departures: 0,
             learned: 0,
@@ -725,8 +732,10 @@ impl<B: Backend> SessionCore<B> {
             });
             // A shape made up whole goes at once, unless a longer one may still follow (it then
             // goes when the run ends or leaves the longer shape).
-            if let (Some(shape), false) = self.batch.whole() {
-                self.launch_run(shape);
+            match self.batch.whole() {
+                (Some(shape), false) => self.launch_run(shape),
+                (Some(shape), true) => self.batch.prefix = Some((shape, self.batch.held.len())),
+                (None, _) => {}
             }
         }
         if self.batch.recent.len() >= MAX_RUN {
@@ -776,6 +785,13 @@ impl<B: Backend> SessionCore<B> {
         }
         if let (Some(shape), _) = self.batch.whole() {
             self.launch_run(shape);
+            return;
+        }
+        if let Some((shape, len)) = self.batch.prefix.take() {
+            // The first `len` make up a shape: they go as its graph, the rest one by one.
+            let rest = self.batch.held.split_off(len);
+            self.launch_run(shape);
+            self.submit_each(rest);
             return;
         }
         let held = std::mem::take(&mut self.batch.held);
@@ -861,6 +877,7 @@ impl<B: Backend> SessionCore<B> {
     /// Launches the held commands, which make up shape `i`, as its graph.
     fn launch_run(&mut self, i: usize) {
         let held = std::mem::take(&mut self.batch.held);
+        self.batch.prefix = None;
         // What follows begins new held commands; the run goes on, to be learned whole.
         if held.len() == self.batch.recent.len() {
             self.batch.launched = held.len();

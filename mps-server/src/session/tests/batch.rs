@@ -769,7 +769,8 @@ fn runs_that_begin_alike_and_then_differ_stop_being_held() {
 
 /// A short shape learned first (as a program's first runs are cut short while it warms up)
 /// does not cut the longer runs that begin with it into pieces: a run that went on after the
-/// short shape's graph was launched is learned whole, and its own graph then serves it.
+/// short shape's graph was launched is learned whole, and its own graph then serves it; a run
+/// that leaves the longer shape still has its beginning served by the short one.
 #[test]
 fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     let server = Server::new(Recorder::new(16));
@@ -802,6 +803,21 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     run(&mut c, &[f, f]);
     assert_eq!(counters(c.core.stats()), [4, 2, 2, 2]);
     assert_eq!(c.core.stats().batch_learned.load(Ordering::Relaxed), 2);
+    // And a run held past it that then leaves the longer shape: its first two launches still
+    // go as the short shape's graph, the rest one by one.
+    server.backend.take();
+    run(&mut c, &[f, f, g, f]);
+    assert_eq!(counters(c.core.stats())[0], 5);
+    let ops: Vec<Opcode> = server.backend.take().iter().map(|s| s.op).collect();
+    assert_eq!(
+        ops,
+        [
+            Opcode::GraphLaunch,
+            Opcode::Launch,
+            Opcode::Launch,
+            Opcode::Mark
+        ]
+    );
 }
 
 /// A client that posts far more launches than a run holds before it synchronises has them
