@@ -8,6 +8,12 @@
 #   STEP=rounds  the MLP, ResNet-18 and BERT-base at N=16, 8 and 32 (CLIENTS) beside NVIDIA
 #             MPS and the build before these changes (.device-bin/old: 60637be's mps-server and
 #             mps-control), in ROUNDS (2) rounds, as DEADLINE allows.
+#   STEP=ab   the graphs and e2e suites; the MLP, ResNet-18 and BERT-base at N=16 beside NVIDIA
+#             MPS and the build before these changes (.device-bin/old), one round; BERT-base
+#             at N=32 beside NVIDIA MPS.
+#   STEP=ab2  as ab in the order that matters most, for a short command: BERT-base at N=16
+#             beside NVIDIA MPS and the build before, the graphs and e2e suites, ResNet-18 at
+#             N=16 likewise.
 #   STEP=rest mps-bench infer and infer-graph at N=8 and 16 beside NVIDIA MPS; the latency
 #             client beside trainers (qos.py); ResNet-18 at N=64.
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (scripts/test-gpu build,
@@ -46,6 +52,19 @@ one)
   bench n16 ${NT16:-150} --models resnet18,bert --clients 16 --rounds 1 --seconds 4 \
     --modes nvidia-mps,mps
   bench n32 ${NT32:-150} --models bert --clients 32 --rounds 1 --seconds 4 --modes nvidia-mps,mps
+  ;;
+ab)
+  suites ${NTS:-120} graphs e2e
+  bench n16 ${NT16:-260} --models mlp,resnet18,bert --clients 16 --rounds 1 --seconds 4 \
+    --modes nvidia-mps,mps@old,mps
+  bench n32 ${NT32:-100} --models bert --clients 32 --rounds 1 --seconds 4 --modes nvidia-mps,mps
+  ;;
+ab2)
+  bench n16-bert ${NT16:-90} --models bert --clients 16 --rounds 1 --seconds 4 \
+    --modes nvidia-mps,mps@old,mps
+  suites ${NTS:-60} graphs e2e
+  bench n16-resnet18 ${NT16:-90} --models resnet18 --clients 16 --rounds 1 --seconds 4 \
+    --modes nvidia-mps,mps@old,mps
   ;;
 rounds)
   for n in ${CLIENTS:-16 8 32}; do
