@@ -1330,6 +1330,92 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
     assert!(!log.contains("left the shape"), "{log}");
 }
 
+/// A program whose first runs are short (as a real one's are while it warms up: lazy module
+/// loads and first allocations end them) and whose later runs begin with one of them is served
+/// one graph launch per later run, not the short run's graph and the rest command by command:
+/// a run that goes on past a shorter shape's graph is learned whole.
+#[test]
+fn launch_batching_learns_a_run_whole_past_a_shorter_shape_of_the_warm_up() {
+    let server = TestServer::start_with(&[
+        "--launch-batching",
+        "on",
+        "--batch-hold-us",
+        "10000000",
+        "--batch-pacing",
+        "off",
+    ]);
+    let c = server.client();
+    let m = c.module_load(&ptx()).unwrap();
+    let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
+    let fill = c.module_get_function(m, "fill_u32").unwrap();
+    let n = 1024usize;
+    let bytes = n as u64 * 4;
+    let (x, y, z) = (
+        c.mem_alloc(bytes).unwrap(),
+        c.mem_alloc(bytes).unwrap(),
+        c.mem_alloc(bytes).unwrap(),
+    );
+    let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
+    // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory used by this thread
+    // only; the output is read after the stream is synchronised.
+    let (inputs, outputs) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(input as *mut f32, n),
+            std::slice::from_raw_parts_mut(output as *mut f32, n),
+        )
+    };
+    for (i, v) in inputs.iter_mut().enumerate() {
+        *v = (i % 7) as f32;
+    }
+    let s = c.stream_create(0).unwrap();
+    c.memcpy_htod(x, f32_bytes(inputs), s).unwrap();
+    c.memset_d8(y, 0, bytes, s).unwrap();
+    c.stream_synchronize(s).unwrap();
+    let n64 = n as u64;
+    let twice = || {
+        for _ in 0..2 {
+            let args: [&[u8]; 4] = [
+                &1.0f32.to_le_bytes(),
+                &x.0.to_le_bytes(),
+                &y.0.to_le_bytes(),
+                &n64.to_le_bytes(),
+            ];
+            c.launch(saxpy, grid(4), grid(256), 0, s, &args).unwrap();
+        }
+    };
+    // The warm-up: three runs of two launches, the third launched from their graph.
+    for _ in 0..3 {
+        twice();
+        c.stream_synchronize(s).unwrap();
+    }
+    for request in 1..=10u32 {
+        twice();
+        let args: [&[u8]; 3] = [
+            &z.0.to_le_bytes(),
+            &request.to_le_bytes(),
+            &n64.to_le_bytes(),
+        ];
+        c.launch(fill, grid(4), grid(256), 0, s, &args).unwrap();
+        c.memcpy_dtoh(bytemuck::cast_slice_mut(outputs), y, s)
+            .unwrap();
+        c.stream_synchronize(s).unwrap();
+        let times = (6 + 2 * request) as f32;
+        for (i, v) in outputs.iter().enumerate() {
+            assert_eq!(*v, (i % 7) as f32 * times, "request {request}, element {i}");
+        }
+    }
+    drop(c);
+    // The input's copy and the memset made a shape of their own. The warm-up's shape served
+    // its third run and the first request's first two launches; the first request taught the
+    // whole run, the second made its graph (held past the short shape), and the other eight
+    // were launched from it.
+    let log = server.wait_for_log(
+        "launch batching: 10 runs launched from cached graphs, 2 not (graphs made: 2; shapes \
+         learned: 3; held runs that left their shape: 0;",
+    );
+    assert!(!log.contains("left the shape"), "{log}");
+}
+
 /// Launch batching is on by default (the same work is served from a graph), and
 /// `--launch-batching off` turns it off (never batched).
 #[test]
