@@ -37,6 +37,11 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// The driver's handle.
+    pub(super) fn raw(&self) -> CUcontext {
+        self.raw
+    }
+
     /// Wraps `raw`, which is current on the calling thread.
     pub(super) fn new(raw: CUcontext) -> Context {
         BOUND.with(|b| b.set(true));

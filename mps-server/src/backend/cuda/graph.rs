@@ -128,10 +128,7 @@ impl CudaBackend {
             captured: captured.ops,
             _partition: stream.partition.borrow().clone(),
         };
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live stream; `ctx` is writable. A failure leaves it null, and a memset
-        // node's update then fails with the driver's reason.
-        unsafe { sys::cuStreamGetCtx(stream.raw.get(), &mut ctx) };
+        let ctx = self.capture_ctx(stream);
         // SAFETY: a live stream that is capturing.
         let r = unsafe { result::stream::end_capture(stream.raw.get()) };
         stream.capturing.store(false, Ordering::Release);
@@ -142,8 +139,26 @@ impl CudaBackend {
             // SAFETY: the capture made this graph, which nothing else destroys.
             raw: Arc::new(unsafe { Graph::from_raw(raw) }),
             keep: Arc::new(keep),
-            ctx: CaptureCtx(ctx),
+            ctx,
         })
+    }
+
+    /// The context `stream`'s work runs in: its partition's green context, as a context, or
+    /// the server's, from the partition the stream was made in. Null if the driver refuses the
+    /// conversion: a memset node's update then fails with the driver's reason, and the graph is
+    /// dropped.
+    fn capture_ctx(&self, stream: &CudaStream) -> CaptureCtx {
+        let Some(p) = stream.partition.borrow().clone() else {
+            return CaptureCtx(self.ctx.raw());
+        };
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live green context (the stream keeps its partition alive); `ctx` is
+        // writable, and stays null on failure.
+        let r = unsafe { sys::cuCtxFromGreenCtx(&mut ctx, p.green) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            ctx = std::ptr::null_mut();
+        }
+        CaptureCtx(ctx)
     }
 
     pub(super) fn instantiate(&self, graph: &CudaGraph) -> Result<CudaGraphExec> {
@@ -192,6 +207,12 @@ impl CudaBackend {
         };
         let (r, call) = match (base, op) {
             (NodeBase::Kernel(mut p), Op::Launch(l)) => {
+                // As a launch does: more shared memory than the default needs the kernel's
+                // opt-in, which the capture may not have needed.
+                let default = self.info.limits.max_shared_mem_per_block;
+                if l.shared_mem.saturating_add(l.function.static_shared) > default {
+                    self.opt_in(&l.function)?;
+                }
                 // The node keeps its kernel and context; geometry, shared memory and the
                 // parameters (packed, as a launch passes them) are the run's.
                 let (g, b) = (l.grid, l.block);
@@ -212,10 +233,19 @@ impl CudaBackend {
                 if (p.elementSize, p.width, p.height)
                     == (u32::from(f.elem_size), f.count as usize, 1) =>
             {
-                (p.dst, p.value) = (f.dst, f.value);
+                // A 1-byte memset fills with the value's low byte, as the direct path passes it.
+                let value = if f.elem_size == 1 {
+                    f.value & 0xff
+                } else {
+                    f.value
+                };
+                (p.dst, p.value) = (f.dst, value);
                 // SAFETY: as above, for a memset node of the same size; the destination was
-                // checked against the client's allocations, made in the server's context, and
-                // the node runs in the context it was captured in.
+                // checked against the client's allocations, all made in the server's context,
+                // and the node is named the context its stream ran in. CUDA refuses a
+                // destination of another kind of allocation than the node's (device memory
+                // against a module's global or a mapping of the client's own): the update then
+                // fails, and the graph is dropped.
                 let r = unsafe {
                     sys::cuGraphExecMemsetNodeSetParams(exec.raw.raw(), node.0, &p, exec.ctx.0)
                 };
