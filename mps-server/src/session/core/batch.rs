@@ -452,9 +452,10 @@ impl<B: Backend> Batching<B> {
 
     /// Counts `why` as the end of the current run, if one is open.
     pub(super) fn ended_by(&mut self, why: Ender) {
-        // A run that one shape's graph made up whole, and no more, was not cut short.
-        let whole = self.recent.len() == self.launched;
-        if !self.enabled || (whole && !self.recent_overflow && !self.holds()) {
+        // A run that one shape's graph made up whole, or will at once, was not cut short.
+        let whole = self.recent.len() == self.launched
+            || (self.held.len() == self.recent.len() && self.whole().0.is_some());
+        if !self.enabled || (whole && !self.recent_overflow) {
             return;
         }
         match self.enders.iter_mut().find(|(e, _)| *e == why) {
@@ -712,15 +713,19 @@ impl<B: Backend> SessionCore<B> {
         let mut next = self.batch.matching(&desc);
         if next.is_empty() && self.batch.holds() {
             // The run left every shape it followed: what was held goes now, as a graph if it
-            // makes up a shape, else as it came.
+            // makes up a shape (or begins with one), else as it came.
             if self.batch.whole().0.is_none() {
                 self.report_divergence(&desc);
-                self.batch.held_in_vain();
+                // Held in vain unless a shorter shape's graph still takes its beginning.
+                if self.batch.prefix.is_none() {
+                    self.batch.held_in_vain();
+                }
             }
             self.flush_held();
             next = self.batch.matching(&desc);
         }
-        // Noted after the flush: a shape launched there ends the run before this command.
+        // Noted after the flush, which tells a launch of the whole run so far from one of its
+        // beginning by comparing what it launches with the run noted so far.
         self.batch.note(desc);
         if next.is_empty() {
             self.submit_now(cmd.stream, cmd.seq, op)?;
@@ -799,6 +804,7 @@ impl<B: Backend> SessionCore<B> {
         self.submit_each(held);
     }
 
+    /// Submits `held` one by one, in order.
     ///
     /// Only the first failure is reported (against its own command): the shell reserves room
     /// for a completion or two before it takes a command, and a run of thousands of commands
@@ -811,7 +817,8 @@ impl<B: Backend> SessionCore<B> {
             let launch = matches!(h.op, Op::Launch { .. });
             if let Err(err) = self.submit_now(self.batch.stream, h.seq, h.op) {
                 self.log_failure(h.seq, &err, launch);
-                if failed == 0 {
+                // One error per handling: a run's beginning and its rest may go separately.
+                if failed == 0 && self.batch.errors.is_empty() {
                     self.batch
                         .errors
                         .push(Completion::error(h.seq, CompletionKind::Reply, &err));

@@ -799,9 +799,11 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     let sent = server.backend.take();
     let ops: Vec<Opcode> = sent.iter().map(|s| s.op).collect();
     assert_eq!(ops, [Opcode::GraphLaunch, Opcode::Mark]);
-    // The short shape still serves a run that is just it.
+    // The short shape still serves a run that is just it, a run not cut short.
+    let enders = c.core.batch_enders();
     run(&mut c, &[f, f]);
     assert_eq!(counters(c.core.stats()), [4, 2, 2, 2]);
+    assert_eq!(c.core.batch_enders(), enders);
     assert_eq!(c.core.stats().batch_learned.load(Ordering::Relaxed), 2);
     // And a run held past it that then leaves the longer shape: its first two launches still
     // go as the short shape's graph, the rest one by one.
