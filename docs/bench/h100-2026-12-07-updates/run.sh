@@ -17,7 +17,9 @@
 #   STEP=rest mps-bench infer and infer-graph at N=8 and 16 beside NVIDIA MPS; the latency
 #             client beside trainers (qos.py); ResNet-18 at N=64.
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (scripts/test-gpu build,
-# and mps-bench beside it).
+# and mps-bench beside it; for mps@old, .device-bin/old holds mps-server and mps-control built
+# from the build compared against, with this build's mps-run and libmpscuda.so beside them).
+# Each bench part sums its mps clients' "launch batching:" lines into NAME.batching-sum.txt.
 set -u
 export NCCL_NVLS_ENABLE=0
 STEP=${STEP:-one}
@@ -36,6 +38,9 @@ bench() { # name timeout args...
   (cd $R && timeout $t python3 bench.py $B $W/$n "$@" > $W/$n.txt 2>&1)
   S "$n rc=$?"; rm -rf $W/$n/err; cat $W/$n/bench.md 2>/dev/null; grep "^round" $W/$n.txt | tail -20
   grep -r "launch batching:" $W/$n/mps-logs > $W/$n.batching.txt 2>/dev/null
+  grep -h "runs launched" $W/$n.batching.txt | sed -E 's/.*: ([0-9]+) runs launched from cached graphs, ([0-9]+) not \(graphs made: ([0-9]+); shapes learned: ([0-9]+); held runs that left their shape: ([0-9]+); doorbell rings: ([0-9]+) for ([0-9]+) commands.*/\1 \2 \3 \4 \5 \6 \7/' \
+    | awk '{n++; for (i = 1; i <= 7; i++) t[i] += $i} END {if (n) printf "clients %d, hits %d, not %d, graphs %d, shapes %d, left %d, rings %d for %d commands\n", n, t[1], t[2], t[3], t[4], t[5], t[6], t[7]}' \
+    | tee $W/$n.batching-sum.txt
   grep -r "in the server's hands for\|in its ring untaken" $W/$n/mps-logs > $W/$n.stalls.txt 2>/dev/null
   wc -l $W/$n.stalls.txt; rm -rf $W/$n/mps-logs
   pkill -x mps-control; pkill -x mps-server
