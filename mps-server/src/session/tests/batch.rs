@@ -822,6 +822,134 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     );
 }
 
+/// Random requests made of a few pieces that repeat (so shapes are learned, held, launched
+/// and left), with fills and memsets of new values, moved buffers and requests cut short, give
+/// a batching client the device memory of one that does not batch, after every request:
+/// nothing held is lost, reordered, sent twice or sent with stale work.
+#[test]
+fn random_runs_give_the_results_of_the_unbatched_path() {
+    let server = sim();
+    let plain = Limits {
+        launch_batching: false,
+        ..Limits::default()
+    };
+    let mut rigs = [Rig::new(&server, batching()), Rig::new(&server, plain)];
+    let bufs: Vec<[u64; 4]> = rigs
+        .iter_mut()
+        .map(|r| {
+            let (z, w) = (r.c.alloc(r.n * 4), r.c.alloc(r.n * 4));
+            [r.x, r.y, z, w]
+        })
+        .collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let f32_bits = |v: u64| (v as f32).to_bits();
+    for request in 0..1000 {
+        // The pieces of this request: (kind, buffer a, buffer b, value), the same for both.
+        // 3 begins as 1 and 2 do, then leaves them; 4 is pieces at random after the first.
+        let program = [0usize, 0, 1, 2, 2, 3, 4][next(7) as usize];
+        let moved = next(6) == 0;
+        let (a, b) = if moved { (2, 3) } else { (0, 1) };
+        let mut pieces: Vec<(u8, usize, usize, u32)> = Vec::new();
+        let v = f32_bits(1 + next(5));
+        pieces.push((0, a, b, v));
+        if program == 1 || program == 2 {
+            pieces.push((1, b, 2, f32_bits(1 + next(3))));
+        }
+        if (2..4).contains(&program) {
+            pieces.push((2, 2, 3, 0));
+        }
+        if program == 4 {
+            for _ in 0..1 + next(3) {
+                let kind = next(3) as u8;
+                pieces.push((kind, next(4) as usize, 2, f32_bits(1 + next(3))));
+            }
+        }
+        let cut = if next(8) == 0 {
+            next(3) as usize + 1
+        } else {
+            usize::MAX
+        };
+        for (r, bufs) in rigs.iter_mut().zip(&bufs) {
+            let (s, n) = (r.s, r.n);
+            let mut commands = 0;
+            let mut post = |r: &mut Rig, req: &Request<'_>| {
+                if commands < cut {
+                    quiet(&mut r.c, req, s);
+                }
+                commands += 1;
+            };
+            for &(kind, i, j, value) in &pieces {
+                let (p, q) = (bufs[i], bufs[j]);
+                match kind {
+                    0 => {
+                        post(r, &launch(r.fill, &fill_params(p, value, n)));
+                        post(r, &launch(r.add, &add_params(p, q, q, n)));
+                    }
+                    1 => {
+                        let fill = Fill {
+                            dst: q,
+                            value,
+                            elem_size: 4,
+                            count: n,
+                        };
+                        post(r, &Request::Memset { fill });
+                        post(r, &launch(r.add, &add_params(q, p, p, n)));
+                    }
+                    _ => {
+                        post(r, &launch(r.add, &add_params(p, q, p, n)));
+                        post(r, &launch(r.add, &add_params(p, q, q, n)));
+                    }
+                }
+            }
+            r.sync();
+        }
+        let read = |r: &mut Rig, bufs: &[u64; 4]| {
+            let mut all = Vec::new();
+            for pair in bufs.chunks(2) {
+                let (s, one, two) = (r.s, r.copy_out(pair[0], 0), r.copy_out(pair[1], r.n * 4));
+                quiet(&mut r.c, &one, s);
+                quiet(&mut r.c, &two, s);
+                r.sync();
+                all.extend(u32s(&r.output.1, 2 * r.n as usize));
+            }
+            all
+        };
+        let [batched, unbatched] = &mut rigs;
+        let (got, want) = (read(batched, &bufs[0]), read(unbatched, &bufs[1]));
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            panic!(
+                "request {request} ({pieces:?}, cut at {cut}): buffer {}, element {}: {:#x}, \
+                 not {:#x}",
+                i / batched.n as usize,
+                i % batched.n as usize,
+                got[i],
+                want[i]
+            );
+        }
+    }
+    let [hits, misses, graphs, _] = rigs[0].counters();
+    assert!(
+        hits > 100 && graphs > 1,
+        "{hits} hits, {misses} not, {graphs} graphs"
+    );
+    assert!(
+        rigs[0]
+            .c
+            .core
+            .stats()
+            .batch_diverged
+            .load(Ordering::Relaxed)
+            > 0
+    );
+    assert_eq!(rigs[1].counters(), [0, 0, 0, 0]);
+}
+
 /// A client that posts far more launches than a run holds before it synchronises has them
 /// learned and launched a run's length at a time: the first piece is learned, the second makes
 /// the graph, the third is launched from it, and what is left over goes on its own.
