@@ -823,7 +823,8 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
 }
 
 /// Random requests made of a few pieces that repeat (so shapes are learned, held, launched
-/// and left), with fills and memsets of new values, moved buffers and requests cut short, give
+/// and left), with fills and memsets of new values, moved buffers, requests cut short and holds
+/// that run out midway, give
 /// a batching client the device memory of one that does not batch, after every request:
 /// nothing held is lost, reordered, sent twice or sent with stale work.
 #[test]
@@ -875,12 +876,23 @@ fn random_runs_give_the_results_of_the_unbatched_path() {
         } else {
             usize::MAX
         };
+        // The command after which the hold runs out, if it does in this request.
+        let hold_out = if next(5) == 0 {
+            next(8) as usize
+        } else {
+            usize::MAX
+        };
         for (r, bufs) in rigs.iter_mut().zip(&bufs) {
             let (s, n) = (r.s, r.n);
             let mut commands = 0;
             let mut post = |r: &mut Rig, req: &Request<'_>| {
                 if commands < cut {
                     quiet(&mut r.c, req, s);
+                }
+                if commands == hold_out {
+                    // What the shell does when the client's ring stays empty for the hold.
+                    r.c.core.flush_held();
+                    assert!(r.c.core.take_batch_errors().is_empty());
                 }
                 commands += 1;
             };
