@@ -23,9 +23,10 @@
 //!   begins new held commands, but the run is learned whole when it ends. Otherwise a short
 //!   shape learned while a program warmed up (its runs cut short by module loads and
 //!   allocations) would cut each later run into pieces of its length, one graph launch each,
-//!   and the run as it now comes would never be learned. Held commands that made up a shape
-//!   while a longer one still followed go as that shape's graph if the run then leaves every
-//!   longer shape or stops before one is whole.
+//!   and the run as it now comes would never be learned. Held commands that must go before
+//!   the shape they follow is whole (the run left it, or the client paused past the hold) go
+//!   as the shapes with graphs that stretches of them make up, longest first from the front,
+//!   and the others one by one, all in order.
 //! * **Graphs must pay.** Making a graph costs far more than launching a run command by
 //!   command, so a graph launched only for the run it was made for is a loss. A shape's graph
 //!   is made at its second appearance. A graph that served no run but that one while the
@@ -562,6 +563,24 @@ impl<B: Backend> Batching<B> {
         (whole, self.candidates.iter().any(|i| len(i) > n))
     }
 
+    /// The longest shape of the run's stream with a graph made under SM placement
+    /// `generation` that the `room` commands of `recent` from `at` on begin with, and its length.
+    fn ready_at(&self, at: usize, room: usize, generation: u64) -> Option<(usize, usize)> {
+        let commands = &self.recent[at..at + room];
+        let ready = |s: &Shape<B>| {
+            s.stream == self.stream
+                && s.exec.is_some()
+                && s.generation == generation
+                && (2..=room).contains(&s.key.len())
+        };
+        self.shapes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| ready(s) && s.key.iter().zip(commands).all(|(k, c)| k.same_work(c)))
+            .map(|(i, s)| (i, s.key.len()))
+            .max_by_key(|&(_, len)| len)
+    }
+
     /// How many more commands the held run needs to make up a shape (the nearest of those it
     /// may still become): 0 when it is not holding or makes one up already.
     fn to_complete(&self) -> usize {
@@ -793,15 +812,45 @@ impl<B: Backend> SessionCore<B> {
             return;
         }
         if let Some((shape, len)) = self.batch.prefix.take() {
-            // The first `len` make up a shape: they go as its graph, the rest one by one.
+            // The first `len` make up a shape: they go as its graph, the rest after them.
             let rest = self.batch.held.split_off(len);
             self.launch_run(shape);
-            self.submit_each(rest);
+            self.submit_pieces(rest);
             return;
         }
         let held = std::mem::take(&mut self.batch.held);
         self.stats.batch_missed();
-        self.submit_each(held);
+        self.submit_pieces(held);
+    }
+
+    /// Submits `held`, the last commands of the run so far, in order: each stretch of them that
+    /// makes up a shape whose graph is ready goes as that graph (a run held for a long shape
+    /// that the client paused in, or left, still gets the shorter shapes its pieces make up),
+    /// the others one by one.
+    fn submit_pieces(&mut self, mut rest: Vec<Held<B>>) {
+        let generation = self.ctx.sm.generation.load(Ordering::Acquire);
+        let start = self.batch.recent.len().checked_sub(rest.len());
+        let Some(mut at) = start.filter(|_| !self.batch.recent_overflow) else {
+            self.submit_each(rest);
+            return;
+        };
+        loop {
+            let found = (0..rest.len()).find_map(|p| {
+                let ready = self.batch.ready_at(at + p, rest.len() - p, generation);
+                ready.map(|(shape, len)| (p, shape, len))
+            });
+            let Some((p, shape, len)) = found else {
+                self.submit_each(rest);
+                return;
+            };
+            let mut piece = rest.split_off(p);
+            let after = piece.split_off(len);
+            self.submit_each(rest);
+            self.batch.held = piece;
+            self.launch_run(shape);
+            rest = after;
+            at += p + len;
+        }
     }
 
     /// Submits `held` one by one, in order.

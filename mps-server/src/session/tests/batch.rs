@@ -822,6 +822,54 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     );
 }
 
+/// A run held for a long shape that the client pauses in (its hold runs out) goes as the
+/// shorter shapes its pieces make up, in order, with what lies between them one by one.
+#[test]
+fn a_run_held_in_vain_still_goes_as_the_shapes_its_pieces_make_up() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(batching());
+    let (f, s) = kernel_and_stream(&mut c);
+    let g = kernels(&mut c, 1)[0];
+    let post = |c: &mut Client<Recorder>, kernels: &[u64]| -> Vec<u64> {
+        kernels
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| quiet(c, &launch(k, &k_params(i as u8)), s))
+            .collect()
+    };
+    let run = |c: &mut Client<Recorder>, kernels: &[u64]| {
+        post(c, kernels);
+        c.send(&Request::Mark, s, flags::MARK);
+    };
+    // [f, f] and [f, f, g, f, f, g], each with its graph.
+    for _ in 0..3 {
+        run(&mut c, &[f, f]);
+    }
+    for _ in 0..3 {
+        run(&mut c, &[f, f, g, f, f, g]);
+    }
+    assert_eq!(counters(c.core.stats())[2], 2);
+    server.backend.take();
+    let seqs = post(&mut c, &[f, f, g, f, f]);
+    assert!(c.core.holds_run());
+    c.core.flush_held();
+    let sent: Vec<(Opcode, u64)> = server
+        .backend
+        .take()
+        .iter()
+        .map(|s| (s.op, s.seq))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (Opcode::GraphLaunch, seqs[0]),
+            (Opcode::Launch, seqs[2]),
+            (Opcode::GraphLaunch, seqs[3])
+        ]
+    );
+    c.send(&Request::Mark, s, flags::MARK);
+}
+
 /// Random requests made of a few pieces that repeat (so shapes are learned, held, launched
 /// and left), with fills and memsets of new values, moved buffers, requests cut short and holds
 /// that run out midway, give
@@ -852,18 +900,25 @@ fn random_runs_give_the_results_of_the_unbatched_path() {
     let f32_bits = |v: u64| (v as f32).to_bits();
     for request in 0..1000 {
         // The pieces of this request: (kind, buffer a, buffer b, value), the same for both.
-        // 3 begins as 1 and 2 do, then leaves them; 4 is pieces at random after the first.
-        let program = [0usize, 0, 1, 2, 2, 3, 4][next(7) as usize];
+        // 3 begins as 1 and 2 do, then leaves them; 4 is pieces at random after the first; 5
+        // is the second piece of 1 and 2 alone, a shape their holds can end in; 6 leaves every
+        // shape after the first piece.
+        let program = [0usize, 0, 1, 2, 2, 3, 4, 5, 6][next(9) as usize];
         let moved = next(6) == 0;
         let (a, b) = if moved { (2, 3) } else { (0, 1) };
         let mut pieces: Vec<(u8, usize, usize, u32)> = Vec::new();
         let v = f32_bits(1 + next(5));
-        pieces.push((0, a, b, v));
-        if program == 1 || program == 2 {
+        if program != 5 {
+            pieces.push((0, a, b, v));
+        }
+        if (1..3).contains(&program) || program == 5 {
             pieces.push((1, b, 2, f32_bits(1 + next(3))));
         }
         if (2..4).contains(&program) {
             pieces.push((2, 2, 3, 0));
+        }
+        if program == 6 {
+            pieces.push((3, 0, 2, 1 + next(rigs[0].n - 1) as u32));
         }
         if program == 4 {
             for _ in 0..1 + next(3) {
@@ -913,9 +968,19 @@ fn random_runs_give_the_results_of_the_unbatched_path() {
                         post(r, &Request::Memset { fill });
                         post(r, &launch(r.add, &add_params(q, p, p, n)));
                     }
-                    _ => {
+                    2 => {
                         post(r, &launch(r.add, &add_params(p, q, p, n)));
                         post(r, &launch(r.add, &add_params(p, q, q, n)));
+                    }
+                    _ => {
+                        // A memset of `value` elements: other work than any before it.
+                        let fill = Fill {
+                            dst: q,
+                            value: 7,
+                            elem_size: 4,
+                            count: u64::from(value),
+                        };
+                        post(r, &Request::Memset { fill });
                     }
                 }
             }
