@@ -380,6 +380,8 @@ pub(super) struct Batching<B: Backend> {
     departures: u32,
     /// Shapes learned so far.
     learned: u64,
+    /// Runs launched from graphs so far.
+    graph_launches: u64,
     bytes: u64,
     tick: u64,
     /// Errors of held commands that were submitted one by one, for the shell to post (before
@@ -422,6 +424,7 @@ impl<B: Backend> Batching<B> {
             build_at: BUILD_AT_FIRST,
             departures: 0,
             learned: 0,
+            graph_launches: 0,
             bytes: 0,
             tick: 0,
             errors: Vec::new(),
@@ -733,14 +736,16 @@ impl<B: Backend> SessionCore<B> {
         if next.is_empty() && self.batch.holds() {
             // The run left every shape it followed: what was held goes now, as a graph if it
             // makes up a shape (or begins with one), else as it came.
-            if self.batch.whole().0.is_none() {
+            let left = self.batch.whole().0.is_none();
+            if left {
                 self.report_divergence(&desc);
-                // Held in vain unless a shorter shape's graph still takes its beginning.
-                if self.batch.prefix.is_none() {
-                    self.batch.held_in_vain();
-                }
             }
+            let graphs = self.batch.graph_launches;
             self.flush_held();
+            // Held in vain unless shorter shapes' graphs still took some of it.
+            if left && self.batch.graph_launches == graphs {
+                self.batch.held_in_vain();
+            }
             next = self.batch.matching(&desc);
         }
         // Noted after the flush, which tells a launch of the whole run so far from one of its
@@ -846,6 +851,7 @@ impl<B: Backend> SessionCore<B> {
             let mut piece = rest.split_off(p);
             let after = piece.split_off(len);
             self.submit_each(rest);
+            debug_assert!(self.batch.held.is_empty(), "held commands overwritten");
             self.batch.held = piece;
             self.launch_run(shape);
             rest = after;
@@ -1007,6 +1013,7 @@ impl<B: Backend> SessionCore<B> {
         match launched {
             Ok(()) => {
                 self.batch.shapes[i].launches += 1;
+                self.batch.graph_launches += 1;
                 self.batch.departures = 0;
             }
             Err(err) => {
