@@ -207,12 +207,8 @@ impl CudaBackend {
         };
         let (r, call) = match (base, op) {
             (NodeBase::Kernel(mut p), Op::Launch(l)) => {
-                // As a launch does: more shared memory than the default needs the kernel's
-                // opt-in, which the capture may not have needed.
-                let default = self.info.limits.max_shared_mem_per_block;
-                if l.shared_mem.saturating_add(l.function.static_shared) > default {
-                    self.opt_in(&l.function)?;
-                }
+                // As a launch does: the capture may not have needed the kernel's opt-in.
+                self.opt_in_for(&l.function, l.shared_mem)?;
                 // The node keeps its kernel and context; geometry, shared memory and the
                 // parameters (packed, as a launch passes them) are the run's.
                 let (g, b) = (l.grid, l.block);

@@ -152,6 +152,16 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Opts `function` in (see [`CudaBackend::opt_in`]) where a launch of it with `shared_mem`
+    /// bytes of dynamic shared memory needs more than the default per block.
+    fn opt_in_for(&self, function: &CudaFunction, shared_mem: u32) -> Result<()> {
+        let default = self.info.limits.max_shared_mem_per_block;
+        if shared_mem.saturating_add(function.static_shared) > default {
+            self.opt_in(function)?;
+        }
+        Ok(())
+    }
+
     /// Looks `name` (a `what`: kernel, global) up in a module with `call`, which gets it as a C
     /// string: a name the module lacks is mps's `NotFound`, naming it.
     fn look_up(
@@ -488,10 +498,7 @@ impl Backend for CudaBackend {
                 cluster,
                 params,
             }) => {
-                let default = self.info.limits.max_shared_mem_per_block;
-                if shared_mem.saturating_add(function.static_shared) > default {
-                    self.opt_in(&function)?;
-                }
+                self.opt_in_for(&function, shared_mem)?;
                 if cluster.is_some_and(|c| c.non_portable) {
                     self.allow_non_portable_clusters(&function)?;
                 }
