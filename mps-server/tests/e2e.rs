@@ -1240,6 +1240,36 @@ fn a_bad_value_of_a_client_variable_fails_the_connection_naming_it() {
     }
 }
 
+/// Server arguments for tests of batched runs: batching on, and a hold so long that how fast
+/// the client posts cannot split a run (each ends with its synchronise).
+const HELD_RUNS: [&str; 6] = [
+    "--launch-batching",
+    "on",
+    "--batch-hold-us",
+    "10000000",
+    "--batch-pacing",
+    "off",
+];
+
+/// Host buffers of `n` f32 each, for a request's input (`i % 7` at element `i`) and output.
+// Each call allocates the buffers it hands out, so no two calls' slices alias.
+#[allow(clippy::mut_from_ref)]
+fn host_inputs_and_outputs(c: &Client, n: usize) -> (&mut [f32], &mut [f32]) {
+    let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
+    // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory, mapped while the client
+    // lives, that the caller uses from one thread and reads once the stream is synchronised.
+    let (inputs, outputs) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(input as *mut f32, n),
+            std::slice::from_raw_parts_mut(output as *mut f32, n),
+        )
+    };
+    for (i, v) in inputs.iter_mut().enumerate() {
+        *v = (i % 7) as f32;
+    }
+    (inputs, outputs)
+}
+
 /// A small inference server's loop, `requests` times, the output checked after each: a memset
 /// of a scratch buffer (one of two, taking turns, to the request's number), 4 KiB in from a host
 /// buffer, 12 dependent `saxpy_f32` (y += x; every third request in half the blocks of twice
@@ -1254,18 +1284,7 @@ fn infer_requests(server: &TestServer, requests: u32) {
     let bytes = n as u64 * 4;
     let (x, y) = (c.mem_alloc(bytes).unwrap(), c.mem_alloc(bytes).unwrap());
     let scratch = [c.mem_alloc(bytes).unwrap(), c.mem_alloc(bytes).unwrap()];
-    let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
-    // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory used by this thread
-    // only; the output is read after the stream is synchronised.
-    let (inputs, outputs) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(input as *mut f32, n),
-            std::slice::from_raw_parts_mut(output as *mut f32, n),
-        )
-    };
-    for (i, v) in inputs.iter_mut().enumerate() {
-        *v = (i % 7) as f32;
-    }
+    let (inputs, outputs) = host_inputs_and_outputs(&c, n);
     let s = c.stream_create(0).unwrap();
     // In bytes, so that it is not the same work as the requests' memsets.
     c.memset_d8(y, 0, bytes, s).unwrap();
@@ -1311,14 +1330,7 @@ fn infer_requests(server: &TestServer, requests: u32) {
 /// its synchronise).
 #[test]
 fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() {
-    let server = TestServer::start_with(&[
-        "--launch-batching",
-        "on",
-        "--batch-hold-us",
-        "10000000",
-        "--batch-pacing",
-        "off",
-    ]);
+    let server = TestServer::start_with(&HELD_RUNS);
     infer_requests(&server, 30);
     // Request 1's run, with the memset before it, is a shape of its own; request 2 taught the
     // requests' shape and 3 made its graph (a miss); the other 27, request 10 with its other
@@ -1336,14 +1348,7 @@ fn launch_batching_serves_repeated_requests_from_one_graph_with_exact_results() 
 /// a run that goes on past a shorter shape's graph is learned whole.
 #[test]
 fn launch_batching_learns_a_run_whole_past_a_shorter_shape_of_the_warm_up() {
-    let server = TestServer::start_with(&[
-        "--launch-batching",
-        "on",
-        "--batch-hold-us",
-        "10000000",
-        "--batch-pacing",
-        "off",
-    ]);
+    let server = TestServer::start_with(&HELD_RUNS);
     let c = server.client();
     let m = c.module_load(&ptx()).unwrap();
     let saxpy = c.module_get_function(m, "saxpy_f32").unwrap();
@@ -1355,18 +1360,7 @@ fn launch_batching_learns_a_run_whole_past_a_shorter_shape_of_the_warm_up() {
         c.mem_alloc(bytes).unwrap(),
         c.mem_alloc(bytes).unwrap(),
     );
-    let (input, output) = (c.host_alloc(n * 4).unwrap(), c.host_alloc(n * 4).unwrap());
-    // SAFETY: both host buffers are n * 4 bytes of f32-aligned memory used by this thread
-    // only; the output is read after the stream is synchronised.
-    let (inputs, outputs) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(input as *mut f32, n),
-            std::slice::from_raw_parts_mut(output as *mut f32, n),
-        )
-    };
-    for (i, v) in inputs.iter_mut().enumerate() {
-        *v = (i % 7) as f32;
-    }
+    let (inputs, outputs) = host_inputs_and_outputs(&c, n);
     let s = c.stream_create(0).unwrap();
     c.memcpy_htod(x, f32_bytes(inputs), s).unwrap();
     c.memset_d8(y, 0, bytes, s).unwrap();
