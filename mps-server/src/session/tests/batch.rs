@@ -767,6 +767,21 @@ fn runs_that_begin_alike_and_then_differ_stop_being_held() {
     assert!(sent.iter().all(|s| s.op != Opcode::GraphLaunch));
 }
 
+/// Launches of `kernels` in stream `s`, the `i`-th with `k_params(i)`; their numbers.
+fn launches_of(c: &mut Client<Recorder>, s: u64, kernels: &[u64]) -> Vec<u64> {
+    kernels
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| quiet(c, &launch(k, &k_params(i as u8)), s))
+        .collect()
+}
+
+/// A run of [`launches_of`] `kernels`, ended by a synchronise's mark.
+fn run_of(c: &mut Client<Recorder>, s: u64, kernels: &[u64]) {
+    launches_of(c, s, kernels);
+    c.send(&Request::Mark, s, flags::MARK);
+}
+
 /// A short shape learned first (as a program's first runs are cut short while it warms up)
 /// does not cut the longer runs that begin with it into pieces: a run that went on after the
 /// short shape's graph was launched is learned whole, and its own graph then serves it; a run
@@ -777,38 +792,32 @@ fn a_run_that_goes_on_past_a_shorter_shape_is_learned_whole() {
     let mut c = server.client(batching());
     let (f, s) = kernel_and_stream(&mut c);
     let g = kernels(&mut c, 1)[0];
-    let run = |c: &mut Client<Recorder>, kernels: &[u64]| {
-        for (i, &k) in kernels.iter().enumerate() {
-            quiet(c, &launch(k, &k_params(i as u8)), s);
-        }
-        c.send(&Request::Mark, s, flags::MARK);
-    };
     for _ in 0..3 {
-        run(&mut c, &[f, f]);
+        run_of(&mut c, s, &[f, f]);
     }
     assert_eq!(counters(c.core.stats()), [1, 1, 1, 1]);
     // The short shape's graph serves the first two launches; the run is learned at its end.
-    run(&mut c, &[f, f, g, g]);
+    run_of(&mut c, s, &[f, f, g, g]);
     assert_eq!(counters(c.core.stats()), [2, 1, 1, 2]);
     // Held past the short shape, it makes its own graph, then is launched from it.
-    run(&mut c, &[f, f, g, g]);
+    run_of(&mut c, s, &[f, f, g, g]);
     assert_eq!(counters(c.core.stats()), [2, 2, 2, 2]);
     server.backend.take();
-    run(&mut c, &[f, f, g, g]);
+    run_of(&mut c, s, &[f, f, g, g]);
     assert_eq!(counters(c.core.stats()), [3, 2, 2, 2]);
     let sent = server.backend.take();
     let ops: Vec<Opcode> = sent.iter().map(|s| s.op).collect();
     assert_eq!(ops, [Opcode::GraphLaunch, Opcode::Mark]);
     // The short shape still serves a run that is just it, a run not cut short.
     let enders = c.core.batch_enders();
-    run(&mut c, &[f, f]);
+    run_of(&mut c, s, &[f, f]);
     assert_eq!(counters(c.core.stats()), [4, 2, 2, 2]);
     assert_eq!(c.core.batch_enders(), enders);
     assert_eq!(c.core.stats().batch_learned.load(Ordering::Relaxed), 2);
     // And a run held past it that then leaves the longer shape: its first two launches still
     // go as the short shape's graph, the rest one by one.
     server.backend.take();
-    run(&mut c, &[f, f, g, f]);
+    run_of(&mut c, s, &[f, f, g, f]);
     assert_eq!(counters(c.core.stats())[0], 5);
     let ops: Vec<Opcode> = server.backend.take().iter().map(|s| s.op).collect();
     assert_eq!(
@@ -830,27 +839,16 @@ fn a_run_held_in_vain_still_goes_as_the_shapes_its_pieces_make_up() {
     let mut c = server.client(batching());
     let (f, s) = kernel_and_stream(&mut c);
     let g = kernels(&mut c, 1)[0];
-    let post = |c: &mut Client<Recorder>, kernels: &[u64]| -> Vec<u64> {
-        kernels
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| quiet(c, &launch(k, &k_params(i as u8)), s))
-            .collect()
-    };
-    let run = |c: &mut Client<Recorder>, kernels: &[u64]| {
-        post(c, kernels);
-        c.send(&Request::Mark, s, flags::MARK);
-    };
     // [f, f] and [f, f, g, f, f, g], each with its graph.
     for _ in 0..3 {
-        run(&mut c, &[f, f]);
+        run_of(&mut c, s, &[f, f]);
     }
     for _ in 0..3 {
-        run(&mut c, &[f, f, g, f, f, g]);
+        run_of(&mut c, s, &[f, f, g, f, f, g]);
     }
     assert_eq!(counters(c.core.stats())[2], 2);
     server.backend.take();
-    let seqs = post(&mut c, &[f, f, g, f, f]);
+    let seqs = launches_of(&mut c, s, &[f, f, g, f, f]);
     assert!(c.core.holds_run());
     c.core.flush_held();
     let sent: Vec<(Opcode, u64)> = server
