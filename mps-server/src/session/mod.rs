@@ -501,6 +501,7 @@ impl<B: Backend> Session<B> {
             .unwrap_or_else(|| "server is stopping".into());
         let stats = self.core.stats().clone();
         let enders = self.core.batch_enders();
+        let paced = self.core.batch_paced();
         let r = self.core.release();
         let [hits, misses, graphs, learned, diverged] = [
             &stats.batch_hits,
@@ -523,6 +524,12 @@ impl<B: Backend> Session<B> {
         }
         if !enders.is_empty() {
             tracing::info!(client = self.id, "launch batching: runs ended by {enders}");
+        }
+        if !paced.is_empty() {
+            tracing::info!(
+                client = self.id,
+                "launch batching: slowly posted runs: {paced}"
+            );
         }
         tracing::info!(
             client = self.id,

@@ -259,6 +259,15 @@ impl<B: Backend> Shape<B> {
     }
 }
 
+/// What batch pacing made of the client's slowly posted shapes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Paced {
+    /// Runs held for them.
+    held: u64,
+    /// Runs that began as one, submitted as they came since the CPUs were free.
+    passed: u64,
+}
+
 /// The appearances of a shape after which its graph is made, at first: learned at the first,
 /// made at the second.
 const BUILD_AT_FIRST: u32 = 2;
@@ -391,6 +400,9 @@ pub(super) struct Batching<B: Backend> {
     pub(super) offered: Option<Desc>,
     /// What ended the client's runs that no shape made whole, and how often.
     enders: Vec<(Ender, u64)>,
+    /// Runs of slowly posted shapes that were held, and runs that began as one but went as
+    /// they came since pacing found the CPUs free: the log then tells what pacing decided.
+    paced: Paced,
     /// When the server last finished with a command of the current run.
     last_offer: Option<Instant>,
     /// When the command being handled arrived, if it may join a run.
@@ -430,6 +442,7 @@ impl<B: Backend> Batching<B> {
             errors: Vec::new(),
             offered: None,
             enders: Vec::new(),
+            paced: Paced::default(),
             last_offer: None,
             arrival: Instant::now(),
             waited: (Duration::ZERO, 0),
@@ -482,6 +495,36 @@ impl<B: Backend> Batching<B> {
             out.push(format!("others {rest}"));
         }
         out.join(", ")
+    }
+
+    /// What pacing made of the client's slowly posted shapes, for the log ("" if nothing).
+    pub(super) fn paced(&self) -> String {
+        let Paced { held, passed } = self.paced;
+        if held + passed == 0 {
+            return String::new();
+        }
+        format!("{held} held, {passed} submitted as they came while the CPUs were free")
+    }
+
+    /// Counts what pacing made of `desc` where nothing is held: a held run of a slowly posted
+    /// shape if one of `next`, the shapes it begins holding for, is slow; a run passed if
+    /// `desc` begins the run, holds for no shape, and pacing alone kept out a slow shape whose
+    /// work it begins.
+    fn count_paced(&mut self, desc: &Desc, next: &[usize]) {
+        if self.holds() {
+            return;
+        }
+        if next.iter().any(|i| self.shapes[*i].slow) {
+            self.paced.held += 1;
+        } else if next.is_empty() && self.recent.is_empty() && !self.pacing.holds_slow_runs() {
+            let kept_out = self.shapes.iter().any(|s| {
+                s.slow
+                    && s.stream == self.stream
+                    && s.worth_holding(self.build_at, true)
+                    && s.key.first().is_some_and(|k| k.same_work(desc))
+            });
+            self.paced.passed += u64::from(kept_out);
+        }
     }
 
     /// What `req` is in a run, if batching is on and it may join one; notes when such a
@@ -748,6 +791,7 @@ impl<B: Backend> SessionCore<B> {
             }
             next = self.batch.matching(&desc);
         }
+        self.batch.count_paced(&desc, &next);
         // Noted after the flush, which tells a launch of the whole run so far from one of its
         // beginning by comparing what it launches with the run noted so far.
         self.batch.note(desc);
@@ -909,6 +953,11 @@ impl<B: Backend> SessionCore<B> {
     /// What ended the client's runs most often, for the log.
     pub(crate) fn batch_enders(&self) -> String {
         self.batch.enders()
+    }
+
+    /// What batch pacing decided for the client's slowly posted runs, for the log.
+    pub(crate) fn batch_paced(&self) -> String {
+        self.batch.paced()
     }
 
     /// Publishes the cache's size in the client's counters.

@@ -1192,8 +1192,8 @@ fn a_cached_graph_is_given_the_geometry_and_the_memsets_that_changed() {
 }
 
 /// Graph launches of 8 runs of 3 launches posted `gap` apart, by a client that sees the CPUs
-/// `contended` or not.
-fn runs_posted(contended: bool, gap: Duration) -> usize {
+/// `contended` or not, and what the log says pacing made of them.
+fn runs_posted(contended: bool, gap: Duration) -> (usize, String) {
     let server = Server::new(Recorder::new(16));
     let limits = Limits {
         batch_pacing: BatchPacing::Assume { contended },
@@ -1211,7 +1211,8 @@ fn runs_posted(contended: bool, gap: Duration) -> usize {
         c.send(&Request::Mark, s, flags::MARK);
     }
     let sent = server.backend.take();
-    sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count()
+    let launches = sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count();
+    (launches, c.core.batch_paced())
 }
 
 /// A run whose commands the server waits for (`BURST_GAP` apart or more) is held for a graph
@@ -1221,11 +1222,22 @@ fn runs_posted(contended: bool, gap: Duration) -> usize {
 fn a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
     let slow = Duration::from_micros(200);
     // Learned at the first run, its graph made at the second and launched again after.
-    assert_eq!(runs_posted(true, slow), 7, "contended CPUs");
-    assert_eq!(runs_posted(false, slow), 0, "free CPUs");
+    let (contended, paced) = runs_posted(true, slow);
+    assert_eq!(contended, 7, "contended CPUs");
+    // The log tells what pacing did: the second run is held for its graph, as are the rest.
+    assert_eq!(
+        paced,
+        "7 held, 0 submitted as they came while the CPUs were free"
+    );
+    let (free, paced) = runs_posted(false, slow);
+    assert_eq!(free, 0, "free CPUs");
+    assert_eq!(
+        paced,
+        "0 held, 7 submitted as they came while the CPUs were free"
+    );
     // A run that this thread lost its CPU in the middle of counts as slow: the next goes
     // command by command, and holding resumes after it.
-    let burst = runs_posted(false, Duration::ZERO);
+    let (burst, _) = runs_posted(false, Duration::ZERO);
     assert!(
         burst >= 5,
         "a burst on free CPUs: {burst} of 7 runs from a graph"
