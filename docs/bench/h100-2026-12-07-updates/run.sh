@@ -12,10 +12,12 @@
 #             MPS and the build before these changes (.device-bin/old), one round; BERT-base
 #             at N=32 beside NVIDIA MPS.
 #   STEP=ab2  as ab in the order that matters most, for a short command: BERT-base at N=16
-#             beside NVIDIA MPS and the build before, the graphs and e2e suites, ResNet-18 at
-#             N=16 likewise.
+#             beside NVIDIA MPS and the build before, the graphs and e2e suites (or SUITES),
+#             ResNet-18 at N=16 likewise.
 #   STEP=rest mps-bench infer and infer-graph at N=8 and 16 beside NVIDIA MPS; the latency
-#             client beside trainers (qos.py); ResNet-18 at N=64.
+#             client beside trainers (qos.py, QOS its arguments: five scenarios of 5 s by
+#             default); ResNet-18 at N=64.
+#   STEP=last as rest, then the three models at N=8 beside NVIDIA MPS as time allows.
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (scripts/test-gpu build,
 # and mps-bench beside it; for mps@old, .device-bin/old holds mps-server and mps-control built
 # from the build compared against, with this build's mps-run and libmpscuda.so beside them).
@@ -67,7 +69,7 @@ ab)
 ab2)
   bench n16-bert ${NT16:-90} --models bert --clients 16 --rounds 1 --seconds 4 \
     --modes nvidia-mps,mps@old,mps
-  suites ${NTS:-60} graphs e2e
+  suites ${NTS:-60} ${SUITES:-graphs e2e}
   bench n16-resnet18 ${NT16:-90} --models resnet18 --clients 16 --rounds 1 --seconds 4 \
     --modes nvidia-mps,mps@old,mps
   ;;
@@ -77,14 +79,17 @@ rounds)
       --seconds 4 --modes ${MODES:-nvidia-mps,mps@old,mps}
   done
   ;;
-rest)
+rest|last)
   timeout 80 $B/mps-bench run --modes nvidia-mps,mps --workloads infer,infer-graph --clients 8,16 \
     --ptx $ROOT/kernels/test_kernels.ptx --server $B/mps-server --out $W/mb > $W/mb.txt 2>&1
   S "mps-bench rc=$?"; grep "^|" $W/mb.txt | head -20
-  (cd $R && timeout 200 python3 qos.py $B $W/qos > $W/qos.txt 2>&1)
+  (cd $R && timeout 200 python3 qos.py $B $W/qos ${QOS:---seconds 5 --rounds 1 --scenarios 4,5,7,9,10} \
+    > $W/qos.txt 2>&1)
   S "qos rc=$?"; tail -30 $W/qos.txt
   pkill -x mps-control; pkill -x mps-server
-  bench n64 200 --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps
+  bench n64 ${NT64:-200} --models resnet18 --clients 64 --rounds 1 --seconds 4 --modes mps
+  [ $STEP = last ] && bench n8 560 --models mlp,resnet18,bert --clients 8 --rounds 1 --seconds 4 \
+    --modes nvidia-mps,mps
   ;;
 esac
 nvidia_quit
