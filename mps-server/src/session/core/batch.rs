@@ -517,12 +517,10 @@ impl<B: Backend> Batching<B> {
         if next.iter().any(|i| self.shapes[*i].slow) {
             self.paced.held += 1;
         } else if next.is_empty() && self.recent.is_empty() && !self.pacing.holds_slow_runs() {
-            let kept_out = self.shapes.iter().any(|s| {
-                s.slow
-                    && s.stream == self.stream
-                    && s.worth_holding(self.build_at, true)
-                    && s.key.first().is_some_and(|k| k.same_work(desc))
-            });
+            let kept_out = self
+                .shapes
+                .iter()
+                .any(|s| s.slow && self.continues(s, 0, desc, true));
             self.paced.passed += u64::from(kept_out);
         }
     }
@@ -587,17 +585,20 @@ impl<B: Backend> Batching<B> {
     fn matching(&self, desc: &Desc) -> Vec<usize> {
         let n = self.held.len();
         let hold_slow = self.pacing.holds_slow_runs();
-        let fits = |i: &usize| {
-            let s = &self.shapes[*i];
-            s.worth_holding(self.build_at, hold_slow)
-                && s.stream == self.stream
-                && s.key.get(n).is_some_and(|k| k.same_work(desc))
-        };
+        let fits = |i: &usize| self.continues(&self.shapes[*i], n, desc, hold_slow);
         if n == 0 {
             (0..self.shapes.len()).filter(fits).collect()
         } else {
             self.candidates.iter().copied().filter(fits).collect()
         }
+    }
+
+    /// Whether `desc`, after `n` held commands, continues shape `s` of the run's stream, as one
+    /// whose runs are held (`hold_slow`: a slowly posted shape's may be).
+    fn continues(&self, s: &Shape<B>, n: usize, desc: &Desc, hold_slow: bool) -> bool {
+        s.worth_holding(self.build_at, hold_slow)
+            && s.stream == self.stream
+            && s.key.get(n).is_some_and(|k| k.same_work(desc))
     }
 
     /// The shape the held commands make up whole, if any, and whether a longer one may still
