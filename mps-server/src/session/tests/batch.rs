@@ -469,15 +469,9 @@ fn kernel_and_stream(c: &mut Client<Recorder>) -> (u64, u64) {
     (c.function(m, "k"), c.stream())
 }
 
+/// `runs` runs of three launches of `f` (see [`run_of`]); the launches' numbers.
 fn recorder_run(c: &mut Client<Recorder>, f: u64, s: u64, runs: usize) -> Vec<u64> {
-    let mut seqs = Vec::new();
-    for _ in 0..runs {
-        for i in 0..3 {
-            seqs.push(quiet(c, &launch(f, &k_params(i)), s));
-        }
-        c.send(&Request::Mark, s, flags::MARK);
-    }
-    seqs
+    (0..runs).flat_map(|_| run_of(c, s, &[f; 3])).collect()
 }
 
 #[test]
@@ -776,10 +770,11 @@ fn launches_of(c: &mut Client<Recorder>, s: u64, kernels: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-/// A run of [`launches_of`] `kernels`, ended by a synchronise's mark.
-fn run_of(c: &mut Client<Recorder>, s: u64, kernels: &[u64]) {
-    launches_of(c, s, kernels);
+/// A run of [`launches_of`] `kernels`, ended by a synchronise's mark; the launches' numbers.
+fn run_of(c: &mut Client<Recorder>, s: u64, kernels: &[u64]) -> Vec<u64> {
+    let seqs = launches_of(c, s, kernels);
     c.send(&Request::Mark, s, flags::MARK);
+    seqs
 }
 
 /// A short shape learned first (as a program's first runs are cut short while it warms up)
