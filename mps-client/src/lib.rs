@@ -48,6 +48,7 @@ mod streams;
 mod submission;
 mod transport;
 mod vm;
+mod wait_stats;
 
 pub use connection::Client;
 pub use handles::{

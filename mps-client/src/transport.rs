@@ -4,6 +4,7 @@
 //! still there). It is the client's submission and completion state; the `Client` owns it and
 //! its calls go through it.
 
+use std::cell::RefCell;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +21,7 @@ use mps_ipc::ring::{Consumer, Producer, RingMemory};
 use crate::completions::Completions;
 use crate::handles::Stream;
 use crate::submission::Submissions;
+use crate::wait_stats::{self, WaitClock};
 
 /// How long a waiting thread spins before anything else (`MPS_CLIENT_SPIN_US` overrides it).
 const DEFAULT_SPIN: Duration = Duration::from_micros(20);
@@ -404,7 +406,28 @@ impl Transport {
     pub(crate) fn wait_stream_seq(&self, slot: u32, seq: u64) -> Result<()> {
         let done = self.channel.stream_done(slot);
         let reached = || done.load(Ordering::Acquire) >= seq;
-        self.wait_for(reached, |_| reached().then_some(Ok(())))
+        if !wait_stats::enabled() || reached() {
+            return self.wait_for(reached, |_| reached().then_some(Ok(())));
+        }
+        let clock = RefCell::new(WaitClock::start(self.untaken_slots()));
+        let look = || {
+            let mut c = clock.borrow_mut();
+            if c.awaits_empty() && self.untaken_slots() == 0 {
+                c.emptied();
+            }
+            reached()
+        };
+        let r = self.wait_for(look, |_| look().then_some(Ok(())));
+        clock.into_inner().finish();
+        r
+    }
+
+    /// Slots of the submission ring the server has not taken yet.
+    fn untaken_slots(&self) -> u32 {
+        let s = lock(&self.submitter);
+        let capacity = s.producer.memory().capacity();
+        // A corrupt ring counts as untaken: the wait then fails on its own.
+        capacity - s.producer.free().unwrap_or(0)
     }
 }
 
