@@ -50,7 +50,10 @@
 //!   while the machine's CPUs are contended (`crate::cpu_pressure`): then the server's time
 //!   per command is taken from the clients, and one graph launch per run gives it back. How
 //!   fast a run came is measured each time it appears, as the time the server waited for the
-//!   client's next command (its own handling excluded).
+//!   client's next command (its own handling excluded). Holding of any shape begins on free
+//!   CPUs only while the client posts in bursts (`Batching::posting_slowly`): a slowly posted
+//!   request holds bursts (one library call's launches) that repeat as shapes of their own,
+//!   and holding those keeps the device waiting as holding the request would.
 //! * **Exactness.** Every command is checked when it arrives, so an invalid one is refused
 //!   against its own sequence number, with the held commands before it submitted first. If a
 //!   graph cannot be made or launched, the held commands are submitted one by one instead, so
@@ -288,6 +291,10 @@ pub(crate) const MAX_RUN: usize = 256;
 /// posts faster outruns the server's command-by-command submission.
 const BURST_GAP: Duration = Duration::from_micros(2);
 
+/// Waits for a run's next command after which the run's own pace tells whether the client is
+/// posting slowly; before them, the client's last run's does.
+const PACE_WAITS: u32 = 4;
+
 /// Held runs of a client that left their shape whose divergence the log describes.
 const DIVERGENCES_LOGGED: u64 = 3;
 
@@ -410,6 +417,8 @@ pub(super) struct Batching<B: Backend> {
     /// The time the server waited for the current run's commands after its first, and the
     /// number of those waits.
     waited: (Duration, u32),
+    /// The client's last run that the server waited for `PACE_WAITS` times came slowly.
+    last_run_slow: bool,
 }
 
 impl<B: Backend> Batching<B> {
@@ -446,6 +455,7 @@ impl<B: Backend> Batching<B> {
             last_offer: None,
             arrival: Instant::now(),
             waited: (Duration::ZERO, 0),
+            last_run_slow: false,
         }
     }
 
@@ -465,6 +475,18 @@ impl<B: Backend> Batching<B> {
     fn run_was_slow(&self) -> bool {
         let (waited, waits) = self.waited;
         waits > 0 && waited >= BURST_GAP * waits
+    }
+
+    /// Whether the client is posting slowly now: by the current run's pace once the server
+    /// has waited for `PACE_WAITS` of its commands, by the last such run's before. A slowly
+    /// posted run can contain bursts (one library call's few launches) that repeat as shapes
+    /// of their own; holding those delays the device as much as holding the run.
+    fn posting_slowly(&self) -> bool {
+        if self.waited.1 >= PACE_WAITS {
+            self.run_was_slow()
+        } else {
+            self.last_run_slow
+        }
     }
 
     /// Counts `why` as the end of the current run, if one is open.
@@ -506,21 +528,22 @@ impl<B: Backend> Batching<B> {
         format!("{held} held, {passed} submitted as they came while the CPUs were free")
     }
 
-    /// Counts what pacing made of `desc` where nothing is held: a held run of a slowly posted
-    /// shape if one of `next`, the shapes it begins holding for, is slow; a run passed if
-    /// `desc` begins the run, holds for no shape, and pacing alone kept out a slow shape whose
-    /// work it begins.
+    /// Counts what pacing made of `desc` where nothing is held: a slowly posted run held if
+    /// `next`, the shapes it begins holding for, are some and one of them is slow or the
+    /// client posts slowly; a run passed if `desc` begins the run, holds for no shape, and
+    /// pacing alone kept out a shape whose work it begins.
     fn count_paced(&mut self, desc: &Desc, next: &[usize]) {
         if self.holds() {
             return;
         }
-        if next.iter().any(|i| self.shapes[*i].slow) {
+        let slowly = self.posting_slowly();
+        if !next.is_empty() && (slowly || next.iter().any(|i| self.shapes[*i].slow)) {
             self.paced.held += 1;
         } else if next.is_empty() && self.recent.is_empty() && !self.pacing.holds_slow_runs() {
             let kept_out = self
                 .shapes
                 .iter()
-                .any(|s| s.slow && self.continues(s, 0, desc, true));
+                .any(|s| (slowly || s.slow) && self.continues(s, 0, desc, true));
             self.paced.passed += u64::from(kept_out);
         }
     }
@@ -594,9 +617,11 @@ impl<B: Backend> Batching<B> {
     }
 
     /// Whether `desc`, after `n` held commands, continues shape `s` of the run's stream, as one
-    /// whose runs are held (`hold_slow`: a slowly posted shape's may be).
+    /// whose runs are held (`hold_slow`: a slowly posted shape's may be, and holding may begin
+    /// while the client posts slowly; once begun, a hold runs its course).
     fn continues(&self, s: &Shape<B>, n: usize, desc: &Desc, hold_slow: bool) -> bool {
         s.worth_holding(self.build_at, hold_slow)
+            && (hold_slow || n > 0 || !self.posting_slowly())
             && s.stream == self.stream
             && s.key.get(n).is_some_and(|k| k.same_work(desc))
     }
@@ -660,6 +685,9 @@ impl<B: Backend> Batching<B> {
     /// Remembers the current run's shape (a run of one command gains nothing), or counts its
     /// appearance where it is known, and starts a new run.
     fn learn(&mut self) {
+        if self.waited.1 >= PACE_WAITS {
+            self.last_run_slow = self.run_was_slow();
+        }
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);
         let launched = std::mem::replace(&mut self.launched, 0);

@@ -1238,3 +1238,52 @@ fn a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
         "a burst on free CPUs: {burst} of 7 runs from a graph"
     );
 }
+
+/// Graph launches of four slowly posted runs that each hold a burst (one library call's three
+/// launches, posted at once) which the client first posted as runs of their own, by a client
+/// that sees the CPUs `contended` or not.
+fn bursts_in_slow_runs(contended: bool) -> usize {
+    let server = Server::new(Recorder::new(16));
+    let limits = Limits {
+        batch_pacing: BatchPacing::Assume { contended },
+        ..batching()
+    };
+    let mut c = server.client(limits);
+    let s = c.stream();
+    let k = kernels(&mut c, 2);
+    let (slow, burst) = (k[0], [k[1]; 3]);
+    // The burst alone, as while a program warms up: learned, its graph made, then launched.
+    for _ in 0..3 {
+        run_of(&mut c, s, &burst);
+    }
+    assert!(
+        launched_graphs(&server.backend.take()) > 0,
+        "the burst alone"
+    );
+    let gap = Duration::from_micros(200);
+    for _ in 0..4 {
+        for i in 0..6 {
+            std::thread::sleep(gap);
+            quiet(&mut c, &launch(slow, &k_params(i)), s);
+        }
+        launches_of(&mut c, s, &burst);
+        std::thread::sleep(gap);
+        quiet(&mut c, &launch(slow, &k_params(9)), s);
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    launched_graphs(&server.backend.take())
+}
+
+fn launched_graphs(sent: &[Submitted]) -> usize {
+    sent.iter().filter(|x| x.op == Opcode::GraphLaunch).count()
+}
+
+/// A slowly posted run holds nothing while the CPUs are free, not even a burst inside it that
+/// is a shape of its own: holding the burst would keep the device waiting as holding the run
+/// does. While they are contended, the burst and then the whole run go from graphs.
+#[test]
+fn a_burst_inside_a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
+    assert_eq!(bursts_in_slow_runs(false), 0, "free CPUs");
+    let contended = bursts_in_slow_runs(true);
+    assert!(contended >= 4, "contended CPUs: {contended} graph launches");
+}
