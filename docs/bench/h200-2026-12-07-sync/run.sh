@@ -77,7 +77,7 @@ sync)
   ;;
 pace)
   M="nvidia-mps,mps@old,mps,mps:--launch-batching=off"
-  bench r8 ${NT8:-130} --models resnet18 --clients 8 --rounds 1 --seconds 4 --modes $M
+  bench r8 ${NT8:-130} --models resnet18 --clients 8 --rounds 1 --seconds 4 --modes ${MR8:-$M}
   bench b8 ${NT8:-150} --models bert --clients 8 --rounds 1 --seconds 4 --modes ${MB8:-$M}
   bench b16 ${NT16:-130} --models bert --clients 16 --rounds 1 --seconds 4 \
     --modes nvidia-mps,mps@old,mps
