@@ -409,25 +409,22 @@ impl Transport {
         if !wait_stats::enabled() || reached() {
             return self.wait_for(reached, |_| reached().then_some(Ok(())));
         }
-        let clock = RefCell::new(WaitClock::start(self.untaken_slots()));
+        // Lock-free looks at the ring's indices: the waiter may hold the receiver's lock, and a
+        // submitter holds the submitter's while it takes the receiver's.
+        let (tail, head) = self.channel.submit_indices();
+        let clock = RefCell::new(WaitClock::start(tail, head));
         let look = || {
             let mut c = clock.borrow_mut();
-            if c.awaits_empty() && self.untaken_slots() == 0 {
-                c.emptied();
+            if c.awaits_taking() {
+                c.taken_up_to(self.channel.submit_indices().1);
             }
             reached()
         };
-        let r = self.wait_for(look, |_| look().then_some(Ok(())));
-        clock.into_inner().finish();
+        let r = self.wait_for(look, |_| reached().then_some(Ok(())));
+        let mut c = clock.into_inner();
+        c.taken_up_to(self.channel.submit_indices().1);
+        c.finish();
         r
-    }
-
-    /// Slots of the submission ring the server has not taken yet.
-    fn untaken_slots(&self) -> u32 {
-        let s = lock(&self.submitter);
-        let capacity = s.producer.memory().capacity();
-        // A corrupt ring counts as untaken: the wait then fails on its own.
-        capacity - s.producer.free().unwrap_or(0)
     }
 }
 

@@ -1,15 +1,15 @@
 //! Where a client's waits for its streams go, for an operator asking why a synchronise takes
 //! long: with `MPS_CLIENT_WAIT_STATS=1` set, each process writes one line to standard error
 //! after every [`EVERY`] waits, splitting them into the time until the server had taken every
-//! command the client had posted (the server behind the client) and the time after (the
-//! server's held commands and the device). Off, a wait pays one relaxed load.
+//! command posted before the wait (the server behind the client) and the time after (the
+//! server's held commands and the device). Off, a wait pays one look at a set-once flag.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Waits summed in each line.
-pub(crate) const EVERY: u64 = 1000;
+pub(crate) const EVERY: u64 = 200;
 
 /// The variable that turns the lines on.
 const VARIABLE: &str = "MPS_CLIENT_WAIT_STATS";
@@ -35,32 +35,40 @@ pub(crate) fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var(VARIABLE).is_ok_and(|v| v.trim() == "1"))
 }
 
-/// One wait as it goes: made where it begins, told when the ring is seen empty, finished when
-/// the wait ends.
+/// One wait as it goes: made where it begins, with the submission ring's tail and head then,
+/// told the head as it moves, finished when the wait ends.
 pub(crate) struct WaitClock {
     began: Instant,
+    /// The ring's head when the wait began, and the slots posted beyond it then: the commands
+    /// this wait may wait for, not those other threads post meanwhile.
+    head: u32,
     slots: u32,
-    emptied: Option<Duration>,
+    /// When the server had taken those slots.
+    taken: Option<Duration>,
 }
 
 impl WaitClock {
-    /// A wait that begins with `slots` of the ring not yet taken by the server.
-    pub(crate) fn start(slots: u32) -> Self {
+    /// A wait that begins with the ring's published `tail` and `head`.
+    pub(crate) fn start(tail: u32, head: u32) -> Self {
+        let slots = tail.wrapping_sub(head);
         WaitClock {
             began: Instant::now(),
+            head,
             slots,
-            emptied: (slots == 0).then_some(Duration::ZERO),
+            taken: (slots == 0).then_some(Duration::ZERO),
         }
     }
 
-    /// Whether the clock still waits to see the ring empty.
-    pub(crate) fn awaits_empty(&self) -> bool {
-        self.emptied.is_none()
+    /// Whether the server had not yet taken every slot posted before the wait, when last told.
+    pub(crate) fn awaits_taking(&self) -> bool {
+        self.taken.is_none()
     }
 
-    /// The ring was seen empty now.
-    pub(crate) fn emptied(&mut self) {
-        self.emptied.get_or_insert_with(|| self.began.elapsed());
+    /// The ring's head is now `head`.
+    pub(crate) fn taken_up_to(&mut self, head: u32) {
+        if self.taken.is_none() && head.wrapping_sub(self.head) >= self.slots {
+            self.taken = Some(self.began.elapsed());
+        }
     }
 
     /// The wait is over: adds it to the sums, and writes the line every [`EVERY`] waits.
@@ -72,9 +80,9 @@ impl WaitClock {
             .fetch_add(u64::from(self.slots > 0), Ordering::Relaxed);
         s.slots.fetch_add(u64::from(self.slots), Ordering::Relaxed);
         s.untaken_ns
-            .fetch_add(ns(self.emptied.unwrap_or(total)), Ordering::Relaxed);
+            .fetch_add(ns(self.taken.unwrap_or(total)), Ordering::Relaxed);
         s.total_ns.fetch_add(ns(total), Ordering::Relaxed);
-        if s.waits.fetch_add(1, Ordering::Relaxed) + 1 >= EVERY {
+        if s.waits.fetch_add(1, Ordering::Relaxed) + 1 == EVERY {
             eprintln!("{}", line(s));
         }
     }
@@ -126,16 +134,23 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_that_began_with_an_empty_ring_spent_none_of_it_on_untaken_commands() {
-        let c = WaitClock::start(0);
-        assert!(!c.awaits_empty());
-        let mut c = WaitClock::start(5);
-        assert!(c.awaits_empty());
+    fn a_wait_counts_the_slots_posted_before_it_even_across_the_rings_wrap() {
+        let c = WaitClock::start(7, 7);
+        assert!(!c.awaits_taking(), "nothing was in the ring");
+        // Three slots posted, the indices about to wrap.
+        let mut c = WaitClock::start(1, u32::MAX - 1);
+        assert_eq!(c.slots, 3);
+        c.taken_up_to(u32::MAX);
+        assert!(c.awaits_taking(), "one of three taken");
         std::thread::sleep(Duration::from_millis(2));
-        c.emptied();
-        let first = c.emptied.unwrap();
-        c.emptied();
-        assert_eq!(c.emptied, Some(first), "the first emptying counts");
+        c.taken_up_to(1);
+        let first = c.taken.expect("all three taken");
+        c.taken_up_to(5);
+        assert_eq!(
+            c.taken,
+            Some(first),
+            "the first look that saw them taken counts"
+        );
         assert!(first >= Duration::from_millis(2));
     }
 }

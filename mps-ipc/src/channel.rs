@@ -266,6 +266,16 @@ impl Channel {
         )
     }
 
+    /// The submission ring's published indices, tail then head: how far the client has posted
+    /// and the server has taken (a look, for statistics; neither end is disturbed).
+    pub fn submit_indices(&self) -> (u32, u32) {
+        let m = self.submit_memory();
+        (
+            m.tail().load(std::sync::atomic::Ordering::Acquire),
+            m.head().load(std::sync::atomic::Ordering::Acquire),
+        )
+    }
+
     /// The client's end of the submission ring.
     pub fn submit_producer(&self) -> Producer<Command, ShmRing<Command>> {
         Producer::new(self.submit_memory())
