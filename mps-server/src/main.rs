@@ -239,8 +239,9 @@ struct ClientLimitArgs {
     #[arg(long, default_value_t = ClientLimits::default().batch_hold_us)]
     batch_hold_us: u64,
     /// On: launch batching holds the runs of a client that posts its commands slowly (a Python
-    /// program's launches) only while threads wait for the machine's CPUs; off: whatever the
-    /// CPUs' load. Runs posted in a burst are held either way (see docs/OPERATE.md).
+    /// program's launches), the bursts inside them included, only while threads wait for the
+    /// machine's CPUs; off: whatever the CPUs' load. The runs of a client that posts in bursts
+    /// are held either way (see docs/OPERATE.md).
     #[arg(long, value_enum, default_value = "on")]
     batch_pacing: Switch,
 }

@@ -58,7 +58,8 @@ pub struct Limits {
 }
 
 /// When launch batching holds the runs of a client that posts each command well after the last
-/// (see `session/core/batch.rs`, "Holding must pay"). Runs posted in a burst are held either way.
+/// (see `session/core/batch.rs`, "Holding must pay"). The runs of a client that posts in
+/// bursts are held either way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchPacing {
     /// Whatever the CPUs' load.

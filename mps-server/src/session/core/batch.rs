@@ -417,7 +417,8 @@ pub(super) struct Batching<B: Backend> {
     /// The time the server waited for the current run's commands after its first, and the
     /// number of those waits.
     waited: (Duration, u32),
-    /// The client's last run that the server waited for `PACE_WAITS` times came slowly.
+    /// The client's last run told of a slow pace: it came slowly, the server having waited for
+    /// `PACE_WAITS` of its commands or more, and no run came fast since.
     last_run_slow: bool,
 }
 
@@ -478,7 +479,7 @@ impl<B: Backend> Batching<B> {
     }
 
     /// Whether the client is posting slowly now: by the current run's pace once the server
-    /// has waited for `PACE_WAITS` of its commands, by the last such run's before. A slowly
+    /// has waited for `PACE_WAITS` of its commands, by `last_run_slow` before. A slowly
     /// posted run can contain bursts (one library call's few launches) that repeat as shapes
     /// of their own; holding those delays the device as much as holding the run.
     fn posting_slowly(&self) -> bool {
@@ -685,8 +686,11 @@ impl<B: Backend> Batching<B> {
     /// Remembers the current run's shape (a run of one command gains nothing), or counts its
     /// appearance where it is known, and starts a new run.
     fn learn(&mut self) {
-        if self.waited.1 >= PACE_WAITS {
-            self.last_run_slow = self.run_was_slow();
+        // A short run says little of a slow pace (one descheduling makes it slow), but that it
+        // came fast at all ends a slow one.
+        let slow = self.run_was_slow();
+        if self.waited.1 >= PACE_WAITS || (self.waited.1 > 0 && !slow) {
+            self.last_run_slow = slow;
         }
         let bytes = std::mem::replace(&mut self.recent_bytes, 0);
         let overflow = std::mem::replace(&mut self.recent_overflow, false);

@@ -1252,8 +1252,9 @@ fn bursts_in_slow_runs(contended: bool) -> usize {
     let s = c.stream();
     let k = kernels(&mut c, 2);
     let (slow, burst) = (k[0], [k[1]; 3]);
-    // The burst alone, as while a program warms up: learned, its graph made, then launched.
-    for _ in 0..3 {
+    // The burst alone, as while a program warms up: learned, its graph made, then launched
+    // (more than once, though a descheduled test thread can make a run of it slow).
+    for _ in 0..6 {
         run_of(&mut c, s, &burst);
     }
     assert!(
@@ -1286,4 +1287,28 @@ fn a_burst_inside_a_slowly_posted_run_is_held_only_while_the_cpus_are_contended(
     assert_eq!(bursts_in_slow_runs(false), 0, "free CPUs");
     let contended = bursts_in_slow_runs(true);
     assert!(contended >= 4, "contended CPUs: {contended} graph launches");
+}
+
+/// A client that posted one slow run and then posts in bursts has its runs held again on free
+/// CPUs: a fast run ends what the slow one told of its pace, however short.
+#[test]
+fn a_client_that_turns_to_bursts_has_its_runs_held_again() {
+    let server = Server::new(Recorder::new(16));
+    let limits = Limits {
+        batch_pacing: BatchPacing::Assume { contended: false },
+        ..batching()
+    };
+    let mut c = server.client(limits);
+    let (f, s) = kernel_and_stream(&mut c);
+    for i in 0..6 {
+        std::thread::sleep(Duration::from_micros(200));
+        quiet(&mut c, &launch(f, &k_params(i)), s);
+    }
+    c.send(&Request::Mark, s, flags::MARK);
+    let burst = [f; 3];
+    for _ in 0..20 {
+        run_of(&mut c, s, &burst);
+    }
+    let graphs = launched_graphs(&server.backend.take());
+    assert!(graphs >= 10, "{graphs} of 20 bursts from a graph");
 }
