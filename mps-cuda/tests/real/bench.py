@@ -22,7 +22,9 @@ machine's CPUs were, and the requests of the process served least and the slowes
 all (with when it began), which show a process left behind. Into OUT_DIR: bench.json (every process's
 result), bench.md (the medians over rounds, with mps against NVIDIA MPS and native as ratios,
 the range over rounds in brackets), each run's stderr, and the services' logs (mps's under
-mps-logs/MODE).
+mps-logs/MODE). Where the mps clients have MPS_CLIENT_WAIT_STATS=1 (set in the environment or
+as a mode's NAME=VALUE), bench.md adds where their stream waits went: the median process's
+mean wait, and its parts before and after the server had taken the commands posted before it.
 """
 
 import argparse
@@ -133,7 +135,30 @@ def run_n(mode, model, n, seconds, bin_dir, work, err_dir, devices=1):
     # Inside the window every process serves in, clear of its start and its exit.
     time.sleep(0.05 * seconds)
     usage = usage_during(0.85 * seconds)
-    return [json_result(p, seconds + 120) for p in procs], usage
+    results = [json_result(p, seconds + 120) for p in procs]
+    for i, r in enumerate(results):
+        if r:
+            r.update(wait_split(os.path.join(err_dir, f"{model}.{mode}.n{n}.p{i}.err")))
+    return results, usage
+
+
+WAIT_LINE = re.compile(r"mps client \d+: \d+ stream waits, mean ([\d.]+) us; .* until the server "
+                       r"had taken them all: mean ([\d.]+) us, after: ([\d.]+) us")
+
+
+def wait_split(err_path):
+    """The last line a client with MPS_CLIENT_WAIT_STATS=1 wrote of its stream waits: their
+    mean, and the parts before and after the server had taken the commands posted before
+    each (empty where it wrote none)."""
+    try:
+        lines = open(err_path, errors="replace").read().splitlines()
+    except OSError:
+        return {}
+    found = [m for m in map(WAIT_LINE.search, lines) if m]
+    if not found:
+        return {}
+    wait, untaken, after = (float(x) for x in found[-1].groups())
+    return {"stream_wait_us": wait, "untaken_us": untaken, "after_taken_us": after}
 
 
 def summary(results, usage):
@@ -152,6 +177,10 @@ def summary(results, usage):
         **max(({"max_ms": r["max_ms"], "max_at_s": r["max_at_s"]} for r in ok if "max_ms" in r),
               key=lambda m: m["max_ms"], default={}),
         "same_output": len({round(r["checksum"], 2) for r in ok}) == 1,
+        # Medians over the processes that wrote their stream waits (MPS_CLIENT_WAIT_STATS=1).
+        **{k: statistics.median(r[k] for r in ok if k in r)
+           for k in ("stream_wait_us", "untaken_us", "after_taken_us")
+           if any(k in r for r in ok)},
         # Every process's own line, in the order started (None for one that failed).
         "processes": results,
     }
@@ -213,6 +242,26 @@ def time_table(all_rounds, models, clients, modes):
     return "\n".join(lines) + "\n"
 
 
+def wait_table(all_rounds, models, clients, modes):
+    """Where the stream waits went, for the modes whose clients wrote them: medians over
+    rounds of the processes' medians ("" when none did)."""
+    keys = ("stream_wait_us", "untaken_us", "after_taken_us")
+    lines = []
+    for model in models:
+        for n in clients:
+            rows = [r[model][str(n)] for r in all_rounds if model in r and str(n) in r[model]]
+            for m in modes:
+                vals = [[r[m][k] for r in rows if k in r.get(m, {})] for k in keys]
+                if all(vals):
+                    med = [statistics.median(v) for v in vals]
+                    lines.append(f"| {model} | {n} | {m} | {med[0]:.1f} | {med[1]:.1f} "
+                                 f"| {med[2]:.1f} |")
+    if not lines:
+        return ""
+    return "\n".join(["| model | N | mode | stream wait us | until the server had taken the "
+                      "commands before it | after |", "|---" * 6 + "|"] + lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin_dir")
@@ -258,6 +307,9 @@ def main():
                   open(os.path.join(out, "bench.json"), "w"), indent=1)
     md = table(all_rounds, models, clients, modes) + "\n" + time_table(all_rounds, models,
                                                                          clients, modes)
+    waits = wait_table(all_rounds, models, clients, modes)
+    if waits:
+        md += "\n" + waits
     open(os.path.join(out, "bench.md"), "w").write(md)
     print(md)
 
