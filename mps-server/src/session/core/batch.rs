@@ -702,7 +702,6 @@ impl<B: Backend> Batching<B> {
             return;
         }
         self.tick += 1;
-        let slow = self.run_was_slow();
         let recent = &self.recent;
         let same = |key: &[Desc]| {
             key.len() == recent.len() && key.iter().zip(recent).all(|(k, r)| k.same_work(r))
