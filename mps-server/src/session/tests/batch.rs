@@ -469,6 +469,19 @@ fn kernel_and_stream(c: &mut Client<Recorder>) -> (u64, u64) {
     (c.function(m, "k"), c.stream())
 }
 
+/// Graph launches among `sent`.
+fn launched_graphs(sent: &[Submitted]) -> usize {
+    sent.iter().filter(|x| x.op == Opcode::GraphLaunch).count()
+}
+
+/// The batching limits with pacing that sees the CPUs `contended` or not.
+fn paced(contended: bool) -> Limits {
+    Limits {
+        batch_pacing: BatchPacing::Assume { contended },
+        ..batching()
+    }
+}
+
 /// `runs` runs of three launches of `f` (see [`run_of`]); the launches' numbers.
 fn recorder_run(c: &mut Client<Recorder>, f: u64, s: u64, runs: usize) -> Vec<u64> {
     (0..runs).flat_map(|_| run_of(c, s, &[f; 3])).collect()
@@ -558,12 +571,7 @@ fn with_batching_off_no_graph_is_ever_made() {
     let (f, s) = kernel_and_stream(&mut c);
     recorder_run(&mut c, f, s, 5);
     assert_eq!(b.captures.load(Ordering::Relaxed), 1);
-    let graph_launches = b
-        .take()
-        .iter()
-        .filter(|s| s.op == Opcode::GraphLaunch)
-        .count();
-    assert_eq!(graph_launches, 4);
+    assert_eq!(launched_graphs(&b.take()), 4);
     assert_eq!(counters(c.core.stats()), [3, 1, 1, 1]);
 }
 
@@ -700,12 +708,7 @@ fn graphs_that_serve_only_their_own_run_stop_being_made() {
             c.send(&Request::Mark, s, flags::MARK);
         }
     };
-    let graph_launches = |b: &Recorder| {
-        b.take()
-            .iter()
-            .filter(|s| s.op == Opcode::GraphLaunch)
-            .count()
-    };
+    let graph_launches = |b: &Recorder| launched_graphs(&b.take());
     // Shapes 0 to 3 get a graph at their second run. Shape 4 is the fourth new shape since
     // shape 0's graph, which served that run alone: from then on a shape needs four runs.
     for shape in 0..5 {
@@ -1118,10 +1121,7 @@ fn a_cached_graph_is_given_the_parameters_that_changed_and_launches_in_clusters_
     assert_eq!(*b.updates.lock().unwrap(), vec![(2, want)]);
     assert_eq!(counters(c.core.stats()), [3, 1, 1, 1]);
     let sent = b.take();
-    assert_eq!(
-        sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count(),
-        4
-    );
+    assert_eq!(launched_graphs(&sent), 4);
     // An update the backend refuses: the run goes command by command, each under its own
     // number, and the shape's runs are not held any more.
     b.refuse_updates.store(true, Ordering::Relaxed);
@@ -1190,11 +1190,7 @@ fn a_cached_graph_is_given_the_geometry_and_the_memsets_that_changed() {
 /// `contended` or not, and what the log says pacing made of them.
 fn runs_posted(contended: bool, gap: Duration) -> (usize, String) {
     let server = Server::new(Recorder::new(16));
-    let limits = Limits {
-        batch_pacing: BatchPacing::Assume { contended },
-        ..batching()
-    };
-    let mut c = server.client(limits);
+    let mut c = server.client(paced(contended));
     let (f, s) = kernel_and_stream(&mut c);
     for _ in 0..8 {
         for i in 0..3 {
@@ -1206,8 +1202,7 @@ fn runs_posted(contended: bool, gap: Duration) -> (usize, String) {
         c.send(&Request::Mark, s, flags::MARK);
     }
     let sent = server.backend.take();
-    let launches = sent.iter().filter(|s| s.op == Opcode::GraphLaunch).count();
-    (launches, c.core.batch_paced())
+    (launched_graphs(&sent), c.core.batch_paced())
 }
 
 /// A run whose commands the server waits for (`BURST_GAP` apart or more) is held for a graph
@@ -1244,11 +1239,7 @@ fn a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
 /// that sees the CPUs `contended` or not.
 fn bursts_in_slow_runs(contended: bool) -> usize {
     let server = Server::new(Recorder::new(16));
-    let limits = Limits {
-        batch_pacing: BatchPacing::Assume { contended },
-        ..batching()
-    };
-    let mut c = server.client(limits);
+    let mut c = server.client(paced(contended));
     let s = c.stream();
     let k = kernels(&mut c, 2);
     let (slow, burst) = (k[0], [k[1]; 3]);
@@ -1275,10 +1266,6 @@ fn bursts_in_slow_runs(contended: bool) -> usize {
     launched_graphs(&server.backend.take())
 }
 
-fn launched_graphs(sent: &[Submitted]) -> usize {
-    sent.iter().filter(|x| x.op == Opcode::GraphLaunch).count()
-}
-
 /// A slowly posted run holds nothing while the CPUs are free, not even a burst inside it that
 /// is a shape of its own: holding the burst would keep the device waiting as holding the run
 /// does. While they are contended, the burst and then the whole run go from graphs.
@@ -1294,11 +1281,7 @@ fn a_burst_inside_a_slowly_posted_run_is_held_only_while_the_cpus_are_contended(
 #[test]
 fn a_client_that_turns_to_bursts_has_its_runs_held_again() {
     let server = Server::new(Recorder::new(16));
-    let limits = Limits {
-        batch_pacing: BatchPacing::Assume { contended: false },
-        ..batching()
-    };
-    let mut c = server.client(limits);
+    let mut c = server.client(paced(false));
     let (f, s) = kernel_and_stream(&mut c);
     for i in 0..6 {
         std::thread::sleep(Duration::from_micros(200));
