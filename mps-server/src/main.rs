@@ -233,6 +233,11 @@ struct ClientLimitArgs {
     /// run may hold).
     #[arg(long, default_value = "1MiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.message))]
     max_batch_bytes: u64,
+    /// Commands after which a batched run ends as if a terminator followed, 2 to 256: a long
+    /// request then goes to the device in pieces of this many, each launched as soon as it is
+    /// whole.
+    #[arg(long, default_value_t = ClientLimits::default().max_batch_run)]
+    max_batch_run: usize,
     /// Microseconds commands held for a batched run wait for the client's next command once
     /// its ring is empty, before they are submitted one by one (a run the client waits for
     /// ends at once, with its synchronise; the session worker sleeps while it holds).
@@ -285,6 +290,7 @@ impl ClientLimitArgs {
             launch_batching: self.launch_batching == Switch::On,
             max_batch_entries: self.max_batch_entries,
             max_batch_bytes: self.max_batch_bytes,
+            max_batch_run: self.max_batch_run,
             batch_hold_us: self.batch_hold_us,
             batch_pacing: match self.batch_pacing {
                 Switch::On => BatchPacing::CpuLoad,

@@ -29,7 +29,6 @@ use crate::quota::Charges;
 use crate::registry::{Registry, Stats};
 
 mod batch;
-#[cfg(test)]
 pub(crate) use batch::MAX_RUN;
 mod graphs;
 mod memory;
@@ -175,6 +174,7 @@ impl<B: Backend> SessionCore<B> {
                 limits.batch_pacing,
                 limits.max_batch_entries,
                 limits.max_batch_bytes,
+                limits.max_batch_run,
             ),
             pending_image: Vec::new(),
             allocations: AllocTable::default(),
@@ -651,7 +651,7 @@ impl<B: Backend> SessionCore<B> {
         self.ctx.gates.open_all();
         let graphs = self.release_graphs();
         // Held work is dropped with the client; cached graphs go before its streams.
-        self.batch = batch::Batching::new(false, BatchPacing::Off, 0, 0);
+        self.batch = batch::Batching::new(false, BatchPacing::Off, 0, 0, MAX_RUN);
         let SessionCore {
             backend,
             channel,

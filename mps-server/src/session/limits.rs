@@ -5,6 +5,8 @@
 use mps_core::protocol::{MAX_EVENTS, MAX_MODULE_BYTES, MAX_STREAMS};
 use mps_core::{Error, Result, Status};
 
+use crate::session::core::MAX_RUN;
+
 /// Bounds on one client. A request past one is refused with `MPS_ERROR_QUOTA_EXCEEDED` and a
 /// message that names the limit by its field name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,10 @@ pub struct Limits {
     pub max_batch_entries: usize,
     /// Bytes of run shapes the batching keeps per client (also the most one run may hold).
     pub max_batch_bytes: u64,
+    /// Commands after which a batched run ends as if a terminator followed (2 to `MAX_RUN`):
+    /// a long request then goes to the device in pieces, each launched as soon as it is whole,
+    /// instead of as one graph once its last command came.
+    pub max_batch_run: usize,
     /// Microseconds commands held for a batched run wait for the client's next command once
     /// its ring is empty, before they are submitted one by one. Long enough for the pauses of
     /// a Python program between the launches of one request; the worker sleeps meanwhile.
@@ -102,6 +108,7 @@ impl Default for Limits {
             launch_batching: true,
             max_batch_entries: 32,
             max_batch_bytes: 1 << 20,
+            max_batch_run: MAX_RUN,
             batch_hold_us: 200,
             batch_pacing: BatchPacing::CpuLoad,
         }
@@ -120,6 +127,14 @@ impl Limits {
                 self.max_streams,
                 MAX_STREAMS - 1,
                 MAX_STREAMS - 1
+            )));
+        }
+        if !(2..=MAX_RUN).contains(&self.max_batch_run) {
+            return Err(Error::invalid_value(format!(
+                "max_batch_run (--max-batch-run) {} is outside 2 to {MAX_RUN}: a run of one \
+                 command gains nothing from a graph, and a shape's graph holds at most \
+                 {MAX_RUN} nodes; set it within that range",
+                self.max_batch_run
             )));
         }
         if self.max_module_bytes > MAX_MODULE_BYTES {

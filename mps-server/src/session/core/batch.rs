@@ -71,10 +71,12 @@
 //!   just this way from one request to the next: its activations and workspaces move, and
 //!   reach its kernels as parameters and its libraries' memsets as destinations. A graph that
 //!   refuses an update is dropped and its shape is not held again.
-//! * **Long runs go in pieces.** A run ends after `MAX_RUN` commands, as if a terminator
-//!   followed: a client that posts thousands of launches before it synchronises has them
-//!   learned and launched `MAX_RUN` at a time, where one run of all of them would outgrow what
-//!   a shape may hold and never repeat.
+//! * **Long runs go in pieces.** A run ends after `Limits::max_batch_run` commands (at most
+//!   `MAX_RUN`), as if a terminator followed: a client that posts thousands of launches before
+//!   it synchronises has them learned and launched that many at a time, where one run of all
+//!   of them would outgrow what a shape may hold and never repeat. Shorter pieces start the
+//!   device on a long, slowly posted request before its last command comes, at a graph launch
+//!   a piece.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
 //!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
@@ -282,8 +284,9 @@ const PROBATION: u64 = 4;
 /// Held runs that left their shape, with no run launched from a graph since, after which
 /// shapes need twice the appearances before their runs are held.
 const DEPARTURES: u32 = 8;
-/// Commands after which a run ends (see "Long runs go in pieces"): enough that a request's
-/// work is one run, few enough that a graph of them is made in about a millisecond.
+/// The most commands a run may have (see "Long runs go in pieces"), and the default of
+/// `Limits::max_batch_run`: enough that a request's work is one run, few enough that a graph
+/// of them is made in about a millisecond.
 pub(crate) const MAX_RUN: usize = 256;
 
 /// The mean time the server waits for each next command of a run at or above which the run
@@ -305,7 +308,7 @@ pub(super) enum Ender {
     Command { opcode: u16, flags: u16 },
     /// A command of the kind runs hold, on another stream.
     OtherStream,
-    /// `MAX_RUN` commands.
+    /// The most commands a run may have (`Limits::max_batch_run`).
     Length,
     /// A command that failed.
     Failure,
@@ -325,7 +328,7 @@ impl std::fmt::Display for Ender {
                 write!(f, "{name}{how}")
             }
             Ender::OtherStream => f.write_str("work on another stream"),
-            Ender::Length => write!(f, "{MAX_RUN} commands"),
+            Ender::Length => f.write_str("the run's length limit"),
             Ender::Failure => f.write_str("a failed command"),
         }
     }
@@ -371,6 +374,8 @@ pub(super) struct Batching<B: Backend> {
     pacing: BatchPacing,
     max_entries: usize,
     max_bytes: u64,
+    /// Commands after which a run ends.
+    max_run: usize,
     /// The stream of the run being held and of `recent`.
     stream: u64,
     held: Vec<Held<B>>,
@@ -428,12 +433,14 @@ impl<B: Backend> Batching<B> {
         pacing: BatchPacing,
         max_entries: usize,
         max_bytes: u64,
+        max_run: usize,
     ) -> Self {
         Batching {
             enabled,
             pacing,
             max_entries,
             max_bytes,
+            max_run: max_run.clamp(2, MAX_RUN),
             stream: 0,
             held: Vec::new(),
             recent: Vec::new(),
@@ -843,7 +850,7 @@ impl<B: Backend> SessionCore<B> {
                 (None, _) => {}
             }
         }
-        if self.batch.recent.len() >= MAX_RUN {
+        if self.batch.recent.len() >= self.batch.max_run {
             self.batch.ended_by(Ender::Length);
             self.end_run();
         }

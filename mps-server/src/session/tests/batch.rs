@@ -1059,6 +1059,72 @@ fn a_long_stream_of_work_is_batched_in_pieces() {
     assert_eq!(counters(c.core.stats())[..3], [1, 2, 1]);
 }
 
+/// With a shorter run limit, a request longer than it goes to the device in pieces, each
+/// launched from its graph as soon as it is whole: the device starts on the request while the
+/// client is still posting the rest.
+#[test]
+fn a_shorter_run_limit_launches_a_requests_pieces_while_it_is_posted() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(Limits {
+        max_batch_run: 8,
+        ..batching()
+    });
+    let (f, s) = kernel_and_stream(&mut c);
+    // Learned, graphs made, launched from them.
+    for _ in 0..2 {
+        for _ in 0..20 {
+            quiet(&mut c, &launch(f, &k_params(0)), s);
+        }
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    server.backend.take();
+    for _ in 0..8 {
+        quiet(&mut c, &launch(f, &k_params(0)), s);
+    }
+    assert_eq!(
+        launched_graphs(&server.backend.take()),
+        1,
+        "the first piece waits"
+    );
+    for _ in 0..8 {
+        quiet(&mut c, &launch(f, &k_params(0)), s);
+    }
+    assert_eq!(
+        launched_graphs(&server.backend.take()),
+        1,
+        "the second piece waits"
+    );
+    for _ in 0..4 {
+        quiet(&mut c, &launch(f, &k_params(0)), s);
+    }
+    c.send(&Request::Mark, s, flags::MARK);
+    let sent = server.backend.take();
+    assert_eq!(launched_graphs(&sent), 1, "the last piece goes at the mark");
+    assert!(!sent.iter().any(|s| s.op == Opcode::Launch), "{sent:?}");
+}
+
+/// The run limit is checked where it is set: a run of one command gains nothing, and a shape's
+/// graph holds at most `MAX_RUN` nodes.
+#[test]
+fn a_run_limit_outside_its_range_is_refused() {
+    use crate::session::core::MAX_RUN;
+    for bad in [0, 1, MAX_RUN + 1] {
+        let limits = Limits {
+            max_batch_run: bad,
+            ..Limits::default()
+        };
+        let err = limits.check().unwrap_err();
+        assert!(err.message.contains("--max-batch-run"), "{bad}: {err}");
+    }
+    for good in [2, MAX_RUN] {
+        let limits = Limits {
+            max_batch_run: good,
+            ..Limits::default()
+        };
+        limits.check().unwrap();
+    }
+}
+
 #[test]
 fn what_ends_a_clients_runs_is_counted_for_the_log() {
     let server = sim();
