@@ -374,7 +374,7 @@ pub(super) struct Batching<B: Backend> {
     pacing: BatchPacing,
     max_entries: usize,
     max_bytes: u64,
-    /// Commands after which a run ends.
+    /// Commands after which a run ends (`Limits::check` keeps it within 2 to `MAX_RUN`).
     max_run: usize,
     /// The stream of the run being held and of `recent`.
     stream: u64,
@@ -440,7 +440,7 @@ impl<B: Backend> Batching<B> {
             pacing,
             max_entries,
             max_bytes,
-            max_run: max_run.clamp(2, MAX_RUN),
+            max_run,
             stream: 0,
             held: Vec::new(),
             recent: Vec::new(),

@@ -1070,33 +1070,23 @@ fn a_shorter_run_limit_launches_a_requests_pieces_while_it_is_posted() {
         ..batching()
     });
     let (f, s) = kernel_and_stream(&mut c);
+    let post = |c: &mut Client<Recorder>, n: usize| {
+        for _ in 0..n {
+            quiet(c, &launch(f, &k_params(0)), s);
+        }
+    };
     // Learned, graphs made, launched from them.
     for _ in 0..2 {
-        for _ in 0..20 {
-            quiet(&mut c, &launch(f, &k_params(0)), s);
-        }
+        post(&mut c, 20);
         c.send(&Request::Mark, s, flags::MARK);
     }
     server.backend.take();
-    for _ in 0..8 {
-        quiet(&mut c, &launch(f, &k_params(0)), s);
+    for piece in ["the first piece", "the second piece"] {
+        post(&mut c, 8);
+        let sent = server.backend.take();
+        assert_eq!(launched_graphs(&sent), 1, "{piece} waits: {sent:?}");
     }
-    assert_eq!(
-        launched_graphs(&server.backend.take()),
-        1,
-        "the first piece waits"
-    );
-    for _ in 0..8 {
-        quiet(&mut c, &launch(f, &k_params(0)), s);
-    }
-    assert_eq!(
-        launched_graphs(&server.backend.take()),
-        1,
-        "the second piece waits"
-    );
-    for _ in 0..4 {
-        quiet(&mut c, &launch(f, &k_params(0)), s);
-    }
+    post(&mut c, 4);
     c.send(&Request::Mark, s, flags::MARK);
     let sent = server.backend.take();
     assert_eq!(launched_graphs(&sent), 1, "the last piece goes at the mark");
