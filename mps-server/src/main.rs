@@ -235,7 +235,8 @@ struct ClientLimitArgs {
     max_batch_bytes: u64,
     /// Commands after which a batched run ends as if a terminator followed, 2 to 256: a long
     /// request then goes to the device in pieces of this many, each launched as soon as it is
-    /// whole.
+    /// whole (of 32 at most while a client posts slowly and its runs are held on contended
+    /// CPUs).
     #[arg(long, default_value_t = ClientLimits::default().max_batch_run)]
     max_batch_run: usize,
     /// Microseconds commands held for a batched run wait for the client's next command once

@@ -76,7 +76,10 @@
 //!   it synchronises has them learned and launched that many at a time, where one run of all
 //!   of them would outgrow what a shape may hold and never repeat. Shorter pieces start the
 //!   device on a long, slowly posted request before its last command comes, at a graph launch
-//!   a piece.
+//!   a piece: while a client posts slowly and its runs are held (contended CPUs), they end
+//!   after `SLOW_RUN` commands if the limit is longer. Held whole, such a request reaches the
+//!   device only after its last command, and the client's synchronise waits for all of it;
+//!   in pieces, only its last piece is left to run by then.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
 //!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
@@ -289,6 +292,12 @@ const DEPARTURES: u32 = 8;
 /// of them is made in about a millisecond.
 pub(crate) const MAX_RUN: usize = 256;
 
+/// The most commands a run may have while its client posts slowly and such runs are held (see
+/// "Long runs go in pieces"): the device then starts on a piece of the request once its last
+/// command has come, where a whole run of a slowly posted request reaches the device only
+/// after the request's last command.
+const SLOW_RUN: usize = 32;
+
 /// The mean time the server waits for each next command of a run at or above which the run
 /// counts as posted slowly: about what the driver takes to launch a kernel, so a client that
 /// posts faster outruns the server's command-by-command submission.
@@ -494,6 +503,16 @@ impl<B: Backend> Batching<B> {
             self.run_was_slow()
         } else {
             self.last_run_slow
+        }
+    }
+
+    /// Commands after which the current run ends: `max_run`, or `SLOW_RUN` if that is shorter
+    /// while the client posts slowly and pacing holds slowly posted runs.
+    fn run_limit(&self) -> usize {
+        if self.posting_slowly() && self.pacing.holds_slow_runs() {
+            self.max_run.min(SLOW_RUN)
+        } else {
+            self.max_run
         }
     }
 
@@ -850,7 +869,7 @@ impl<B: Backend> SessionCore<B> {
                 (None, _) => {}
             }
         }
-        if self.batch.recent.len() >= self.batch.max_run {
+        if self.batch.recent.len() >= self.batch.run_limit() {
             self.batch.ended_by(Ender::Length);
             self.end_run();
         }

@@ -1290,6 +1290,36 @@ fn a_slowly_posted_run_is_held_only_while_the_cpus_are_contended() {
     );
 }
 
+/// A slowly posted request held on contended CPUs goes in pieces of `SLOW_RUN` commands, each
+/// launched from its graph once it is whole: the device starts on the request while the client
+/// is still posting it, however long the run limit.
+#[test]
+fn a_slowly_posted_run_held_on_contended_cpus_goes_in_pieces() {
+    let server = Server::new(Recorder::new(16));
+    let mut c = server.client(paced(true));
+    let (f, s) = kernel_and_stream(&mut c);
+    let post = |c: &mut Client<Recorder>, n: usize| {
+        for i in 0..n {
+            std::thread::sleep(Duration::from_micros(200));
+            quiet(c, &launch(f, &k_params(i as u8)), s);
+        }
+    };
+    // Learned, graphs made, launched from them.
+    for _ in 0..2 {
+        post(&mut c, 40);
+        c.send(&Request::Mark, s, flags::MARK);
+    }
+    server.backend.take();
+    post(&mut c, 32);
+    let sent = server.backend.take();
+    assert_eq!(launched_graphs(&sent), 1, "the first piece waits: {sent:?}");
+    post(&mut c, 8);
+    c.send(&Request::Mark, s, flags::MARK);
+    let sent = server.backend.take();
+    assert_eq!(launched_graphs(&sent), 1, "the rest goes at the mark");
+    assert!(!sent.iter().any(|s| s.op == Opcode::Launch), "{sent:?}");
+}
+
 /// Graph launches of four slowly posted runs that each hold a burst (one library call's three
 /// launches, posted at once) which the client first posted as runs of their own, by a client
 /// that sees the CPUs `contended` or not.
