@@ -79,7 +79,10 @@
 //!   a piece: while a client posts slowly and its runs are held (contended CPUs), they end
 //!   after `SLOW_RUN` commands if the limit is longer. Held whole, such a request reaches the
 //!   device only after its last command, and the client's synchronise waits for all of it;
-//!   in pieces, only its last piece is left to run by then.
+//!   in pieces, only its last piece is left to run by then. Whether a request goes in such
+//!   pieces is decided at its first command (a request: the runs from one that anything but
+//!   the length limit began to the next such end) and kept over its pieces, so that they
+//!   begin where they began last time and repeat as shapes.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
 //!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
@@ -434,6 +437,11 @@ pub(super) struct Batching<B: Backend> {
     /// The client's last run told of a slow pace: it came slowly, the server having waited for
     /// `PACE_WAITS` of its commands or more, and no run came fast since.
     last_run_slow: bool,
+    /// Whether the runs of the request being posted end after `SLOW_RUN` commands: decided at
+    /// its first, kept over the pieces that the run limit cuts, forgotten when a run ends
+    /// otherwise. A request cut where its pace or the CPUs' load flipped would come in pieces
+    /// that begin at a new offset each time, shapes that never repeat.
+    pieced: Option<bool>,
 }
 
 impl<B: Backend> Batching<B> {
@@ -473,6 +481,7 @@ impl<B: Backend> Batching<B> {
             arrival: Instant::now(),
             waited: (Duration::ZERO, 0),
             last_run_slow: false,
+            pieced: None,
         }
     }
 
@@ -507,9 +516,18 @@ impl<B: Backend> Batching<B> {
     }
 
     /// Commands after which the current run ends: `max_run`, or `SLOW_RUN` if that is shorter
-    /// while the client posts slowly and pacing holds slowly posted runs.
-    fn run_limit(&self) -> usize {
-        if self.posting_slowly() && self.pacing.holds_slow_runs() {
+    /// where the request began while the client posted slowly and pacing held slowly posted
+    /// runs.
+    fn run_limit(&mut self) -> usize {
+        let pieced = match self.pieced {
+            Some(pieced) => pieced,
+            None => {
+                let pieced = self.posting_slowly() && self.pacing.holds_slow_runs();
+                self.pieced = Some(pieced);
+                pieced
+            }
+        };
+        if pieced {
             self.max_run.min(SLOW_RUN)
         } else {
             self.max_run
@@ -871,7 +889,10 @@ impl<B: Backend> SessionCore<B> {
         }
         if self.batch.recent.len() >= self.batch.run_limit() {
             self.batch.ended_by(Ender::Length);
+            // The request goes on in pieces of the same length.
+            let pieced = self.batch.pieced;
             self.end_run();
+            self.batch.pieced = pieced;
         }
         self.batch.last_offer = Some(Instant::now());
         DONE
@@ -997,6 +1018,7 @@ impl<B: Backend> SessionCore<B> {
         if !self.batch.enabled {
             return;
         }
+        self.batch.pieced = None;
         self.flush_held();
         if !self.batch.recent.is_empty() || self.batch.recent_overflow {
             let before = self.batch.learned;

@@ -1304,8 +1304,9 @@ fn a_slowly_posted_run_held_on_contended_cpus_goes_in_pieces() {
             quiet(c, &launch(f, &k_params(i as u8)), s);
         }
     };
-    // Learned, graphs made, launched from them.
-    for _ in 0..2 {
+    // The first request, its client's pace not yet known, goes whole; the next are pieced:
+    // learned, then their graphs made.
+    for _ in 0..3 {
         post(&mut c, 40);
         c.send(&Request::Mark, s, flags::MARK);
     }
@@ -1318,6 +1319,16 @@ fn a_slowly_posted_run_held_on_contended_cpus_goes_in_pieces() {
     let sent = server.backend.take();
     assert_eq!(launched_graphs(&sent), 1, "the rest goes at the mark");
     assert!(!sent.iter().any(|s| s.op == Opcode::Launch), "{sent:?}");
+    // A request that began slowly keeps its pieces when its pace turns: posted at once, it
+    // still goes as the two pieces' graphs, and no run of another length is learned.
+    let learned = |c: &Client<Recorder>| c.core.stats().batch_learned.load(Ordering::Relaxed);
+    let before = learned(&c);
+    for i in 0..40 {
+        quiet(&mut c, &launch(f, &k_params(i)), s);
+    }
+    c.send(&Request::Mark, s, flags::MARK);
+    assert_eq!(launched_graphs(&server.backend.take()), 2);
+    assert_eq!(learned(&c), before, "shapes learned");
 }
 
 /// Graph launches of four slowly posted runs that each hold a burst (one library call's three
