@@ -3,7 +3,7 @@
 # the build before (.device-bin/old, whose runs end after 256 commands whoever posts them) and
 # NVIDIA MPS: BERT-base at N=16 in two rounds, ResNet-18 at N=16 and 8 and BERT-base at N=8 in
 # one, as DEADLINE (560) s allows; SET=2 runs BERT-base and ResNet-18 at N=32 and the MLP at N=16
-# instead. Every mps client writes where its stream waits went
+# instead, SET=3 BERT-base and ResNet-18 at N=16 once each. Every mps client writes where its stream waits went
 # (MPS_CLIENT_WAIT_STATS).
 # Results in $OUT/$STEP.tgz, re-made after each part. Carry .device-bin (scripts/test-gpu build,
 # and mps-bench beside it). Each bench part sums its mps clients' "launch batching:" lines into
@@ -41,6 +41,14 @@ bench() { # name timeout args...
   pkill -x mps-control; pkill -x mps-server
 }
 M="nvidia-mps,mps@old,mps"
+if [ "${SET:-1}" = 3 ]; then
+  # A third set: BERT-base and ResNet-18 at N=16, one round each, mps@old being whichever build
+  # .device-bin/old holds (its BUILD file names it).
+  cat $B/old/BUILD > $W/old-build.txt 2>/dev/null
+  bench b16 160 --models bert --clients 16 --rounds 1 --seconds 4 --modes $M
+  bench r16 90 --models resnet18 --clients 16 --rounds 1 --seconds 4 --modes $M
+  nvidia_quit; pkill -x mps-control; pkill -x mps-server; S done; exit 0
+fi
 if [ "${SET:-1}" = 2 ]; then
   # A second set: N=32 for both real models and the MLP at N=16, one round each.
   bench b32 200 --models bert --clients 32 --rounds 1 --seconds 4 --modes $M
