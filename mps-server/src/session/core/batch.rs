@@ -80,9 +80,9 @@
 //!   after `SLOW_RUN` commands if the limit is longer. Held whole, such a request reaches the
 //!   device only after its last command, and the client's synchronise waits for all of it;
 //!   in pieces, only its last piece is left to run by then. Whether a request goes in such
-//!   pieces is decided at its first command (a request: the runs from one that anything but
-//!   the length limit began to the next such end) and kept over its pieces, so that they
-//!   begin where they began last time and repeat as shapes.
+//!   pieces is decided at its first command (a request here: the commands between two ends of
+//!   runs other than the length limit) and kept over its pieces, so that they begin where
+//!   they began last time and repeat as shapes.
 //! * **Bounds.** At most `max_batch_entries` shapes and `max_batch_bytes` of recorded shapes
 //!   per client; the least recently used shape goes first. Freeing a host buffer or unloading a
 //!   module forgets the shapes that name them; destroying a stream, the shapes learned in it
@@ -296,9 +296,9 @@ const DEPARTURES: u32 = 8;
 pub(crate) const MAX_RUN: usize = 256;
 
 /// The most commands a run may have while its client posts slowly and such runs are held (see
-/// "Long runs go in pieces"): the device then starts on a piece of the request once its last
-/// command has come, where a whole run of a slowly posted request reaches the device only
-/// after the request's last command.
+/// "Long runs go in pieces"): the device then starts on each piece of a request once the
+/// piece has come, where a slowly posted request held whole reaches the device only after
+/// its last command.
 const SLOW_RUN: usize = 32;
 
 /// The mean time the server waits for each next command of a run at or above which the run
