@@ -2,6 +2,7 @@
 NVIDIA's MPS, each started and stopped by the script (never left running), and the environment
 a program gets in each mode."""
 
+import glob
 import json
 import os
 import shutil
@@ -35,7 +36,24 @@ class MpsDaemon:
             time.sleep(0.1)
         raise SystemExit(f"mps-control did not start (see {logs})")
 
+    def released(self):
+        """Whether the server's logs tell of as many clients disconnected as connected: a
+        departed client's release (and its log lines, launch batching's among them) can wait
+        for the streams it left busy, and a server that quits first never writes them."""
+        connected = disconnected = 0
+        for f in glob.glob(os.path.join(self.logs, "server-*.log")):
+            with open(f, errors="replace") as log:
+                for line in log:
+                    connected += "client connected" in line
+                    disconnected += "client disconnected" in line
+        return disconnected >= connected
+
     def stop(self):
+        # Every client has exited by now; let the server finish releasing them (10 s at most).
+        for _ in range(100):
+            if self.released():
+                break
+            time.sleep(0.1)
         subprocess.run([f"{self.bin_dir}/mps-control", "--pipe-dir", MPS_PIPE, "quit"],
                        capture_output=True, timeout=30)
         try:
