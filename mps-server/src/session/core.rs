@@ -229,11 +229,10 @@ impl<B: Backend> SessionCore<B> {
                 true => None,
             };
             if self.batch.offered.is_none() {
-                self.batch.ended_by(batch::Ender::Command {
+                self.end_run(batch::Ender::Command {
                     opcode: cmd.opcode,
                     flags: cmd.flags & flags::ALL,
                 });
-                self.end_run();
             }
             self.execute(cmd, req)
         });
@@ -262,8 +261,7 @@ impl<B: Backend> SessionCore<B> {
                 self.log_failure(cmd.seq, &err, launch);
                 // A command that fails ends the run: the work before it is queued first.
                 self.batch.offered = None;
-                self.batch.ended_by(batch::Ender::Failure);
-                self.end_run();
+                self.end_run(batch::Ender::Failure);
                 if Opcode::from_u16(cmd.opcode).is_some_and(Opcode::is_stream_ordered) {
                     self.capture_failed(cmd.stream, cmd.seq, &err);
                 }

@@ -535,7 +535,7 @@ impl<B: Backend> Batching<B> {
     }
 
     /// Counts `why` as the end of the current run, if one is open.
-    pub(super) fn ended_by(&mut self, why: Ender) {
+    fn ended_by(&mut self, why: Ender) {
         // A run that one shape's graph made up whole, or will at once, was not cut short.
         let whole = self.recent.len() == self.launched
             || (self.held.len() == self.recent.len() && self.whole().0.is_some());
@@ -846,8 +846,7 @@ impl<B: Backend> SessionCore<B> {
     /// Queues `op` of a command that may join a run (see the module's documentation).
     pub(super) fn offer(&mut self, cmd: &Command, op: Op<'_, B>, desc: Desc) -> Result<Answer> {
         if self.batch.stream != cmd.stream {
-            self.batch.ended_by(Ender::OtherStream);
-            self.end_run();
+            self.end_run(Ender::OtherStream);
             self.batch.stream = cmd.stream;
         }
         self.batch.arrived();
@@ -888,11 +887,7 @@ impl<B: Backend> SessionCore<B> {
             }
         }
         if self.batch.recent.len() >= self.batch.run_limit() {
-            self.batch.ended_by(Ender::Length);
-            // The request goes on in pieces of the same length.
-            let pieced = self.batch.pieced;
-            self.end_run();
-            self.batch.pieced = pieced;
+            self.end_run(Ender::Length);
         }
         self.batch.last_offer = Some(Instant::now());
         DONE
@@ -1013,12 +1008,17 @@ impl<B: Backend> SessionCore<B> {
         }
     }
 
-    /// Ends the current run: what is held is submitted and the run's shape learned.
-    pub(super) fn end_run(&mut self) {
+    /// Ends the current run for `why` (counted for the log): what is held is submitted and the
+    /// run's shape learned.
+    pub(super) fn end_run(&mut self, why: Ender) {
+        self.batch.ended_by(why);
         if !self.batch.enabled {
             return;
         }
-        self.batch.pieced = None;
+        // A request cut by the length limit goes on in pieces of the same length.
+        if why != Ender::Length {
+            self.batch.pieced = None;
+        }
         self.flush_held();
         if !self.batch.recent.is_empty() || self.batch.recent_overflow {
             let before = self.batch.learned;
